@@ -1,0 +1,35 @@
+# The two commands: `make demo` (a short training run) and `make test` (the suite).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.agentrl-installed
+
+.PHONY: setup test test-all test-integration test-vllm demo lint format bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	VENV=$(VENV) bash scripts/setup.sh
+	@touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q
+
+test-integration: setup
+	$(PY) -m pytest -q -m integration
+
+demo: setup
+	$(VENV)/bin/agentrl train configs/demo.yaml
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: setup
+	$(PY) benchmarks/algos.py
+
+clean:
+	rm -rf $(VENV) .venv-vllm build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Pure tensor algorithms, registered by name."""

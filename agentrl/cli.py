@@ -1,0 +1,47 @@
+"""The `agentrl` command line.
+
+Each area of the package contributes its commands from a module in
+``agentrl/commands/`` exposing ``register(app)``; heavy imports happen inside the
+commands, so ``agentrl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="agentrl",
+    help="Train tool-using LLM agents with asynchronous reinforcement learning.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+@app.command()
+def version() -> None:
+    """Print the agentrl version."""
+    from agentrl import __version__
+
+    typer.echo(__version__)
+
+
+_COMMAND_MODULES = ("train", "rollout", "envs", "sandbox")
+
+for _name in _COMMAND_MODULES:
+    try:
+        _mod = importlib.import_module(f"agentrl.commands.{_name}")
+    except ModuleNotFoundError as _e:  # an area that is not built yet
+        if _e.name != f"agentrl.commands.{_name}":
+            raise
+        continue
+    _mod.register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Run configuration: pydantic models, YAML loading and dotted overrides.
+
+    cfg = load_config("configs/demo.yaml", overrides=["learner.lr=1e-6"])
+
+Unknown keys are errors that name the key and suggest the closest valid one; bad values
+name the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agentrl._suggest import suggest
+from agentrl.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    name: str = "smollm2-135m-instruct"  # alias, hub id, local folder or .gguf file
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    chat_template: str | None = None  # path to a jinja template; default: model's or Hermes
+    seed: int = 0  # for randomly initialised aliases (tiny-llama)
+    gradient_checkpointing: bool = False
+
+
+class SamplerConfig(_Section):
+    backend: Literal["hf", "vllm", "openai"] = "hf"
+    max_batch_size: int = Field(32, ge=1, description="sequences decoded together")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    max_new_tokens: int = Field(256, ge=1, description="per assistant turn")
+    drain_on_update: bool = False  # finish in-flight sequences on old weights before a swap
+    device: str = "auto"
+    base_url: str | None = None  # openai backend
+    api_key: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)  # backend-specific extras
+
+
+class EnvConfig(_Section):
+    name: str = "code_math"  # built-in name, entry-point name, or module:Class
+    options: dict[str, Any] = Field(default_factory=dict)
+    eval_options: dict[str, Any] = Field(default_factory=dict)  # held-out tasks for eval
+
+
+class BranchingConfig(_Section):
+    enabled: bool = False
+    budget: int = Field(8, ge=1, description="M: total trajectories per task")
+    initial: int = Field(2, ge=1, description="N: ordinary samples started per task")
+    branches: int = Field(2, ge=1, description="Z: continuations forked at a branch point")
+    entropy_window: int = Field(20, ge=1, description="k: tokens whose entropy is measured")
+    alpha: float = 0.2
+    beta: float = 0.5
+    tau: float = 0.5
+    mode: Literal["stochastic", "threshold"] = "stochastic"
+    attribution: Literal["soft", "hard"] = "soft"
+
+    @model_validator(mode="after")
+    def _budget(self) -> BranchingConfig:
+        if self.initial > self.budget:
+            raise ValueError(
+                f"initial ({self.initial}) must be <= budget ({self.budget}): raise "
+                "rollout.branching.budget or lower rollout.branching.initial"
+            )
+        return self
+
+
+class RolloutConfig(_Section):
+    group_size: int = Field(8, ge=1, description="G: samples per task")
+    concurrency: int = Field(32, ge=1, description="episodes in flight")
+    max_turns: int = Field(4, ge=1)
+    max_tool_calls: int = Field(8, ge=0)
+    max_tokens: int = Field(1024, ge=16, description="token budget of a whole episode")
+    on_template_mismatch: Literal["error", "resample"] = "error"
+    infra_retries: int = Field(1, ge=0)
+    episode_timeout_s: float = Field(300.0, gt=0)
+    branching: BranchingConfig = Field(default_factory=BranchingConfig)
+
+
+class OverlongConfig(_Section):
+    enabled: bool = False
+    max_len: int = Field(1024, ge=1, description="L_max")
+    cache_len: int = Field(256, ge=0, description="L_cache: soft-penalty interval")
+    coef: float = 1.0
+
+
+class AlgorithmConfig(_Section):
+    advantage: str = "grpo"  # gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline
+    policy_loss: str = "ppo"  # ppo | gspo | gspo_token
+    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    eps_low: float = Field(0.2, ge=0.0)
+    eps_high: float = Field(0.28, ge=0.0)
+    dual_clip_c: float | None = Field(None, gt=1.0)
+    kl: str | None = None  # k1 | k2 | k3 | k3+ ; None disables the KL term
+    kl_coef: float = Field(0.0, ge=0.0)
+    entropy_coef: float = 0.0
+    off_policy: Literal["none", "tis", "decoupled"] = "none"
+    is_cap: float = Field(2.0, gt=0.0, description="cap of truncated importance weights")
+    dynamic_sampling: bool = False
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    critic: bool = False  # PPO with a learned value function
+    value_clip: float = Field(0.2, ge=0.0)
+    vf_coef: float = Field(0.5, ge=0.0)
+    norm_length: int | None = None  # constant for seq-mean-token-sum-norm (default: max_tokens)
+    options: dict[str, Any] = Field(default_factory=dict)  # extra kwargs for custom registries
+
+
+class LearnerConfig(_Section):
+    lr: float = Field(1e-6, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = Field(1.0, gt=0.0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    batch_groups: int = Field(4, ge=1, description="task groups per training step")
+    micro_batch_size: int = Field(4, ge=1, description="sequences per forward/backward")
+    ppo_epochs: int = Field(1, ge=1)
+    minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
+    bf16: Literal["auto", "on", "off"] = "auto"
+    device: str = "auto"
+    logprob_chunk: int = Field(512, ge=1, description="sequence chunk for log-softmax")
+    critic_lr: float | None = None
+
+
+class OrchestratorConfig(_Section):
+    max_steps: int = Field(20, ge=1)
+    max_staleness: int = Field(1, ge=0, description="0 = synchronous on-policy")
+    partial_rollouts: bool = True
+    seed: int = 0
+    backend: Literal["local", "ray"] = "local"
+    checkpoint_every: int = Field(5, ge=0, description="0 disables periodic checkpoints")
+    eval_every: int = Field(0, ge=0)
+    run_dir: str | None = None
+
+
+class LoggingConfig(_Section):
+    tensorboard: bool = False
+    wandb: bool = False
+    progress: bool = True
+    trace: bool = True
+    log_every: int = Field(1, ge=1)
+
+
+class Config(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# --- loading -------------------------------------------------------------------------
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the field at `loc` (for key suggestions)."""
+    cls: Any = Config
+    for part in loc[:-1]:
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            return None
+        f = cls.model_fields.get(str(part))
+        if f is None:
+            return None
+        cls = f.annotation
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        dotted = ".".join(str(p) for p in loc)
+        if e["type"] == "extra_forbidden":
+            owner = _model_at(loc)
+            hint = suggest(str(loc[-1]), owner.model_fields) if owner else ""
+            valid = ", ".join(owner.model_fields) if owner else ""
+            lines.append(f"unknown key '{dotted}'{hint}; valid keys here: {valid}")
+        else:
+            value = e.get("input")
+            lines.append(f"{dotted or '<root>'}: {e['msg']} (got {value!r})")
+    return f"invalid config ({source}):\n  " + "\n  ".join(lines)
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted `key=value` overrides (values parsed as YAML scalars) to a dict."""
+    for item in overrides:
+        path, value = _parse_override(item)
+        node = data
+        for part in path[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: '{part}' is a value, not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_error(e, source)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config (or defaults when `path` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p} (see configs/ for ready-to-run ones)")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: top level must be a mapping of sections")
+        data = loaded
+        source = str(p)
+    data = apply_overrides(data, overrides or [])
+    return config_from_dict(data, source)

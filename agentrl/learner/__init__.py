@@ -1,0 +1,1 @@
+"""The learner: logprob recomputation, losses, optimizer, weight publishing."""

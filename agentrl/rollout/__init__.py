@@ -1,0 +1,1 @@
+"""Episode runner, actors and ARPO branching."""

@@ -1,0 +1,1 @@
+"""Samplers: hf (embedded), vllm, openai."""

@@ -1,0 +1,118 @@
+"""The sampler contract shared by every backend (hf, vllm, openai).
+
+Behaviour log-probs: for each sampled token, ``log softmax(logits / temperature)`` at that
+token, computed *before* top-p / top-k truncation. This is exactly what the learner
+recomputes (it divides logits by the same temperature), so the sampler-vs-learner gap is
+numerical only. With temperature 0 (greedy), logits are used unscaled.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()  # stop strings (the stop string is kept in the output)
+    seed: int | None = None
+    n: int = 1  # samples per prompt (generate_many)
+    return_entropy: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, 0 disables it (got {self.top_k})")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1 (got {self.n})")
+
+    def with_(self, **changes: Any) -> SamplingParams:
+        return replace(self, **changes)
+
+
+@dataclass
+class Generation:
+    """What one sampled continuation produced."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # behaviour logprob of each sampled token (see module doc)
+    versions: list[int]  # weight version that produced each token
+    finish_reason: FinishReason
+    entropies: list[float] | None = None  # per-token entropy (nats) when requested
+    text: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+WeightsLike = Mapping[str, Any] | str | Path
+
+
+class Sampler(abc.ABC):
+    """Produces tokens, their behaviour log-probs and the weight version of each token."""
+
+    backend: str = "base"
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """Version of the weights currently used for new tokens."""
+
+    @property
+    def tokenizer(self) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+        """Sample one continuation of `prompt_ids` (params.n must be 1)."""
+
+    async def generate_many(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> list[Generation]:
+        """Sample `params.n` continuations concurrently."""
+        import anyio
+
+        results: list[Generation | None] = [None] * params.n
+        one = params.with_(n=1)
+
+        async def _one(i: int) -> None:
+            p = one if one.seed is None else one.with_(seed=one.seed + i)
+            results[i] = await self.generate(prompt_ids, p)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(params.n):
+                tg.start_soon(_one, i)
+        return [r for r in results if r is not None]
+
+    @abc.abstractmethod
+    async def update_weights(self, weights: WeightsLike, version: int) -> None:
+        """Swap to new weights (a state dict or a safetensors folder) tagged `version`.
+
+        Versions only go up. On a bad update (missing/extra keys, shape mismatch) raise
+        :class:`agentrl.errors.WeightUpdateError` and keep the previous weights and version.
+        """
+
+    async def close(self) -> None:
+        """Release engine resources."""
+
+    async def __aenter__(self) -> Sampler:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

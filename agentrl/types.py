@@ -1,0 +1,331 @@
+"""Core data types: token-exact trajectories and the tensors the learner trains on.
+
+Token in, token out: the ids a sampler produced are the ids the learner trains on.
+A trajectory is an ordered list of :class:`Segment` s, each from one source:
+
+* ``prompt``      -- the rendered system prompt, tools and first user turn (not trained),
+* ``model``       -- tokens the policy sampled (trained; carry behaviour logprobs + version),
+* ``observation`` -- tool results / environment messages rendered as token deltas (not trained).
+
+Alignment convention used everywhere (types, algos, learner): per-token arrays are aligned
+with ``input_ids``; ``behavior_logprobs[t]`` is ``log p(input_ids[t] | input_ids[:t])``
+under the weights that sampled it, and is 0.0 where ``loss_mask[t] == 0``. The learner
+shifts logits by one to compute the same quantity.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+SegmentKind = Literal["prompt", "model", "observation"]
+TrajectoryStatus = Literal["ok", "truncated", "infra_error"]
+NO_VERSION = -1  # version of tokens not produced by the policy
+
+
+@dataclass
+class Segment:
+    """A run of tokens from one source."""
+
+    kind: SegmentKind
+    token_ids: list[int]
+    logprobs: list[float] | None = None  # behaviour logprobs, model segments only
+    versions: list[int] | None = None  # weight version per token, model segments only
+    entropies: list[float] | None = None  # optional per-token entropy (model segments)
+    text: str | None = None  # decoded text, for traces only (never re-tokenized)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("prompt", "model", "observation"):
+            raise ValueError(
+                f"Segment.kind must be 'prompt', 'model' or 'observation' (got {self.kind!r})"
+            )
+        n = len(self.token_ids)
+        if self.kind == "model":
+            if self.logprobs is None or self.versions is None:
+                raise ValueError("a model Segment needs logprobs and versions for every token")
+            if len(self.logprobs) != n or len(self.versions) != n:
+                raise ValueError(
+                    f"model Segment lengths differ: {n} token_ids, {len(self.logprobs)} "
+                    f"logprobs, {len(self.versions)} versions"
+                )
+        if self.entropies is not None and len(self.entropies) != n:
+            raise ValueError(f"Segment has {n} tokens but {len(self.entropies)} entropies")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Segment:
+        return cls(**d)
+
+
+@dataclass
+class ToolCallRecord:
+    """One tool call made in a turn, as recorded in the trace."""
+
+    name: str
+    arguments: dict[str, Any] | str  # str when the model's JSON did not parse
+    result: str = ""  # the observation text (possibly truncated for the trace)
+    result_chars: int = 0
+    latency_s: float = 0.0
+    error: str | None = None  # parse / validation / tool error shown to the model
+    infra_error: bool = False  # the platform failed, not the agent
+
+
+@dataclass
+class Turn:
+    """One assistant turn: what was generated and which tools ran."""
+
+    index: int
+    generated_tokens: int = 0
+    finish_reason: str = ""
+    text: str = ""
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    parse_errors: list[str] = field(default_factory=list)
+    gen_latency_s: float = 0.0
+    observation_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Turn:
+        d = dict(d)
+        d["tool_calls"] = [ToolCallRecord(**c) for c in d.get("tool_calls", [])]
+        return cls(**d)
+
+
+@dataclass
+class Trajectory:
+    """One sampled episode (or one leaf of a branch tree)."""
+
+    segments: list[Segment] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    status: TrajectoryStatus = "ok"
+    task_id: str = ""
+    group_id: str = ""
+    traj_id: str = ""
+    parent_id: str | None = None  # for branches: the trajectory this one forked from
+    branch_position: int | None = None  # token index in input_ids where the branch starts
+    error: str | None = None  # infra error message, if any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    # --- derived views (aligned with input_ids) --------------------------------------
+
+    @property
+    def input_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [1 if s.kind == "model" else 0 for s in self.segments for _ in s.token_ids]
+
+    @property
+    def behavior_logprobs(self) -> list[float]:
+        out: list[float] = []
+        for s in self.segments:
+            out.extend(s.logprobs if s.kind == "model" else [0.0] * len(s))  # type: ignore[arg-type]
+        return out
+
+    @property
+    def versions(self) -> list[int]:
+        out: list[int] = []
+        for s in self.segments:
+            out.extend(s.versions if s.kind == "model" else [NO_VERSION] * len(s))  # type: ignore[arg-type]
+        return out
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens before the first model token."""
+        n = 0
+        for s in self.segments:
+            if s.kind == "model":
+                break
+            n += len(s)
+        return n
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+    @property
+    def num_model_tokens(self) -> int:
+        return sum(len(s) for s in self.segments if s.kind == "model")
+
+    @property
+    def response_length(self) -> int:
+        """Tokens after the prompt (model + observation), the length DAPO's shaping uses."""
+        return self.num_tokens - self.prompt_length
+
+    @property
+    def oldest_version(self) -> int | None:
+        vs = [v for s in self.segments if s.kind == "model" for v in s.versions or []]
+        return min(vs) if vs else None
+
+    @property
+    def num_tool_calls(self) -> int:
+        return sum(len(t.tool_calls) for t in self.turns)
+
+    # --- serialisation ----------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k not in ("segments", "turns")}
+        d["segments"] = [s.to_dict() for s in self.segments]
+        d["turns"] = [t.to_dict() for t in self.turns]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        d = dict(d)
+        d["segments"] = [Segment.from_dict(s) for s in d.get("segments", [])]
+        d["turns"] = [Turn.from_dict(t) for t in d.get("turns", [])]
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> Trajectory:
+        return cls.from_dict(json.loads(line))
+
+
+@dataclass
+class TrajectoryGroup:
+    """The G samples for one task (a tree when branching is on)."""
+
+    task_id: str
+    trajectories: list[Trajectory]
+    task: dict[str, Any] = field(default_factory=dict)
+    group_id: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+    @property
+    def oldest_version(self) -> int | None:
+        vs = [v for t in self.trajectories if (v := t.oldest_version) is not None]
+        return min(vs) if vs else None
+
+    @property
+    def is_tree(self) -> bool:
+        return any(t.parent_id is not None for t in self.trajectories)
+
+    def valid(self) -> list[Trajectory]:
+        """Trajectories that count for training (infra failures excluded)."""
+        return [t for t in self.trajectories if t.status != "infra_error"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "task": self.task,
+            "metadata": self.metadata,
+            "trajectories": [t.to_dict() for t in self.trajectories],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrajectoryGroup:
+        return cls(
+            task_id=d["task_id"],
+            group_id=d.get("group_id", ""),
+            task=d.get("task", {}),
+            metadata=d.get("metadata", {}),
+            trajectories=[Trajectory.from_dict(t) for t in d["trajectories"]],
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> TrajectoryGroup:
+        return cls.from_dict(json.loads(line))
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors for the learner, built from groups.
+
+    Shapes: ``[B, T]`` for per-token fields, ``[B]`` for per-sequence fields. Per-token
+    fields follow the alignment convention of this module. ``group_index`` maps each row
+    to its group (0..G-1) so advantage estimators can work with ``scatter``/``index_add``.
+    ``valid`` is 0 for ``infra_error`` rows: they leave the loss and their group's baseline.
+    """
+
+    input_ids: Any  # LongTensor [B, T]
+    attention_mask: Any  # LongTensor [B, T]
+    loss_mask: Any  # FloatTensor [B, T]
+    behavior_logprobs: Any  # FloatTensor [B, T]
+    versions: Any  # LongTensor [B, T] (NO_VERSION outside model tokens)
+    rewards: Any  # FloatTensor [B]
+    group_index: Any  # LongTensor [B]
+    valid: Any  # FloatTensor [B]
+    response_lengths: Any  # LongTensor [B]
+    trajectories: list[Trajectory] = field(default_factory=list, repr=False)
+    advantages: Any = None  # FloatTensor [B] or [B, T], set by the learner
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @classmethod
+    def from_groups(
+        cls,
+        groups: Sequence[TrajectoryGroup],
+        pad_token_id: int = 0,
+        pad_to_multiple_of: int = 1,
+    ) -> Batch:
+        import torch
+
+        trajs: list[Trajectory] = []
+        gidx: list[int] = []
+        for g_i, g in enumerate(groups):
+            for t in g.trajectories:
+                trajs.append(t)
+                gidx.append(g_i)
+        if not trajs:
+            raise ValueError("cannot build a Batch from zero trajectories")
+        lengths = [t.num_tokens for t in trajs]
+        T = max(lengths)
+        if pad_to_multiple_of > 1:
+            T = -(-T // pad_to_multiple_of) * pad_to_multiple_of
+        B = len(trajs)
+        input_ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+        attention = torch.zeros((B, T), dtype=torch.long)
+        loss_mask = torch.zeros((B, T), dtype=torch.float32)
+        blp = torch.zeros((B, T), dtype=torch.float32)
+        versions = torch.full((B, T), NO_VERSION, dtype=torch.long)
+        for i, t in enumerate(trajs):
+            n = lengths[i]
+            input_ids[i, :n] = torch.tensor(t.input_ids, dtype=torch.long)
+            attention[i, :n] = 1
+            loss_mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+            blp[i, :n] = torch.tensor(t.behavior_logprobs, dtype=torch.float32)
+            versions[i, :n] = torch.tensor(t.versions, dtype=torch.long)
+        valid = torch.tensor([0.0 if t.status == "infra_error" else 1.0 for t in trajs])
+        loss_mask = loss_mask * valid[:, None]
+        return cls(
+            input_ids=input_ids,
+            attention_mask=attention,
+            loss_mask=loss_mask,
+            behavior_logprobs=blp,
+            versions=versions,
+            rewards=torch.tensor([t.reward for t in trajs], dtype=torch.float32),
+            group_index=torch.tensor(gidx, dtype=torch.long),
+            valid=valid,
+            response_lengths=torch.tensor([t.response_length for t in trajs], dtype=torch.long),
+            trajectories=trajs,
+        )
+
+
+def read_jsonl_groups(lines: Iterable[str]) -> list[TrajectoryGroup]:
+    """Parse JSONL lines written by :meth:`TrajectoryGroup.to_json`."""
+    return [TrajectoryGroup.from_json(line) for line in lines if line.strip()]

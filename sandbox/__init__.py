@@ -1,0 +1,1 @@
+"""Code-execution sandboxes (installed as agentrl.sandbox)."""
