@@ -1,0 +1,55 @@
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import load_config
+from agentrl.errors import ConfigError
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+def test_defaults_validate():
+    cfg = load_config()
+    assert cfg.orchestrator.max_staleness >= 0
+
+
+def test_dotted_override_parses_yaml_scalars():
+    cfg = load_config(overrides=["learner.lr=3e-6", "orchestrator.max_staleness=0", "env.options.size=5"])
+    assert cfg.learner.lr == 3e-6
+    assert cfg.orchestrator.max_staleness == 0
+    assert cfg.env.options == {"size": 5}
+
+
+def test_unknown_key_suggests_closest():
+    with pytest.raises(ConfigError, match=r"unknown key 'learner\.lrr'.*did you mean 'lr'"):
+        load_config(overrides=["learner.lrr=1"])
+    with pytest.raises(ConfigError, match=r"did you mean 'orchestrator'"):
+        load_config(overrides=["orchestrater.max_steps=1"])
+
+
+def test_bad_value_names_field_value_and_range():
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=["orchestrator.max_staleness=-1"])
+    msg = str(e.value)
+    assert "orchestrator.max_staleness" in msg and "-1" in msg and "greater than or equal to 0" in msg
+
+
+def test_branching_budget_check():
+    with pytest.raises(ConfigError, match="initial"):
+        load_config(overrides=["rollout.branching.initial=9", "rollout.branching.budget=4"])
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner: [1, 2")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(overrides=["learner.lr"])
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_configs_validate(path):
+    load_config(path)
