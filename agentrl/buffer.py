@@ -1,0 +1,201 @@
+"""The buffer between rollout actors and the learner.
+
+Actors ``put`` finished :class:`~agentrl.types.TrajectoryGroup` s; the learner takes
+``get_batch(n_groups, learner_version)``. On the way the buffer applies, in order:
+
+* infra-failure masking -- ``infra_error`` trajectories stay in their group (for traces)
+  but the learner masks them out of the loss and the baseline; a group left with fewer
+  than ``min_valid`` valid samples cannot form a baseline and is dropped;
+* DAPO dynamic sampling (when on) -- a group whose valid rewards are all equal has zero
+  advantage everywhere and is dropped; actors keep sampling until the batch is full;
+* the staleness gate -- ``learner_version - oldest token version <= max_staleness``,
+  checked on admission and again on release, since the learner moves on while a group
+  waits.
+
+Everything dropped is counted in :attr:`Buffer.counters`. Capacity is bounded: ``put``
+waits while the buffer is full (backpressure on the actors).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import anyio
+
+from agentrl.types import TrajectoryGroup
+
+COUNTER_NAMES = (
+    "received",  # groups offered to put()
+    "admitted",  # groups that passed every check on admission
+    "released",  # groups handed to the learner
+    "dropped_stale",  # staleness gate on admission
+    "dropped_stale_in_buffer",  # went stale while waiting in the buffer
+    "dropped_all_equal",  # dynamic sampling
+    "dropped_infra",  # fewer than min_valid valid samples
+    "masked_infra_trajectories",  # infra_error samples masked inside admitted groups
+    "trajectories_admitted",
+)
+
+
+class BufferClosedError(RuntimeError):
+    """``get_batch`` cannot be satisfied: the buffer was closed and is short of groups."""
+
+
+class Buffer:
+    """Bounded, staleness-gated FIFO of trajectory groups (async, anyio)."""
+
+    def __init__(
+        self,
+        max_staleness: int | None = 1,
+        capacity: int = 64,
+        dynamic_sampling: bool = False,
+        min_valid: int = 2,
+        learner_version: int = 0,
+    ) -> None:
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError(
+                f"max_staleness must be >= 0 or None to disable the gate (got {max_staleness})"
+            )
+        if capacity < 1:
+            raise ValueError(f"buffer capacity must be >= 1 (got {capacity})")
+        if min_valid < 1:
+            raise ValueError(f"min_valid must be >= 1 (got {min_valid})")
+        self.max_staleness = max_staleness
+        self.capacity = capacity
+        self.dynamic_sampling = dynamic_sampling
+        self.min_valid = min_valid
+        self.learner_version = learner_version
+        self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
+        self._groups: deque[TrajectoryGroup] = deque()
+        self._cond = anyio.Condition()
+        self._closed = False
+
+    # --- checks --------------------------------------------------------------------
+
+    @staticmethod
+    def _oldest_valid_version(group: TrajectoryGroup) -> int | None:
+        vs = [v for t in group.valid() if (v := t.oldest_version) is not None]
+        return min(vs) if vs else None
+
+    def staleness(self, group: TrajectoryGroup, learner_version: int | None = None) -> int:
+        """``learner_version - oldest token version`` over the group's valid samples."""
+        oldest = self._oldest_valid_version(group)
+        lv = self.learner_version if learner_version is None else learner_version
+        return 0 if oldest is None else lv - oldest
+
+    def _is_stale(self, group: TrajectoryGroup) -> bool:
+        return self.max_staleness is not None and self.staleness(group) > self.max_staleness
+
+    def check(self, group: TrajectoryGroup) -> str | None:
+        """The counter a group would be dropped under, or None if it is admissible."""
+        valid = group.valid()
+        if len(valid) < self.min_valid:
+            return "dropped_infra"
+        if self.dynamic_sampling and len({t.reward for t in valid}) == 1:
+            return "dropped_all_equal"
+        if self._is_stale(group):
+            return "dropped_stale"
+        return None
+
+    # --- producer / consumer -----------------------------------------------------------
+
+    async def put(self, group: TrajectoryGroup) -> bool:
+        """Admit `group` (waiting while the buffer is full). Returns False if dropped."""
+        self.counters["received"] += 1
+        reason = self.check(group)
+        if reason is not None:
+            self.counters[reason] += 1
+            return False
+        async with self._cond:
+            while len(self._groups) >= self.capacity and not self._closed:
+                await self._cond.wait()
+            if self._closed:
+                raise BufferClosedError("put() on a closed buffer")
+            # the learner may have advanced while we waited for room
+            if self._is_stale(group):
+                self.counters["dropped_stale"] += 1
+                return False
+            self._groups.append(group)
+            self.counters["admitted"] += 1
+            self.counters["trajectories_admitted"] += len(group.trajectories)
+            self.counters["masked_infra_trajectories"] += len(group.trajectories) - len(
+                group.valid()
+            )
+            self._cond.notify_all()
+        return True
+
+    def _evict_stale(self) -> None:
+        if self.max_staleness is None:
+            return
+        kept = deque(g for g in self._groups if not self._is_stale(g))
+        self.counters["dropped_stale_in_buffer"] += len(self._groups) - len(kept)
+        self._groups = kept
+
+    async def set_learner_version(self, learner_version: int) -> None:
+        """Tell the buffer the learner moved on; evicts groups that became stale."""
+        async with self._cond:
+            self.learner_version = learner_version
+            self._evict_stale()
+            self._cond.notify_all()
+
+    async def get_batch(self, n_groups: int, learner_version: int) -> list[TrajectoryGroup]:
+        """Wait until `n_groups` fresh groups are buffered and take them (oldest first)."""
+        if n_groups < 1:
+            raise ValueError(f"n_groups must be >= 1 (got {n_groups})")
+        if n_groups > self.capacity:
+            raise ValueError(
+                f"n_groups ({n_groups}) exceeds the buffer capacity ({self.capacity}): "
+                "raise the capacity or lower learner.batch_groups"
+            )
+        async with self._cond:
+            self.learner_version = learner_version
+            while True:
+                self._evict_stale()
+                if len(self._groups) >= n_groups:
+                    break
+                if self._closed:
+                    raise BufferClosedError(
+                        f"buffer closed with {len(self._groups)} groups, {n_groups} requested"
+                    )
+                self._cond.notify_all()  # eviction may have made room for waiting producers
+                await self._cond.wait()
+            batch = [self._groups.popleft() for _ in range(n_groups)]
+            self.counters["released"] += n_groups
+            self._cond.notify_all()
+        return batch
+
+    async def close(self) -> None:
+        """No more groups: wake every waiter (get_batch raises when it cannot be filled)."""
+        async with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # --- introspection / checkpoints ---------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def metrics(self) -> dict[str, float]:
+        """Counters plus the fill level, prefixed for the metrics log."""
+        out: dict[str, float] = {f"buffer/{k}": float(v) for k, v in self.counters.items()}
+        out["buffer/size"] = float(len(self._groups))
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: the buffered groups, the counters and the learner version."""
+        return {
+            "groups": [g.to_dict() for g in self._groups],
+            "counters": dict(self.counters),
+            "learner_version": self.learner_version,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._groups = deque(TrajectoryGroup.from_dict(g) for g in state.get("groups", []))
+        self.counters = dict.fromkeys(COUNTER_NAMES, 0)
+        self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
+        self.learner_version = int(state.get("learner_version", self.learner_version))

@@ -1,0 +1,201 @@
+"""Buffer: staleness gate, dynamic sampling, infra masking, backpressure, checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from agentrl.buffer import Buffer, BufferClosedError
+from agentrl.types import Segment, Trajectory, TrajectoryGroup
+
+
+def make_group(
+    rewards: list[float],
+    version: int = 0,
+    statuses: list[str] | None = None,
+    task_id: str = "t",
+    versions: list[int] | None = None,
+) -> TrajectoryGroup:
+    statuses = statuses or ["ok"] * len(rewards)
+    trajs = []
+    for i, (r, s) in enumerate(zip(rewards, statuses, strict=True)):
+        v = versions[i] if versions is not None else version
+        trajs.append(
+            Trajectory(
+                segments=[
+                    Segment("prompt", [1, 2, 3]),
+                    Segment("model", [4, 5], logprobs=[-1.0, -2.0], versions=[v, v + 1]),
+                ],
+                reward=r,
+                status=s,  # type: ignore[arg-type]
+                task_id=task_id,
+                traj_id=f"{task_id}-{i}",
+            )
+        )
+    return TrajectoryGroup(task_id=task_id, trajectories=trajs, group_id=task_id)
+
+
+def test_staleness_gate_on_admission_and_release() -> None:
+    async def main() -> None:
+        buf = Buffer(max_staleness=1, capacity=8, learner_version=3)
+        assert await buf.put(make_group([0.0, 1.0], version=2, task_id="fresh"))
+        assert await buf.put(make_group([0.0, 1.0], version=3, task_id="newest"))
+        # oldest token at version 1: 3 - 1 = 2 > 1
+        assert not await buf.put(make_group([0.0, 1.0], version=1, task_id="old"))
+        assert buf.counters["dropped_stale"] == 1
+        assert buf.counters["admitted"] == 2
+        # the learner advanced to 4: the version-2 group is now stale and is evicted
+        batch = await buf.get_batch(1, learner_version=4)
+        assert [g.task_id for g in batch] == ["newest"]
+        assert buf.counters["dropped_stale_in_buffer"] == 1
+        assert buf.counters["released"] == 1
+        assert len(buf) == 0
+
+    anyio.run(main)
+
+
+def test_staleness_uses_oldest_token_of_valid_samples() -> None:
+    buf = Buffer(max_staleness=0, learner_version=5)
+    g = make_group([0.0, 1.0, 1.0], versions=[5, 4, 5])
+    assert buf.staleness(g) == 1
+    assert buf.check(g) == "dropped_stale"
+    # the stale sample failed for infra reasons: it does not count
+    g2 = make_group([0.0, 1.0, 1.0], versions=[5, 4, 5], statuses=["ok", "infra_error", "ok"])
+    assert buf.staleness(g2) == 0
+    assert buf.check(g2) is None
+
+
+def test_no_gate_when_max_staleness_none() -> None:
+    buf = Buffer(max_staleness=None, learner_version=100)
+    assert buf.check(make_group([0.0, 1.0], version=0)) is None
+
+
+def test_dynamic_sampling_and_infra_counts() -> None:
+    async def main() -> None:
+        buf = Buffer(max_staleness=2, dynamic_sampling=True)
+        assert not await buf.put(make_group([1.0, 1.0, 1.0]))
+        assert not await buf.put(make_group([0.0, 0.0]))
+        # all-equal among the valid ones only (the infra sample's reward is ignored)
+        assert not await buf.put(make_group([1.0, 0.0, 1.0], statuses=["ok", "infra_error", "ok"]))
+        assert buf.counters["dropped_all_equal"] == 3
+        # one valid sample left: no baseline
+        assert not await buf.put(make_group([1.0, 0.0], statuses=["ok", "infra_error"]))
+        assert buf.counters["dropped_infra"] == 1
+        # admitted with one masked infra sample kept in the group
+        assert await buf.put(
+            make_group([1.0, 0.0, 0.5], statuses=["ok", "ok", "infra_error"], task_id="m")
+        )
+        assert buf.counters["masked_infra_trajectories"] == 1
+        assert buf.counters["received"] == 5
+        assert buf.counters["admitted"] == 1
+        [g] = await buf.get_batch(1, learner_version=0)
+        assert len(g.trajectories) == 3 and len(g.valid()) == 2
+
+    anyio.run(main)
+
+
+def test_dynamic_sampling_off_keeps_all_equal_groups() -> None:
+    async def main() -> None:
+        buf = Buffer(max_staleness=1, dynamic_sampling=False)
+        assert await buf.put(make_group([1.0, 1.0]))
+        assert buf.counters["dropped_all_equal"] == 0
+
+    anyio.run(main)
+
+
+def test_get_batch_waits_and_backpressure() -> None:
+    async def main() -> None:
+        buf = Buffer(max_staleness=None, capacity=2)
+        order: list[str] = []
+
+        async def producer() -> None:
+            for i in range(5):
+                await buf.put(make_group([0.0, 1.0], task_id=f"g{i}"))
+                order.append(f"put{i}")
+
+        got: list[str] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(producer)
+            await anyio.sleep(0.05)
+            # capacity 2: the producer is blocked on the third put
+            assert len(buf) == 2 and order == ["put0", "put1"]
+            for _ in range(2):
+                batch = await buf.get_batch(2, learner_version=0)
+                got += [g.task_id for g in batch]
+            batch = await buf.get_batch(1, learner_version=0)
+            got += [g.task_id for g in batch]
+        assert got == ["g0", "g1", "g2", "g3", "g4"]
+
+    anyio.run(main)
+
+
+def test_eviction_unblocks_waiting_producer() -> None:
+    async def main() -> None:
+        buf = Buffer(max_staleness=0, capacity=1)
+        await buf.put(make_group([0.0, 1.0], version=0, task_id="old"))
+        done = anyio.Event()
+
+        async def producer() -> None:
+            await buf.put(make_group([0.0, 1.0], version=1, task_id="new"))
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(producer)
+            await anyio.sleep(0.02)
+            assert not done.is_set()
+            with anyio.fail_after(2):
+                [g] = await buf.get_batch(1, learner_version=1)
+        assert g.task_id == "new"
+        assert buf.counters["dropped_stale_in_buffer"] == 1
+
+    anyio.run(main)
+
+
+def test_close_wakes_get_batch() -> None:
+    async def main() -> None:
+        buf = Buffer(max_staleness=None)
+        await buf.put(make_group([0.0, 1.0]))
+
+        async def closer() -> None:
+            await anyio.sleep(0.02)
+            await buf.close()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(closer)
+            with pytest.raises(BufferClosedError, match="1 groups, 2 requested"):
+                await buf.get_batch(2, learner_version=0)
+
+    anyio.run(main)
+
+
+def test_bad_arguments_name_the_value() -> None:
+    with pytest.raises(ValueError, match=r"max_staleness must be >= 0.*-1"):
+        Buffer(max_staleness=-1)
+
+    async def main() -> None:
+        buf = Buffer(capacity=2)
+        with pytest.raises(ValueError, match=r"n_groups \(3\) exceeds the buffer capacity"):
+            await buf.get_batch(3, learner_version=0)
+
+    anyio.run(main)
+
+
+def test_state_dict_roundtrip_is_json() -> None:
+    async def main() -> None:
+        buf = Buffer(max_staleness=1, learner_version=2)
+        await buf.put(make_group([0.0, 1.0], version=2, task_id="a"))
+        await buf.put(make_group([1.0, 0.5], version=1, task_id="b"))
+        await buf.put(make_group([0.0, 1.0], version=0, task_id="stale"))
+        state = json.loads(json.dumps(buf.state_dict()))
+        restored = Buffer(max_staleness=1)
+        restored.load_state_dict(state)
+        assert len(restored) == 2
+        assert restored.learner_version == 2
+        assert restored.counters == buf.counters
+        batch = await restored.get_batch(2, learner_version=2)
+        assert [g.task_id for g in batch] == ["a", "b"]
+        assert batch[1].trajectories[0].behavior_logprobs == [0.0, 0.0, 0.0, -1.0, -2.0]
+
+    anyio.run(main)
