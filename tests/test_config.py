@@ -14,7 +14,9 @@ def test_defaults_validate():
 
 
 def test_dotted_override_parses_yaml_scalars():
-    cfg = load_config(overrides=["learner.lr=3e-6", "orchestrator.max_staleness=0", "env.options.size=5"])
+    cfg = load_config(
+        overrides=["learner.lr=3e-6", "orchestrator.max_staleness=0", "env.options.size=5"]
+    )
     assert cfg.learner.lr == 3e-6
     assert cfg.orchestrator.max_staleness == 0
     assert cfg.env.options == {"size": 5}
@@ -31,7 +33,9 @@ def test_bad_value_names_field_value_and_range():
     with pytest.raises(ConfigError) as e:
         load_config(overrides=["orchestrator.max_staleness=-1"])
     msg = str(e.value)
-    assert "orchestrator.max_staleness" in msg and "-1" in msg and "greater than or equal to 0" in msg
+    assert (
+        "orchestrator.max_staleness" in msg and "-1" in msg and "greater than or equal to 0" in msg
+    )
 
 
 def test_branching_budget_check():

@@ -3,7 +3,15 @@ import json
 import pytest
 import torch
 
-from agentrl.types import NO_VERSION, Batch, Segment, Trajectory, TrajectoryGroup, ToolCallRecord, Turn
+from agentrl.types import (
+    NO_VERSION,
+    Batch,
+    Segment,
+    Trajectory,
+    TrajectoryGroup,
+    ToolCallRecord,
+    Turn,
+)
 
 
 def _traj(reward: float = 1.0, status: str = "ok") -> Trajectory:
@@ -14,7 +22,9 @@ def _traj(reward: float = 1.0, status: str = "ok") -> Trajectory:
             Segment("observation", [6, 7, 8]),
             Segment("model", [9], logprobs=[-0.3], versions=[4]),
         ],
-        turns=[Turn(index=0, generated_tokens=2, tool_calls=[ToolCallRecord("python", {"code": "1"})])],
+        turns=[
+            Turn(index=0, generated_tokens=2, tool_calls=[ToolCallRecord("python", {"code": "1"})])
+        ],
         reward=reward,
         status=status,  # type: ignore[arg-type]
         task_id="t0",
@@ -33,7 +43,9 @@ def test_derived_views_are_aligned():
 
 
 def test_json_round_trip():
-    g = TrajectoryGroup("t0", [_traj(1.0), _traj(0.0, "infra_error")], task={"q": "x"}, group_id="g")
+    g = TrajectoryGroup(
+        "t0", [_traj(1.0), _traj(0.0, "infra_error")], task={"q": "x"}, group_id="g"
+    )
     line = g.to_json()
     json.loads(line)
     back = TrajectoryGroup.from_json(line)
@@ -51,7 +63,9 @@ def test_model_segment_needs_logprobs_and_versions():
 
 
 def test_batch_pads_and_masks_infra_errors():
-    short = Trajectory(segments=[Segment("prompt", [1]), Segment("model", [2], logprobs=[-1.0], versions=[0])])
+    short = Trajectory(
+        segments=[Segment("prompt", [1]), Segment("model", [2], logprobs=[-1.0], versions=[0])]
+    )
     g = TrajectoryGroup("t", [_traj(1.0), short, _traj(0.5, "infra_error")])
     b = Batch.from_groups([g], pad_token_id=0)
     assert b.input_ids.shape == (3, 9)

@@ -1,0 +1,145 @@
+"""`agentrl train`, `agentrl eval`, `agentrl plot`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
+
+
+def _default_run_dir(config: Path) -> Path:
+    return Path("runs") / f"{config.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def train(
+    config: Annotated[Path, typer.Argument(help="YAML config, e.g. configs/demo.yaml")],
+    set_: SetOpt = None,
+    run_dir: Annotated[
+        Optional[Path], typer.Option("--run-dir", help="where metrics, traces and checkpoints go")
+    ] = None,  # noqa: UP045
+    resume: Annotated[
+        Optional[Path], typer.Option("--resume", help="continue the run in this directory")
+    ] = None,  # noqa: UP045
+    summary: Annotated[
+        bool, typer.Option(help="print a table and write curves.png at the end")
+    ] = True,
+) -> None:
+    """Train an agent with the given config."""
+    import anyio
+
+    from agentrl.config import load_config
+    from agentrl.errors import AgentRLError
+    from agentrl.orchestrator import train as run_train
+
+    try:
+        if resume is not None:
+            cfg_path = config if config.is_file() else resume / "config.yaml"
+            cfg = load_config(cfg_path, set_ or [])
+            target = resume
+        else:
+            cfg = load_config(config, set_ or [])
+            target = run_dir or Path(cfg.orchestrator.run_dir or _default_run_dir(config))
+        anyio.run(run_train, cfg, target, resume is not None)
+    except AgentRLError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    if summary:
+        _print_summary(target)
+
+
+def _print_summary(run_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from agentrl.plotting import learning_summary, plot_run, read_steps
+
+    steps = read_steps(run_dir)
+    if not steps:
+        return
+    table = Table(title=f"training summary: {run_dir}")
+    cols = [
+        "step",
+        "reward_mean",
+        "success_rate",
+        "entropy",
+        "clip_frac",
+        "staleness_mean",
+        "tool_calls_per_episode",
+        "rollout_tokens_per_s",
+        "train_seconds",
+    ]
+    for c in cols:
+        table.add_column(c.replace("_", " "), justify="right")
+    for s in steps:
+        table.add_row(*[_fmt(s.get(c)) for c in cols])
+    console = Console()
+    console.print(table)
+    summary = learning_summary(steps)
+    if summary:
+        console.print(
+            f"reward: first 3 steps {summary['first_k_reward']:.3f} -> last 3 steps "
+            f"{summary['last_k_reward']:.3f} (gain {summary['gain']:+.3f})"
+        )
+        (run_dir / "summary.json").write_text(json.dumps({**summary, "steps": steps}, indent=1))
+    png = plot_run(run_dir)
+    console.print(f"curves: {png}")
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 1000 else f"{v:.0f}"
+    return "" if v is None else str(v)
+
+
+def plot(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory of `agentrl train`")],
+    out: Annotated[
+        Optional[Path], typer.Option(help="PNG path (default RUN_DIR/curves.png)")
+    ] = None,  # noqa: UP045
+) -> None:
+    """Plot training curves (reward, success, entropy, KL, clip fraction, staleness, ...)."""
+    from agentrl.errors import AgentRLError
+    from agentrl.plotting import plot_run
+
+    try:
+        typer.echo(str(plot_run(run_dir, out)))
+    except AgentRLError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def eval_(
+    config: Annotated[Path, typer.Argument(help="YAML config")],
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a run dir or checkpoint dir")],
+    set_: SetOpt = None,
+    n_tasks: Annotated[int, typer.Option("-n", help="held-out tasks")] = 32,
+    samples: Annotated[int, typer.Option("-k", help="samples per task (pass@k, maj@k)")] = 4,
+    out: Annotated[Optional[Path], typer.Option(help="write results JSON here")] = None,  # noqa: UP045
+) -> None:
+    """Evaluate a checkpoint on held-out tasks: pass@k and maj@k."""
+    import anyio
+
+    from agentrl.config import load_config
+    from agentrl.errors import AgentRLError
+    from agentrl.evaluation import evaluate, print_eval
+
+    try:
+        cfg = load_config(config, set_ or [])
+        result = anyio.run(evaluate, cfg, checkpoint, n_tasks, samples)
+    except AgentRLError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    print_eval(result)
+    if out:
+        out.write_text(json.dumps(result, indent=1))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(train)
+    app.command("eval")(eval_)
+    app.command()(plot)

@@ -1,0 +1,427 @@
+"""The orchestrator: builds a run from a config and drives the event-driven loop.
+
+    tasks ─▶ producer (rollout groups) ─▶ Buffer ─▶ learner step ─▶ WeightBus ─▶ samplers
+
+One knob sets the mode. The producer may run ahead of the learner by
+``(max_staleness + 1) * batch_groups`` groups: a permit is taken when a group starts and
+given back when the learner has trained on it and published the next weights (or when the
+buffer drops it). With ``max_staleness: 0`` this is a barrier (synchronous, on-policy);
+with ``k`` the sampler overlaps the learner and no admitted group is more than ``k``
+versions old when it is trained. Everything runs under one anyio task group: if any part
+fails, the rest is cancelled and the last checkpoint stays consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agentrl.config import Config
+from agentrl.errors import CheckpointError
+from agentrl.events import (
+    BatchTrained,
+    CheckpointSaved,
+    EventBus,
+    GroupDropped,
+    GroupFinished,
+    JsonlMetrics,
+    ProgressDisplay,
+    RunFinished,
+    RunStarted,
+    TensorBoardWriter,
+    TraceWriter,
+    WeightsPublished,
+    summarize_group,
+)
+from agentrl.types import TrajectoryGroup
+
+log = logging.getLogger("agentrl.orchestrator")
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+
+
+@dataclass
+class DataCursor:
+    """Which tasks have been handed out; in-flight ones are re-issued after a resume."""
+
+    next_index: int = 0
+    reissue: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"next_index": self.next_index, "reissue": list(self.reissue)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DataCursor:
+        return cls(next_index=int(d["next_index"]), reissue=[int(i) for i in d.get("reissue", [])])
+
+
+class TaskStream:
+    """Indexable, endless view of an environment's train tasks (re-seeded per epoch)."""
+
+    def __init__(self, env: Any, seed: int) -> None:
+        self._env = env
+        self._seed = seed
+        self._epoch = -1
+        self._cache: list[dict[str, Any]] = []
+        self._epoch_len: int | None = None
+        self._iter: Iterator[dict[str, Any]] | None = None
+
+    def get(self, index: int) -> dict[str, Any]:
+        # tasks are generated lazily and memoised so a resumed run sees the same order
+        while index >= len(self._cache):
+            if self._iter is None:
+                self._epoch += 1
+                self._iter = iter(self._env.tasks(split="train", seed=self._seed + self._epoch))
+            try:
+                self._cache.append(next(self._iter))
+            except StopIteration:
+                if self._epoch_len is None:
+                    self._epoch_len = len(self._cache)
+                    if self._epoch_len == 0:
+                        from agentrl.errors import DatasetError
+
+                        raise DatasetError("the environment produced no training tasks") from None
+                self._iter = None
+        return self._cache[index]
+
+
+class Orchestrator:
+    """Owns every component of a training run."""
+
+    def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.step = 0
+        self.cursor = DataCursor()
+        self.events = EventBus()
+        self._inflight: set[int] = set()
+        self._permits: anyio.Semaphore | None = None
+        self._stop_reason = "completed"
+        self._rollout_tokens = 0
+        self._rollout_t0 = time.time()
+        self._saved_step = 0
+
+    # --- construction ------------------------------------------------------------
+
+    def build(self) -> None:
+        """Load the model twice (learner copy, sampler copy), the env, the rollout, the learner."""
+        from agentrl.buffer import Buffer
+        from agentrl.chat import ChatRenderer
+        from agentrl.envs import make_env
+        from agentrl.learner import Learner
+        from agentrl.models import load_model
+        from agentrl.rollout import RolloutEngine
+        from agentrl.samplers import create_sampler
+        from agentrl.weights import WeightBus
+
+        cfg = self.cfg
+        _seed_everything(cfg.orchestrator.seed)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+
+        self.env = make_env(cfg.env.name, **cfg.env.options)
+        policy, tokenizer = load_model(cfg.model.name, dtype="float32")
+        self.tokenizer = tokenizer
+        self.learner = Learner(policy, tokenizer, cfg)
+        sampler_dtype = None if cfg.model.dtype == "auto" else cfg.model.dtype
+        sampler_model, _ = load_model(cfg.model.name, dtype=sampler_dtype)
+        self.sampler = create_sampler(
+            cfg.sampler.backend,
+            model=(sampler_model, tokenizer),
+            max_batch_size=cfg.sampler.max_batch_size,
+            drain_on_update=cfg.sampler.drain_on_update or not cfg.orchestrator.partial_rollouts,
+            **cfg.sampler.options,
+        )
+        self.weight_bus = WeightBus()
+        self.weight_bus.register(self.sampler)
+        self.renderer = ChatRenderer(
+            tokenizer, tools=self.env.tool_schemas(), template=cfg.model.chat_template
+        )
+        self.rollout = RolloutEngine(
+            env=self.env,
+            sampler=self.sampler,
+            renderer=self.renderer,
+            cfg=cfg.rollout,
+            sampler_cfg=cfg.sampler,
+        )
+        self.buffer = Buffer(
+            max_staleness=cfg.orchestrator.max_staleness,
+            dynamic_sampling=cfg.algorithm.dynamic_sampling,
+            # never below the permits in flight, so put() only waits when the learner lags
+            capacity=(cfg.orchestrator.max_staleness + 1) * cfg.learner.batch_groups,
+        )
+        self.tasks = TaskStream(self.env, cfg.orchestrator.seed)
+
+        self.events.subscribe(JsonlMetrics(self.run_dir / "metrics.jsonl"))
+        if cfg.logging.trace:
+            self.events.subscribe(TraceWriter(self.run_dir / "trajectories.jsonl"))
+        if cfg.logging.tensorboard:
+            self.events.subscribe(TensorBoardWriter(self.run_dir / "tensorboard"))
+        if cfg.logging.progress:
+            self.events.subscribe(ProgressDisplay(cfg.orchestrator.max_steps))
+
+        if self.resume:
+            self._load_checkpoint()
+
+    # --- the loop ----------------------------------------------------------------
+
+    async def run(self) -> str:
+        """Train until `max_steps`; returns the stop reason. Ctrl-C checkpoints and stops."""
+        cfg = self.cfg
+        self.events.publish(
+            RunStarted(
+                run_dir=str(self.run_dir),
+                config=cfg.model_dump(mode="json"),
+                resumed_from_step=self.step,
+            )
+        )
+        ahead = (cfg.orchestrator.max_staleness + 1) * cfg.learner.batch_groups
+        self._permits = anyio.Semaphore(ahead)
+        error: BaseException | None = None
+        try:
+            # samplers start from the learner's weights (fresh or restored)
+            await self._publish()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_signals, tg.cancel_scope)
+                tg.start_soon(self._producer)
+                await self._learner_loop()
+                tg.cancel_scope.cancel()
+        except BaseException as e:  # cancellation, component failure
+            error = e
+            if self._stop_reason == "completed":
+                self._stop_reason = "interrupted" if _is_interrupt(e) else "error"
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                if self._stop_reason == "interrupted" and self.step > self._saved_step:
+                    await anyio.to_thread.run_sync(self.save_checkpoint)
+                await self.sampler.close()
+                self.events.publish(
+                    RunFinished(
+                        step=self.step,
+                        reason=self._stop_reason,
+                        error=None if error is None else repr(error),
+                    )
+                )
+                self.events.close()
+        return self._stop_reason
+
+    async def _watch_signals(self, scope: anyio.CancelScope) -> None:
+        """Ctrl-C / SIGTERM: finish the current step, checkpoint, stop everything."""
+        import signal
+
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.warning(
+                    "received %s: finishing the current step and checkpointing",
+                    signal.Signals(signum).name,
+                )
+                self._stop_reason = "interrupted"
+                scope.cancel()
+                return
+
+    async def _producer(self) -> None:
+        assert self._permits is not None
+        async with anyio.create_task_group() as tg:
+            while True:
+                await self._permits.acquire()
+                index = self._next_task_index()
+                tg.start_soon(self._run_group, index)
+
+    def _next_task_index(self) -> int:
+        if self.cursor.reissue:
+            return self.cursor.reissue.pop(0)
+        index = self.cursor.next_index
+        self.cursor.next_index += 1
+        return index
+
+    async def _run_group(self, index: int) -> None:
+        assert self._permits is not None
+        task = self.tasks.get(index)
+        # a task stays "in flight" (re-issued after a resume) until the buffer holds it
+        self._inflight.add(index)
+        try:
+            group = await self.rollout.run_group(task, group_id=f"{self.run_dir.name}-{index}")
+            group.metadata["task_index"] = index
+            self._rollout_tokens += sum(t.num_model_tokens for t in group.trajectories)
+            self.events.publish(GroupFinished(group=group, step=self.step))
+            reason = self.buffer.check(group) or "dropped_stale"
+            admitted = await self.buffer.put(group)
+        finally:
+            self._inflight.discard(index)
+        if not admitted:  # dropped: its permit goes back so sampling continues
+            self.events.publish(GroupDropped(task_id=group.task_id, reason=reason))
+            self._permits.release()
+
+    async def _learner_loop(self) -> None:
+        assert self._permits is not None
+        cfg = self.cfg
+        while self.step < cfg.orchestrator.max_steps:
+            groups = await self.buffer.get_batch(
+                cfg.learner.batch_groups, learner_version=self.learner.version
+            )
+            # a step is atomic: once its groups left the buffer, it finishes (an interrupt
+            # waits for it) so step counter, weights, version and checkpoint never disagree
+            with anyio.CancelScope(shield=True):
+                t0 = time.time()
+                metrics = await anyio.to_thread.run_sync(self.learner.step, groups)
+                metrics["train_seconds"] = time.time() - t0
+                self.step += 1
+                await self._publish()
+                # groups that went stale while buffered give their permits back too
+                evicted_before = self.buffer.counters["dropped_stale_in_buffer"]
+                await self.buffer.set_learner_version(self.learner.version)
+                evicted = self.buffer.counters["dropped_stale_in_buffer"] - evicted_before
+                for _ in range(len(groups) + evicted):
+                    self._permits.release()
+                metrics.update(self._rollout_metrics(groups))
+                self.events.publish(
+                    BatchTrained(step=self.step, version=self.learner.version, metrics=metrics)
+                )
+                every = cfg.orchestrator.checkpoint_every
+                if (every and self.step % every == 0) or self.step == cfg.orchestrator.max_steps:
+                    await anyio.to_thread.run_sync(self.save_checkpoint)
+                    self._saved_step = self.step
+
+    async def _publish(self) -> None:
+        t0 = time.time()
+        weights = self.learner.state_dict_for_sampler()
+        await self.weight_bus.publish(self.learner.version, weights)
+        self.events.publish(
+            WeightsPublished(version=self.learner.version, seconds=time.time() - t0)
+        )
+
+    def _rollout_metrics(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
+        rows = [summarize_group(g) for g in groups]
+        out = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]} if rows else {}
+        elapsed = max(time.time() - self._rollout_t0, 1e-6)
+        out["rollout_tokens_per_s"] = self._rollout_tokens / elapsed
+        self._rollout_tokens = 0
+        self._rollout_t0 = time.time()
+        out.update(self.buffer.metrics())
+        return out
+
+    # --- checkpoints ---------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """Atomic: write into a temp folder, rename, then repoint `latest`."""
+        t0 = time.time()
+        root = self.run_dir / CHECKPOINTS
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"step_{self.step:06d}"
+        tmp = root / f".tmp_step_{self.step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        self.learner.save_checkpoint(tmp / "learner")
+        cursor = DataCursor(
+            next_index=self.cursor.next_index,
+            reissue=sorted(set(self.cursor.reissue) | self._inflight),
+        )
+        state = {
+            "step": self.step,
+            "version": self.learner.version,
+            "cursor": cursor.to_dict(),
+            "buffer": self.buffer.state_dict(),
+            "rng": _rng_state(),
+        }
+        (tmp / "orchestrator.json").write_text(json.dumps(state))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        pointer_tmp = root / ".latest.tmp"
+        pointer_tmp.write_text(final.name)
+        os.replace(pointer_tmp, root / LATEST)
+        self._prune_checkpoints(root, keep=2)
+        self.events.publish(
+            CheckpointSaved(step=self.step, path=str(final), seconds=time.time() - t0)
+        )
+        return final
+
+    @staticmethod
+    def _prune_checkpoints(root: Path, keep: int) -> None:
+        done = sorted(p for p in root.glob("step_*") if p.is_dir())
+        for old in done[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _load_checkpoint(self) -> None:
+        root = self.run_dir / CHECKPOINTS
+        pointer = root / LATEST
+        if not pointer.is_file():
+            raise CheckpointError(
+                f"--resume: no checkpoint in {root} (the run never reached checkpoint_every "
+                f"steps); start it again without --resume"
+            )
+        ckpt = root / pointer.read_text().strip()
+        state_file = ckpt / "orchestrator.json"
+        if not state_file.is_file():
+            raise CheckpointError(f"checkpoint {ckpt} is incomplete (no orchestrator.json)")
+        state = json.loads(state_file.read_text())
+        self.learner.load_checkpoint(ckpt / "learner")
+        self.step = int(state["step"])
+        self._saved_step = self.step
+        self.cursor = DataCursor.from_dict(state["cursor"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.buffer.learner_version = self.learner.version
+        _set_rng_state(state.get("rng"))
+        log.info("resumed from %s (step %d, version %d)", ckpt, self.step, self.learner.version)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    root = Path(run_dir) / CHECKPOINTS
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    return root / pointer.read_text().strip()
+
+
+def _is_interrupt(e: BaseException) -> bool:
+    if isinstance(e, KeyboardInterrupt):
+        return True
+    nested = getattr(e, "exceptions", None)  # BaseExceptionGroup (3.11+ or the backport)
+    return bool(nested) and any(_is_interrupt(x) for x in nested)
+
+
+def _seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    import numpy as np
+
+    st = np.random.get_state()
+    return {"python": repr(random.getstate()), "numpy": [st[0], st[1].tolist(), *st[2:]]}
+
+
+def _set_rng_state(state: dict[str, Any] | None) -> None:
+    import ast
+
+    import numpy as np
+
+    if not state:
+        return
+    random.setstate(ast.literal_eval(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), *n[2:]))
+
+
+async def train(cfg: Config, run_dir: str | Path, resume: bool = False) -> Orchestrator:
+    orch = Orchestrator(cfg, run_dir, resume=resume)
+    await anyio.to_thread.run_sync(orch.build)
+    await orch.run()
+    return orch

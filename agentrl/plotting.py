@@ -1,0 +1,100 @@
+"""Training curves from a run's ``metrics.jsonl``: a PNG and a summary table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+# (metric key in BatchTrained.metrics, panel title)
+CURVES: list[tuple[str, str]] = [
+    ("reward_mean", "reward"),
+    ("success_rate", "success rate"),
+    ("entropy", "entropy"),
+    ("kl", "KL to reference"),
+    ("clip_frac", "clip fraction"),
+    ("staleness_mean", "staleness (versions)"),
+    ("rollout_tokens_per_s", "rollout tokens/s"),
+    ("tool_calls_per_episode", "tool calls / episode"),
+]
+
+
+def read_steps(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The metrics of every trained step, in order (later duplicates of a step win)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        from agentrl.errors import AgentRLError
+
+        raise AgentRLError(
+            f"no metrics.jsonl in {run_dir}: is it a run directory of `agentrl train`?"
+        )
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by SIGKILL
+            continue
+        if row.get("event") == "BatchTrained":
+            by_step[int(row["step"])] = {"step": int(row["step"]), **row.get("metrics", {})}
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``curves.png`` (or `out`) with one panel per metric that the run logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = read_steps(run_dir)
+    out_path = Path(out) if out else Path(run_dir) / "curves.png"
+    present = [(k, t) for k, t in CURVES if any(_finite(s.get(k)) for s in steps)]
+    if not present:
+        present = CURVES[:1]
+    cols = 4
+    rows = math.ceil(len(present) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for ax, (key, title) in zip(axes.flat, present, strict=False):
+        ax.set_visible(True)
+        xs = [s["step"] for s in steps if _finite(s.get(key))]
+        ys = [float(s[key]) for s in steps if _finite(s.get(key))]
+        ax.plot(xs, ys, marker="o", ms=3)
+        if len(ys) >= 4:  # a moving average shows the trend through GRPO's noise
+            w = 3
+            ma = [
+                sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1])
+                for i in range(len(ys))
+            ]
+            ax.plot(xs, ma, lw=2, alpha=0.7)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(str(Path(run_dir).name))
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=90)
+    plt.close(fig)
+    return out_path
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)
+
+
+def learning_summary(steps: list[dict[str, Any]], k: int = 3) -> dict[str, float]:
+    """Mean reward of the first and last `k` steps, and the gain between them."""
+    rewards = [float(s["reward_mean"]) for s in steps if _finite(s.get("reward_mean"))]
+    if not rewards:
+        return {}
+    first = sum(rewards[:k]) / len(rewards[:k])
+    last = sum(rewards[-k:]) / len(rewards[-k:])
+    return {
+        "first_k_reward": first,
+        "last_k_reward": last,
+        "gain": last - first,
+        "steps": len(rewards),
+    }
