@@ -136,7 +136,7 @@ class OrchestratorConfig(_Section):
     max_staleness: int = Field(1, ge=0, description="0 = synchronous on-policy")
     partial_rollouts: bool = True
     seed: int = 0
-    backend: Literal["local", "ray"] = "local"
+    backend: Literal["local"] = "local"  # a Ray backend is planned, not built yet
     checkpoint_every: int = Field(5, ge=0, description="0 disables periodic checkpoints")
     eval_every: int = Field(0, ge=0)
     run_dir: str | None = None
