@@ -1,1 +1,32 @@
-"""Episode runner, actors and ARPO branching."""
+"""Episode runner, actors and ARPO branching.
+
+from agentrl.rollout import RolloutEngine, run_episode, JsonlSink
+"""
+
+from agentrl.rollout.engine import (
+    GroupSink,
+    RolloutEngine,
+    sampling_params_from,
+    stop_token_ids_of,
+)
+from agentrl.rollout.episode import EpisodeLimits, Renderer, run_episode
+from agentrl.rollout.group import BranchPolicy, run_branching_group, run_group
+from agentrl.rollout.sinks import JsonlSink
+from agentrl.rollout.tree import check_shared_prefixes, tree_index, tree_tensors
+
+__all__ = [
+    "BranchPolicy",
+    "EpisodeLimits",
+    "GroupSink",
+    "JsonlSink",
+    "Renderer",
+    "RolloutEngine",
+    "check_shared_prefixes",
+    "run_branching_group",
+    "run_episode",
+    "run_group",
+    "sampling_params_from",
+    "stop_token_ids_of",
+    "tree_index",
+    "tree_tensors",
+]

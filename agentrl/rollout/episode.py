@@ -1,0 +1,505 @@
+"""One episode: render -> generate -> step the environment -> append observation tokens.
+
+Token in, token out: the prompt and every observation are rendered by the chat renderer
+as token deltas; model tokens are kept exactly as sampled, with their behaviour logprobs,
+versions and (when asked) entropies. Text is decoded only to hand to the environment and
+for traces, never re-tokenized.
+
+Limits: ``max_turns`` assistant turns, ``max_tool_calls`` tool calls in total, a budget of
+``max_tokens`` response tokens (everything after the prompt; each turn's
+``max_new_tokens`` is capped by what is left of it and of the model's context), and a
+wall-clock ``timeout_s`` per attempt. Hitting a limit ends the episode as ``truncated``;
+a failure of the platform (the environment raised, a tool reported an infrastructure
+error, the attempt timed out) ends it as ``infra_error`` after ``infra_retries`` retries.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import anyio
+
+from agentrl.envs.base import AssistantTurn, Environment, Message, StepResult
+from agentrl.errors import EnvError, InfraError, TemplateMismatchError
+from agentrl.samplers.base import Generation, Sampler, SamplingParams
+from agentrl.types import Segment, ToolCallRecord, Trajectory, Turn
+
+CLOSE_TIMEOUT_S = 10.0
+
+
+class Renderer(Protocol):
+    """What the episode needs from :class:`agentrl.chat.ChatRenderer`."""
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]: ...
+
+    def observation_ids(
+        self, history: Sequence[Message], new_messages: Sequence[Message]
+    ) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """Per-episode limits (mirrors :class:`agentrl.config.RolloutConfig`)."""
+
+    max_turns: int = 4
+    max_tool_calls: int = 8
+    max_tokens: int = 1024  # response tokens (model + observation) after the prompt
+    timeout_s: float = 300.0  # wall clock of one attempt
+    infra_retries: int = 1
+    context_length: int | None = None  # model context; None = unknown (not enforced)
+    on_template_mismatch: Literal["error", "resample"] = "error"
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1 (got {self.max_turns})")
+        if self.max_tool_calls < 0:
+            raise ValueError(f"max_tool_calls must be >= 0 (got {self.max_tool_calls})")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 (got {self.max_tokens})")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 (got {self.timeout_s})")
+        if self.infra_retries < 0:
+            raise ValueError(f"infra_retries must be >= 0 (got {self.infra_retries})")
+
+    @classmethod
+    def from_config(cls, cfg: Any, context_length: int | None = None) -> EpisodeLimits:
+        """Build from a :class:`agentrl.config.RolloutConfig`."""
+        return cls(
+            max_turns=cfg.max_turns,
+            max_tool_calls=cfg.max_tool_calls,
+            max_tokens=cfg.max_tokens,
+            timeout_s=cfg.episode_timeout_s,
+            infra_retries=cfg.infra_retries,
+            context_length=context_length,
+            on_template_mismatch=cfg.on_template_mismatch,
+        )
+
+
+@dataclass
+class Snapshot:
+    """An episode frozen right after an observation: the point a branch forks from."""
+
+    segments: list[Segment]
+    turns: list[Turn]
+    messages: list[Message]
+    steps: list[AssistantTurn]
+    observations: list[list[Message]]
+    num_tool_calls: int
+    last_step_reward: float | None
+    initial_entropy: float | None
+
+    @property
+    def position(self) -> int:
+        """Token index in ``input_ids`` where a continuation from here starts."""
+        return sum(len(s) for s in self.segments)
+
+
+@dataclass
+class EpisodeState:
+    """Mutable state of one running episode."""
+
+    task: dict[str, Any]
+    env: Environment
+    traj: Trajectory
+    messages: list[Message]
+    steps: list[AssistantTurn] = field(default_factory=list)  # replay log of env.step inputs
+    observations: list[list[Message]] = field(default_factory=list)  # what env.step answered
+    num_tool_calls: int = 0
+    last_step_reward: float | None = None
+    initial_entropy: float | None = None  # mean entropy of the first k tokens (nats)
+    after_tool: bool = False  # the last segment is an observation that holds tool results
+    seed: int | None = None
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            segments=list(self.traj.segments),  # Segment objects are shared, never mutated
+            turns=copy.deepcopy(self.traj.turns),
+            messages=list(self.messages),
+            steps=list(self.steps),
+            observations=list(self.observations),
+            num_tool_calls=self.num_tool_calls,
+            last_step_reward=self.last_step_reward,
+            initial_entropy=self.initial_entropy,
+        )
+
+    @property
+    def response_tokens(self) -> int:
+        return self.traj.num_tokens - _prompt_length(self.traj)
+
+
+# A hook called after a turn that follows a tool result has been generated and before
+# the environment sees it: (state, snapshot right after the tool result, generation).
+BranchHook = Callable[[EpisodeState, Snapshot, Generation], Awaitable[None]]
+
+
+def _prompt_length(traj: Trajectory) -> int:
+    return sum(len(s) for s in traj.segments if s.kind == "prompt")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def decode(sampler: Sampler, renderer: Any, gen: Generation) -> str:
+    """Text of a generation for the environment (never re-tokenized)."""
+    if gen.text:
+        return gen.text
+    dec = getattr(renderer, "decode", None)
+    if callable(dec):
+        return dec(gen.token_ids)
+    return sampler.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+
+
+def context_length_of(sampler: Sampler) -> int | None:
+    """The model's context window when the sampler exposes it."""
+    for attr in ("context_length", "max_model_len", "max_context"):
+        n = getattr(sampler, attr, None)
+        if isinstance(n, int) and n > 0:
+            return n
+    model = getattr(sampler, "model", None)
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def vocab_size_of(sampler: Sampler) -> int:
+    """|V| for entropy normalisation (the model's output dimension when known)."""
+    for attr in ("vocab_size",):
+        n = getattr(sampler, attr, None)
+        if isinstance(n, int) and n > 1:
+            return n
+    model = getattr(sampler, "model", None)
+    n = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(n, int) and n > 1:
+        return n
+    return len(sampler.tokenizer)
+
+
+def mean_entropy(entropies: Sequence[float] | None, k: int) -> float | None:
+    """Mean per-token entropy (nats) of the first `k` generated tokens."""
+    if not entropies:
+        return None
+    head = list(entropies[:k])
+    return sum(head) / len(head)
+
+
+def _tool_records(info: dict[str, Any]) -> list[ToolCallRecord]:
+    out: list[ToolCallRecord] = []
+    for rec in info.get("tool_calls", []) or []:
+        if isinstance(rec, ToolCallRecord):
+            out.append(rec)
+        elif isinstance(rec, dict):
+            out.append(ToolCallRecord(**rec))
+        else:
+            raise EnvError(
+                f"StepResult.info['tool_calls'] must hold ToolCallRecord or dicts (got {type(rec).__name__})"
+            )
+    return out
+
+
+class _Truncated(Exception):
+    """Internal: a limit ended the episode."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EpisodeRunner:
+    """Runs episodes of one (environment, sampler, renderer) triple with fixed limits."""
+
+    def __init__(
+        self,
+        env: Environment,
+        sampler: Sampler,
+        renderer: Renderer,
+        params: SamplingParams,
+        limits: EpisodeLimits,
+    ) -> None:
+        self.env = env
+        self.sampler = sampler
+        self.renderer = renderer
+        self.params = params
+        self.limits = limits
+
+    # --- environment calls: anything they raise is an infrastructure failure ---------------
+
+    async def _env_call(self, what: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            return await fn()
+        except InfraError:
+            raise
+        except Exception as e:  # the environment's bug is the platform's failure here
+            raise EnvError(f"environment {type(self.env).__name__}.{what} raised: {e!r}") from e
+
+    async def start(self, task: dict[str, Any], traj: Trajectory, seed: int | None) -> EpisodeState:
+        """Spawn an environment, reset it and render the prompt."""
+        env = self.env.spawn()
+        state = EpisodeState(task=task, env=env, traj=traj, messages=[], seed=seed)
+        try:
+            messages = await self._env_call("reset", lambda: env.reset(task))
+            state.messages = list(messages)
+            ids = self.renderer.prompt_ids(state.messages)
+        except BaseException:
+            await close_env(env)
+            raise
+        traj.segments = [Segment("prompt", list(ids))]
+        return state
+
+    async def fork(self, task: dict[str, Any], snap: Snapshot, traj: Trajectory) -> EpisodeState:
+        """A new episode state positioned at `snap`, with its own environment.
+
+        The environment state is rebuilt by replaying the recorded assistant turns in a
+        fresh spawn (tool calls run again); the tokens are the shared prefix, not the
+        replay's output. Mismatching replayed observations are counted in metadata.
+        """
+        env = self.env.spawn()
+        state = EpisodeState(
+            task=task,
+            env=env,
+            traj=traj,
+            messages=list(snap.messages),
+            steps=list(snap.steps),
+            observations=list(snap.observations),
+            num_tool_calls=snap.num_tool_calls,
+            last_step_reward=snap.last_step_reward,
+            initial_entropy=snap.initial_entropy,
+            after_tool=True,
+        )
+        traj.segments = list(snap.segments)
+        traj.turns = copy.deepcopy(snap.turns)
+        try:
+            await self._env_call("reset", lambda: env.reset(task))
+            mismatches = 0
+            for step, recorded in zip(snap.steps, snap.observations, strict=True):
+                result: StepResult = await self._env_call("step", lambda s=step: env.step(s))
+                if result.done:
+                    raise EnvError(
+                        "branch replay diverged: the environment ended the episode early"
+                    )
+                if [m.get("content") for m in result.observations] != [
+                    m.get("content") for m in recorded
+                ]:
+                    mismatches += 1
+            traj.metadata["replay_mismatches"] = mismatches
+        except BaseException:
+            await close_env(env)
+            raise
+        return state
+
+    # --- one turn ------------------------------------------------------------------------
+
+    def _turn_params(self, state: EpisodeState, want_entropy: bool) -> SamplingParams:
+        lim = self.limits
+        cap = min(self.params.max_new_tokens, lim.max_tokens - state.response_tokens)
+        if lim.context_length is not None:
+            cap = min(cap, lim.context_length - state.traj.num_tokens)
+        if cap < 1:
+            raise _Truncated("token budget exhausted")
+        seed = self.params.seed
+        if state.seed is not None:
+            seed = (state.seed * 1_000_003 + len(state.traj.turns)) % (2**31)
+        return self.params.with_(
+            max_new_tokens=cap,
+            seed=seed,
+            n=1,
+            return_entropy=self.params.return_entropy or want_entropy,
+        )
+
+    async def advance(
+        self, state: EpisodeState, branch_hook: BranchHook | None = None, entropy_k: int = 20
+    ) -> None:
+        """Run turns until the episode ends; sets status/reason on ``state.traj``."""
+        traj = state.traj
+        try:
+            while True:
+                if len(traj.turns) >= self.limits.max_turns:
+                    raise _Truncated("max_turns reached")
+                snap = state.snapshot() if (branch_hook and state.after_tool) else None
+                params = self._turn_params(state, want_entropy=branch_hook is not None)
+                t0 = time.perf_counter()
+                gen = await self.sampler.generate(traj.input_ids, params)
+                gen_latency = time.perf_counter() - t0
+                if not gen.token_ids:
+                    raise _Truncated("sampler returned no tokens")
+                text = decode(self.sampler, self.renderer, gen)
+                traj.segments.append(
+                    Segment(
+                        "model",
+                        list(gen.token_ids),
+                        logprobs=list(gen.logprobs),
+                        versions=list(gen.versions),
+                        entropies=list(gen.entropies) if gen.entropies is not None else None,
+                        text=text,
+                    )
+                )
+                turn = Turn(
+                    index=len(traj.turns),
+                    generated_tokens=len(gen.token_ids),
+                    finish_reason=gen.finish_reason,
+                    text=text,
+                    gen_latency_s=gen_latency,
+                )
+                traj.turns.append(turn)
+                if state.initial_entropy is None and gen.entropies:
+                    state.initial_entropy = mean_entropy(gen.entropies, entropy_k)
+                if snap is not None and branch_hook is not None:
+                    await branch_hook(state, snap, gen)
+
+                step_in = AssistantTurn(
+                    text=text, token_ids=list(gen.token_ids), finish_reason=gen.finish_reason
+                )
+                result: StepResult = await self._env_call(
+                    "step", lambda s=step_in: state.env.step(s)
+                )
+                state.steps.append(step_in)
+                state.observations.append(list(result.observations))
+                records = _tool_records(result.info)
+                turn.tool_calls = records
+                turn.parse_errors = [str(e) for e in result.info.get("parse_errors", []) or []]
+                if result.reward is not None:
+                    state.last_step_reward = float(result.reward)
+                infra = [r for r in records if r.infra_error]
+                if infra:
+                    raise InfraError(
+                        f"tool {infra[0].name!r} failed in the platform: {infra[0].error or infra[0].result}"
+                    )
+                state.messages.append({"role": "assistant", "content": text})
+                if result.done:
+                    return
+                state.num_tool_calls += len(records)
+                if state.num_tool_calls > self.limits.max_tool_calls:
+                    raise _Truncated("max_tool_calls exceeded")
+                if not result.observations:
+                    raise _Truncated("environment returned no observation and did not finish")
+                obs_ids = self.renderer.observation_ids(state.messages, result.observations)
+                if state.response_tokens + len(obs_ids) >= self.limits.max_tokens:
+                    raise _Truncated("token budget exhausted by an observation")
+                traj.segments.append(Segment("observation", list(obs_ids)))
+                state.messages.extend(result.observations)
+                turn.observation_tokens = len(obs_ids)
+                state.after_tool = bool(records) or any(
+                    m.get("role") == "tool" for m in result.observations
+                )
+        except _Truncated as t:
+            traj.status = "truncated"
+            traj.metadata["truncation"] = t.reason
+
+    async def score(self, state: EpisodeState) -> None:
+        traj = state.traj
+        scored = await self._env_call("reward", lambda: state.env.reward(traj))
+        if scored is not None:
+            traj.reward, info = scored
+            traj.reward = float(traj.reward)
+            traj.reward_info = dict(info)
+        else:
+            traj.reward = state.last_step_reward if state.last_step_reward is not None else 0.0
+
+
+async def close_env(env: Environment) -> None:
+    """Close an environment even while the caller is being cancelled."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT_S):
+        try:
+            await env.close()
+        except Exception:  # closing is best effort; the episode result stands
+            pass
+
+
+async def run_attempts(
+    runner: EpisodeRunner,
+    make_state: Callable[[Trajectory], Awaitable[EpisodeState]],
+    traj_template: Trajectory,
+    branch_hook: BranchHook | None = None,
+    entropy_k: int = 20,
+) -> Trajectory:
+    """Run an episode (from a fresh start or a fork) with timeout and infra retries."""
+    lim = runner.limits
+    errors: list[str] = []
+    t_start = time.perf_counter()
+    traj = traj_template
+    for attempt in range(lim.infra_retries + 1):
+        traj = _fresh_copy(traj_template)
+        state: EpisodeState | None = None
+        try:
+            with anyio.fail_after(lim.timeout_s):
+                state = await make_state(traj)
+                await runner.advance(state, branch_hook=branch_hook, entropy_k=entropy_k)
+                await runner.score(state)
+            traj.metadata["attempts"] = attempt + 1
+            if errors:
+                traj.metadata["retried_errors"] = errors
+            traj.metadata["latency_s"] = time.perf_counter() - t_start
+            if state.initial_entropy is not None:
+                traj.metadata["initial_entropy"] = state.initial_entropy
+            return traj
+        except TemplateMismatchError as e:
+            if lim.on_template_mismatch == "error":
+                raise
+            errors.append(f"template mismatch: {e}")
+        except TimeoutError:
+            errors.append(f"episode timed out after {lim.timeout_s}s")
+        except InfraError as e:
+            errors.append(str(e))
+        finally:
+            if state is not None:
+                await close_env(state.env)
+        if _has_children(traj):
+            break  # branches already share this attempt's prefix: keep it, don't resample
+    traj.status = "infra_error"
+    traj.error = errors[-1] if errors else "infrastructure failure"
+    traj.reward = 0.0
+    traj.metadata["attempts"] = len(errors)
+    traj.metadata["retried_errors"] = errors
+    traj.metadata["latency_s"] = time.perf_counter() - t_start
+    return traj
+
+
+def _has_children(traj: Trajectory) -> bool:
+    return any(p.get("children") for p in traj.metadata.get("branch_points", []))
+
+
+def _fresh_copy(template: Trajectory) -> Trajectory:
+    return Trajectory(
+        task_id=template.task_id,
+        group_id=template.group_id,
+        traj_id=template.traj_id,
+        parent_id=template.parent_id,
+        branch_position=template.branch_position,
+        metadata=dict(template.metadata),
+    )
+
+
+async def run_episode(
+    task: dict[str, Any],
+    env: Environment,
+    sampler: Sampler,
+    renderer: Renderer,
+    params: SamplingParams,
+    limits: EpisodeLimits | None = None,
+    *,
+    group_id: str = "",
+    traj_id: str | None = None,
+    seed: int | None = None,
+) -> Trajectory:
+    """Run one episode of `task` and return its token-exact trajectory.
+
+    `env` is a configured prototype: the episode runs in ``env.spawn()`` and closes it on
+    every exit path. Infrastructure failures are retried ``limits.infra_retries`` times and
+    then returned as a trajectory with ``status == "infra_error"`` (never raised).
+    """
+    limits = limits or EpisodeLimits(context_length=context_length_of(sampler))
+    runner = EpisodeRunner(env, sampler, renderer, params, limits)
+    template = Trajectory(
+        task_id=str(task.get("id", "")), group_id=group_id, traj_id=traj_id or new_id()
+    )
+    return await run_attempts(runner, lambda t: runner.start(task, t, seed), template)
+
+
+def normalised(entropy: float | None, vocab_size: int) -> float | None:
+    """Entropy divided by ln|V| (1.0 = uniform over the vocabulary)."""
+    return None if entropy is None else entropy / math.log(vocab_size)
