@@ -1,1 +1,84 @@
-"""Pure tensor algorithms, registered by name."""
+"""Pure tensor algorithms for RL on LLMs, each registered by name.
+
+    from agentrl.algos import compute_advantages, policy_loss
+    adv = compute_advantages("grpo", rewards, group_ids, valid=valid)          # [B]
+    loss, metrics = policy_loss("ppo", logprobs, old_logprobs, adv, loss_mask,
+                                eps_low=0.2, eps_high=0.28, agg="token-mean")
+
+Add your own with ``@register_advantage``, ``@register_policy_loss``, ``@register_kl``,
+``@register_aggregation`` or ``@register_tree_attribution``; configs then name them.
+"""
+
+from agentrl.algos.advantages import (
+    compute_advantages,
+    compute_gae,
+    dynamic_sampling_mask,
+    group_stats,
+    place_outcome_rewards,
+)
+from agentrl.algos.aggregation import aggregate
+from agentrl.algos.evaluation import maj_at_k, pass_at_k
+from agentrl.algos.kl import kl_divergence
+from agentrl.algos.logprobs import (
+    chunked_logprobs_entropy,
+    entropy_from_logits,
+    logprobs_from_logits,
+    sequence_logprobs_entropy,
+)
+from agentrl.algos.policy import (
+    entropy_bonus,
+    importance_weights,
+    policy_loss,
+    value_loss,
+)
+from agentrl.algos.registry import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    TREE_ATTRIBUTIONS,
+    Registry,
+    register_advantage,
+    register_aggregation,
+    register_kl,
+    register_policy_loss,
+    register_tree_attribution,
+)
+from agentrl.algos.shaping import overlong_penalty
+from agentrl.algos.tree import TreeAttribution, tree_advantages, tree_from_ids, tree_owner
+
+__all__ = [
+    "ADVANTAGES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "TREE_ATTRIBUTIONS",
+    "Registry",
+    "TreeAttribution",
+    "aggregate",
+    "chunked_logprobs_entropy",
+    "compute_advantages",
+    "compute_gae",
+    "dynamic_sampling_mask",
+    "entropy_bonus",
+    "entropy_from_logits",
+    "group_stats",
+    "importance_weights",
+    "kl_divergence",
+    "logprobs_from_logits",
+    "maj_at_k",
+    "overlong_penalty",
+    "pass_at_k",
+    "place_outcome_rewards",
+    "policy_loss",
+    "register_advantage",
+    "register_aggregation",
+    "register_kl",
+    "register_policy_loss",
+    "register_tree_attribution",
+    "sequence_logprobs_entropy",
+    "tree_advantages",
+    "tree_from_ids",
+    "tree_owner",
+    "value_loss",
+]

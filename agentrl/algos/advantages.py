@@ -1,0 +1,245 @@
+"""Advantage estimators: group baselines for outcome rewards, and GAE for per-token values.
+
+Group estimators take outcome rewards ``[B]`` and ``group_ids [B]`` (any integers; rows
+with equal ids form one group) and are vectorised with ``index_add`` -- no per-group
+Python loops. ``valid`` (``[B]``, 0 for ``infra_error`` rows) removes rows from their
+group's statistics; such rows get advantage 0. A group with fewer than two valid rows has
+no baseline to compare against and gets advantage 0 (except ``reinforce_pp``, which never
+looks at groups).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentrl.algos.registry import ADVANTAGES, register_advantage
+
+
+def _check_rows(rewards: Tensor, group_ids: Tensor | None, valid: Tensor | None) -> Tensor:
+    if rewards.dim() != 1:
+        raise ValueError(
+            f"rewards must be a 1-D tensor of outcome rewards [B] (got shape {tuple(rewards.shape)})"
+        )
+    if group_ids is not None and group_ids.shape != rewards.shape:
+        raise ValueError(
+            f"group_ids must have the shape of rewards {tuple(rewards.shape)} "
+            f"(got {tuple(group_ids.shape)})"
+        )
+    if valid is None:
+        return torch.ones_like(rewards, dtype=torch.float32)
+    if valid.shape != rewards.shape:
+        raise ValueError(
+            f"valid must have the shape of rewards {tuple(rewards.shape)} (got {tuple(valid.shape)})"
+        )
+    return valid.to(torch.float32)
+
+
+def _clean(rewards: Tensor, v: Tensor) -> Tensor:
+    """Rewards as float32 with invalid rows zeroed (they may be NaN after an infra error)."""
+    r = rewards.to(torch.float32)
+    return torch.where(v > 0, r, torch.zeros_like(r))
+
+
+def group_stats(
+    rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-row group (count, sum, mean, unbiased std) over valid rows, each ``[B]``."""
+    v = _check_rows(rewards, group_ids, valid)
+    r = _clean(rewards, v)
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
+    count = torch.zeros(n_groups, dtype=torch.float32, device=r.device).index_add_(0, inverse, v)
+    total = torch.zeros_like(count).index_add_(0, inverse, r)
+    mean = total / count.clamp(min=1.0)
+    sq = (r - mean[inverse]) ** 2 * v
+    ss = torch.zeros_like(count).index_add_(0, inverse, sq)
+    std = (ss / (count - 1.0).clamp(min=1.0)).sqrt()
+    return count[inverse], total[inverse], mean[inverse], std[inverse]
+
+
+# GRPO (Shao et al. 2024, eq. 3 outcome supervision): A_i = (r_i - mean(r)) / std(r)
+@register_advantage("grpo")
+def grpo(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    valid: Tensor | None = None,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+    **_: Any,
+) -> Tensor:
+    v = _check_rows(rewards, group_ids, valid)
+    count, _, mean, std = group_stats(rewards, group_ids, v)
+    adv = _clean(rewards, v) - mean
+    if norm_by_std:
+        adv = adv / (std + eps)
+    return torch.where((count > 1) & (v > 0), adv, torch.zeros_like(adv))
+
+
+# Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training", eq. 3): A_i = r_i - mean(r)
+@register_advantage("dr_grpo")
+def dr_grpo(rewards: Tensor, group_ids: Tensor, *, valid: Tensor | None = None, **_: Any) -> Tensor:
+    return grpo(rewards, group_ids, valid=valid, norm_by_std=False)
+
+
+# RLOO (Ahmadian et al. 2024, eq. 7): A_i = r_i - 1/(k-1) * sum_{j != i} r_j
+@register_advantage("rloo")
+def rloo(rewards: Tensor, group_ids: Tensor, *, valid: Tensor | None = None, **_: Any) -> Tensor:
+    v = _check_rows(rewards, group_ids, valid)
+    count, total, _, _ = group_stats(rewards, group_ids, v)
+    r = _clean(rewards, v)
+    baseline = (total - r) / (count - 1.0).clamp(min=1.0)
+    adv = r - baseline
+    return torch.where((count > 1) & (v > 0), adv, torch.zeros_like(adv))
+
+
+def _whiten(x: Tensor, v: Tensor, eps: float) -> Tensor:
+    n = v.sum()
+    if n < 2:
+        return torch.zeros_like(x)
+    mean = (x * v).sum() / n
+    var = (((x - mean) ** 2) * v).sum() / (n - 1)
+    return torch.where(v > 0, (x - mean) / (var.sqrt() + eps), torch.zeros_like(x))
+
+
+# REINFORCE++ (Hu 2025, eq. 8-9): A = (r - mean_batch(r)) / std_batch(r) -- no group baseline
+@register_advantage("reinforce_pp")
+def reinforce_pp(
+    rewards: Tensor,
+    group_ids: Tensor | None = None,
+    *,
+    valid: Tensor | None = None,
+    eps: float = 1e-6,
+    **_: Any,
+) -> Tensor:
+    v = _check_rows(rewards, group_ids, valid)
+    return _whiten(_clean(rewards, v), v, eps)
+
+
+# REINFORCE++-baseline (Hu 2025, sec. 3.3): subtract the group mean, then whiten over the batch
+@register_advantage("reinforce_pp_baseline")
+def reinforce_pp_baseline(
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    valid: Tensor | None = None,
+    eps: float = 1e-6,
+    **_: Any,
+) -> Tensor:
+    v = _check_rows(rewards, group_ids, valid)
+    _, _, mean, _ = group_stats(rewards, group_ids, v)
+    return _whiten(_clean(rewards, v) - mean, v, eps)
+
+
+def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kw: Any) -> Tensor:
+    """Advantages from outcome rewards ``[B]`` with the estimator registered as ``name``.
+
+    ``kw`` goes to the estimator (``valid=``, ``eps=``, ...). ``"gae"`` also works here
+    when given ``values`` and ``mask`` ``[B, T]``: the outcome reward is placed on each
+    row's last trained token and the result is per token ``[B, T]``.
+    """
+    return ADVANTAGES.get(name)(rewards, group_ids, **kw)
+
+
+# GAE (Schulman et al. 2016, eq. 16): A_t = sum_l (gamma*lam)^l delta_{t+l},
+# delta_t = r_t + gamma V_{t+1} - V_t, where t ranges over trained (mask=1) positions only.
+def compute_gae(
+    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Per-token GAE on ``[B, T]`` -> ``(advantages, returns)``.
+
+    Positions with ``mask == 0`` (prompt, observation tokens, padding) are not steps: the
+    recursion passes through them carrying the next trained token's value and advantage
+    unchanged, so the last model token before a tool result bootstraps from the first
+    model token after it. Rewards must sit on trained positions (rewards on masked
+    positions are ignored). Advantages and returns are 0 where ``mask == 0``.
+    The loop runs over T (vectorised over B); it is inherently sequential.
+    """
+    if not (rewards.shape == values.shape == mask.shape) or rewards.dim() != 2:
+        raise ValueError(
+            "rewards, values and mask must all be [B, T] with the same shape (got "
+            f"{tuple(rewards.shape)}, {tuple(values.shape)}, {tuple(mask.shape)})"
+        )
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gamma and lam must be in [0, 1] (got gamma={gamma}, lam={lam})")
+    with torch.no_grad():
+        m = mask.to(torch.float32)
+        r = rewards.to(torch.float32)
+        v = values.to(torch.float32)
+        B, T = r.shape
+        next_value = torch.zeros(B, dtype=torch.float32, device=r.device)
+        next_adv = torch.zeros_like(next_value)
+        adv = torch.zeros_like(r)
+        for t in range(T - 1, -1, -1):
+            delta = r[:, t] + gamma * next_value - v[:, t]
+            a_t = delta + gamma * lam * next_adv
+            mt = m[:, t]
+            adv[:, t] = a_t * mt
+            next_adv = torch.where(mt > 0, a_t, next_adv)
+            next_value = torch.where(mt > 0, v[:, t], next_value)
+        returns = (adv + v) * m
+    return adv, returns
+
+
+def place_outcome_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Scatter outcome rewards ``[B]`` onto each row's last trained token -> ``[B, T]``."""
+    T = mask.shape[1]
+    pos = torch.arange(T, device=mask.device).expand_as(mask)
+    last = torch.where(mask > 0, pos, torch.full_like(pos, -1)).max(dim=1).values
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    has = last >= 0
+    rows = torch.arange(mask.shape[0], device=mask.device)[has]
+    out[rows, last[has]] = rewards.to(torch.float32)[has]
+    return out
+
+
+@register_advantage("gae")
+def gae(
+    rewards: Tensor,
+    group_ids: Tensor | None = None,
+    *,
+    values: Tensor | None = None,
+    mask: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    valid: Tensor | None = None,
+    **_: Any,
+) -> Tensor:
+    if values is None or mask is None:
+        raise ValueError(
+            "advantage 'gae' needs per-token values= and mask= [B, T] "
+            "(or call agentrl.algos.compute_gae(rewards, values, mask, gamma, lam))"
+        )
+    m = mask.to(torch.float32)
+    if valid is not None:
+        m = m * valid.to(torch.float32)[:, None]
+    token_rewards = rewards if rewards.dim() == 2 else place_outcome_rewards(rewards, m)
+    adv, _ = compute_gae(token_rewards, values, m, gamma, lam)
+    return adv
+
+
+def dynamic_sampling_mask(
+    rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None, atol: float = 0.0
+) -> Tensor:
+    """DAPO dynamic sampling (Yu et al. 2025, eq. 11): keep groups whose rewards differ.
+
+    Returns a bool ``[B]``: True for rows of groups whose valid rewards are not all equal
+    (within ``atol``). Groups with fewer than two valid rows are dropped too.
+    """
+    v = _check_rows(rewards, group_ids, valid)
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
+    r = _clean(rewards, v)
+    big = torch.finfo(torch.float32).max
+    hi = torch.full((n_groups,), -big, device=r.device).scatter_reduce(
+        0, inverse, torch.where(v > 0, r, torch.full_like(r, -big)), reduce="amax"
+    )
+    lo = torch.full((n_groups,), big, device=r.device).scatter_reduce(
+        0, inverse, torch.where(v > 0, r, torch.full_like(r, big)), reduce="amin"
+    )
+    count = torch.zeros(n_groups, device=r.device).index_add_(0, inverse, v)
+    keep = (count >= 2) & ((hi - lo) > atol)
+    return keep[inverse]

@@ -1,0 +1,182 @@
+"""Token log-probs and entropy without materialising a whole ``[B, T, V]`` float32 tensor.
+
+Work is split into chunks of ``chunk`` tokens over the flattened ``B*T`` positions; each
+chunk is upcast to float32, scaled, reduced to ``[chunk]`` and dropped. With gradients on,
+every chunk runs under ``torch.utils.checkpoint``, so backward also holds one chunk's
+``[chunk, V]`` at a time (it is recomputed, costing one extra forward of the chunk).
+
+Temperature convention: the distribution is ``softmax(logits / temperature)``, the one the
+sampler drew from; ``temperature == 0`` (greedy decoding) is treated as 1.
+
+Alignment: these functions score ``labels`` with the logits *at the same position*; the
+caller shifts (``logits[:, :-1]`` with ``input_ids[:, 1:]``), or uses
+:func:`sequence_logprobs_entropy`, which follows the ``agentrl.types`` convention.
+Labels < 0 (e.g. -100 padding) get log-prob 0 and entropy 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+
+def _inv_temperature(temperature: float) -> float:
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (got {temperature})")
+    return 1.0 if temperature == 0 else 1.0 / temperature
+
+
+def _score(z: Tensor, labels: Tensor, with_logprobs: bool, with_entropy: bool) -> Tensor:
+    """Scaled float32 logits ``[n, V]`` -> stacked ``[k, n]`` (logprob and/or entropy)."""
+    lse = torch.logsumexp(z, dim=-1)
+    outs = []
+    valid = labels >= 0
+    if with_logprobs:
+        picked = z.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        outs.append(torch.where(valid, picked - lse, torch.zeros_like(lse)))
+    if with_entropy:
+        p = torch.softmax(z, dim=-1)
+        ent = lse - (p * z).sum(dim=-1)
+        outs.append(torch.where(valid, ent, torch.zeros_like(ent)))
+    return torch.stack(outs)
+
+
+def _from_logits_chunk(
+    logits: Tensor, labels: Tensor, inv_t: float, with_logprobs: bool, with_entropy: bool
+) -> Tensor:
+    return _score(logits.float() * inv_t, labels, with_logprobs, with_entropy)
+
+
+def _from_hidden_chunk(
+    hidden: Tensor,
+    labels: Tensor,
+    weight: Tensor,
+    inv_t: float,
+    with_logprobs: bool,
+    with_entropy: bool,
+) -> Tensor:
+    return _score((hidden @ weight.t()).float() * inv_t, labels, with_logprobs, with_entropy)
+
+
+def _run_chunks(
+    fn: Callable[..., Tensor],
+    chunked: list[Tensor],
+    shared: list[Tensor],
+    chunk: int,
+    *extra: object,
+) -> Tensor:
+    """``fn(*row_chunks, *shared, *extra)`` over row-chunks of ``chunked``; concat on dim 1."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 (got {chunk})")
+    rows = chunked[0].shape[0]
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in chunked + shared)
+    pieces = []
+    for start in range(0, rows, chunk):
+        args = [t[start : start + chunk] for t in chunked] + shared
+        if needs_grad:
+            pieces.append(checkpoint(fn, *args, *extra, use_reentrant=False))
+        else:
+            pieces.append(fn(*args, *extra))
+    return torch.cat(pieces, dim=1)
+
+
+def _check_labels(leading: torch.Size, labels: Tensor, what: str) -> None:
+    if labels.shape != leading:
+        raise ValueError(
+            f"labels must have the shape of {what} without the last dim {tuple(leading)} "
+            f"(got {tuple(labels.shape)})"
+        )
+
+
+def _logits_pass(
+    logits: Tensor, labels: Tensor, temperature: float, chunk: int, lp: bool, ent: bool
+) -> Tensor:
+    _check_labels(logits.shape[:-1], labels, "logits")
+    V = logits.shape[-1]
+    flat = logits.reshape(-1, V)
+    out = _run_chunks(
+        _from_logits_chunk,
+        [flat, labels.reshape(-1)],
+        [],
+        chunk,
+        _inv_temperature(temperature),
+        lp,
+        ent,
+    )
+    return out.reshape(out.shape[0], *labels.shape)
+
+
+def logprobs_from_logits(
+    logits: Tensor, labels: Tensor, temperature: float = 1.0, chunk: int = 1024
+) -> Tensor:
+    """``log softmax(logits / temperature)[labels]`` -> float32 of ``labels``' shape."""
+    return _logits_pass(logits, labels, temperature, chunk, True, False)[0]
+
+
+def entropy_from_logits(
+    logits: Tensor, temperature: float = 1.0, chunk: int = 1024, labels: Tensor | None = None
+) -> Tensor:
+    """Entropy of ``softmax(logits / temperature)`` per position -> float32 ``logits.shape[:-1]``.
+
+    ``labels`` is only used to zero positions whose label is < 0.
+    """
+    if labels is None:
+        labels = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    return _logits_pass(logits, labels, temperature, chunk, False, True)[0]
+
+
+def chunked_logprobs_entropy(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    labels: Tensor,
+    temperature: float = 1.0,
+    chunk: int = 512,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-token log-prob (and entropy) from final hidden states, chunk by chunk.
+
+    ``hidden [..., H]`` and ``lm_head_weight [V, H]`` -> ``(logprobs, entropy)`` of
+    ``labels``' shape, float32; gradients flow to both ``hidden`` and ``lm_head_weight``
+    while only ``[chunk, V]`` logits exist at any time, in forward and in backward.
+    """
+    _check_labels(hidden.shape[:-1], labels, "hidden")
+    if lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"lm_head_weight must be [V, H] with H = {hidden.shape[-1]} "
+            f"(got {tuple(lm_head_weight.shape)})"
+        )
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    out = _run_chunks(
+        _from_hidden_chunk,
+        [flat, labels.reshape(-1)],
+        [lm_head_weight],
+        chunk,
+        _inv_temperature(temperature),
+        True,
+        with_entropy,
+    )
+    out = out.reshape(out.shape[0], *labels.shape)
+    return out[0], (out[1] if with_entropy else None)
+
+
+def sequence_logprobs_entropy(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    input_ids: Tensor,
+    temperature: float = 1.0,
+    chunk: int = 512,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Like :func:`chunked_logprobs_entropy` but aligned with ``input_ids [B, T]``:
+    ``out[:, t] = log p(input_ids[:, t] | input_ids[:, :t])``, and ``out[:, 0] = 0``."""
+    lp, ent = chunked_logprobs_entropy(
+        hidden[:, :-1], lm_head_weight, input_ids[:, 1:], temperature, chunk, with_entropy
+    )
+    zero = lp.new_zeros(lp.shape[0], 1)
+    lp = torch.cat([zero, lp], dim=1)
+    if ent is not None:
+        ent = torch.cat([zero, ent], dim=1)
+    return lp, ent

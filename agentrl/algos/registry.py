@@ -1,0 +1,92 @@
+"""Name -> function registries, so configs pick algorithms by string and users add their own.
+
+    @register_advantage("my_adv")
+    def my_adv(rewards, group_ids, *, valid=None, **kw): ...
+
+Unknown names raise :class:`agentrl.errors.UnknownNameError` with close-name suggestions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from agentrl._suggest import suggest
+from agentrl.errors import UnknownNameError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Registry(Generic[F]):
+    """A small registry of functions of one kind (advantage, policy loss, KL, ...)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._fns: dict[str, F] = {}
+
+    def register(self, name: str, *, override: bool = False) -> Callable[[F], F]:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} name must be a non-empty string (got {name!r})")
+
+        def deco(fn: F) -> F:
+            if name in self._fns and not override and self._fns[name] is not fn:
+                raise ValueError(
+                    f"{self.kind} '{name}' is already registered; pick another name "
+                    "or pass override=True to replace it"
+                )
+            self._fns[name] = fn
+            return fn
+
+        return deco
+
+    def get(self, name: str) -> F:
+        try:
+            return self._fns[name]
+        except (KeyError, TypeError):
+            hint = suggest(str(name), self._fns)
+            raise UnknownNameError(
+                f"unknown {self.kind} '{name}'{hint}; registered: {', '.join(self.names())}"
+                f" (add your own with @register_{self.kind.replace(' ', '_')}('{name}'))"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._fns)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._fns
+
+
+ADVANTAGES: Registry[Callable[..., Any]] = Registry("advantage")
+POLICY_LOSSES: Registry[Callable[..., Any]] = Registry("policy_loss")
+KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("kl")
+AGGREGATIONS: Registry[Callable[..., Any]] = Registry("aggregation")
+TREE_ATTRIBUTIONS: Registry[Callable[..., Any]] = Registry("tree_attribution")
+
+
+def register_advantage(name: str, *, override: bool = False) -> Callable[[F], F]:
+    """Register ``fn(rewards [B], group_ids [B], *, valid=None, **kw) -> advantages``."""
+    return ADVANTAGES.register(name, override=override)
+
+
+def register_policy_loss(name: str, *, override: bool = False) -> Callable[[F], F]:
+    """Register ``fn(logprobs, old_logprobs, advantages [B,T], mask, **kw) -> (loss [B,T], metrics)``.
+
+    The returned per-token loss is then importance-weighted (off-policy correction) and
+    aggregated by :func:`agentrl.algos.policy_loss`.
+    """
+    return POLICY_LOSSES.register(name, override=override)
+
+
+def register_kl(name: str, *, override: bool = False) -> Callable[[F], F]:
+    """Register ``fn(logprobs [B,T], ref_logprobs [B,T]) -> kl [B,T]``."""
+    return KL_ESTIMATORS.register(name, override=override)
+
+
+def register_aggregation(name: str, *, override: bool = False) -> Callable[[F], F]:
+    """Register ``fn(loss [B,T], mask [B,T], *, norm_length=None, denominator=None) -> scalar``."""
+    return AGGREGATIONS.register(name, override=override)
+
+
+def register_tree_attribution(name: str, *, override: bool = False) -> Callable[[F], F]:
+    """Register ``fn(advantages [B], owner [B,T], loss_mask [B,T]) -> (adv [B,T], mask [B,T])``."""
+    return TREE_ATTRIBUTIONS.register(name, override=override)
