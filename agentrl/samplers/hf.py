@@ -1,0 +1,625 @@
+"""The embedded ``hf`` sampler: one transformers model shared by every concurrent caller.
+
+A worker thread runs a continuous-batching loop. Between two forward passes it applies a
+pending weight update, drops cancelled requests, prefills newcomers and merges them into
+the running batch; then one decode step advances every active sequence by one token.
+The event loop only submits requests and awaits futures, so it never blocks on compute.
+
+KV cache: a transformers ``DynamicCache`` holding all active rows, left-padded to a common
+length. Each row keeps its own pad count; positions and the attention mask are per row, so
+rows of different lengths decode together exactly (RoPE is applied with the row's own
+positions before keys are cached, so padding columns never shift anything). Finished rows
+are removed between steps and columns that are padding in every row are trimmed away.
+
+Behaviour log-probs follow :mod:`agentrl.samplers.base`: ``log_softmax(logits / T)`` at the
+sampled token, before top-p / top-k truncation (greedy: unscaled logits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+
+from agentrl.errors import PromptError, SamplerError, WeightUpdateError
+from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.samplers.sampling import sample_next
+
+_STRIP_PREFIXES = ("module.", "_orig_mod.")
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    generator: torch.Generator | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Generation]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
+    cancelled: bool = False
+    finish: FinishReason | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(eq=False)
+class _Update:
+    state: dict[str, torch.Tensor]
+    version: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
+    cancelled: bool = False
+
+
+def _resolve(fut: asyncio.Future[Any], loop: asyncio.AbstractEventLoop, value: Any) -> None:
+    """Complete `fut` from the worker thread (ignored when the caller already left)."""
+
+    def _set() -> None:
+        if fut.done():
+            return
+        if isinstance(value, BaseException):
+            fut.set_exception(value)
+        else:
+            fut.set_result(value)
+
+    with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+        loop.call_soon_threadsafe(_set)
+
+
+class HFSampler(Sampler):
+    """Continuous-batching sampler over a transformers causal LM (CPU or GPU).
+
+    Options: ``max_batch_size`` (rows decoded together), ``max_context`` (default: the
+    model's ``max_position_embeddings``), ``drain_on_update`` (finish in-flight sequences on
+    the old weights before a swap, holding new requests), ``default_stop_token_ids``
+    (default: the tokenizer's eos and ``<|im_end|>``; per-request ``stop_token_ids`` are
+    added to them), ``prefill_tokens`` (token budget of one batched prefill), ``version``.
+    """
+
+    backend = "hf"
+    weight_transport = "state_dict"  # what the WeightBus hands to update_weights
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 32,
+        max_context: int | None = None,
+        drain_on_update: bool = False,
+        default_stop_token_ids: Sequence[int] | None = None,
+        prefill_tokens: int = 4096,
+        version: int = 0,
+        seed: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
+        self._model = model.eval()
+        self._tokenizer = tokenizer
+        self._device = next(model.parameters()).device
+        self._vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.max_batch_size = max_batch_size
+        self.max_context = int(
+            max_context or getattr(model.config, "max_position_embeddings", 2048)
+        )
+        self.drain_on_update = drain_on_update
+        self.prefill_tokens = max(1, prefill_tokens)
+        if default_stop_token_ids is None:
+            default_stop_token_ids = _default_stop_ids(tokenizer, model)
+        self.default_stop_token_ids = frozenset(int(t) for t in default_stop_token_ids)
+        self._version = version
+        self._requested_version = version
+        self._rng = torch.Generator(device="cpu")
+        self._rng.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
+        # expected weight names -> shapes; tied names share one tensor and may stand in for each other
+        state = model.state_dict()
+        self._shapes = {name: tuple(t.shape) for name, t in state.items()}
+        self._ties = _tied_groups(state)
+
+        self._cond = threading.Condition()
+        self._waiting: deque[_Request] = deque()
+        self._updates: deque[_Update] = deque()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        # batch state, touched only by the worker thread
+        self._active: list[_Request] = []
+        self._pads: list[int] = []
+        self._pending: list[int] = []  # sampled token of each row not yet fed to the model
+        self._cache: Any = None
+        self._cache_len = 0
+        self._steps = 0
+        self._tokens_out = 0
+
+    # --- public surface -------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def model(self) -> Any:
+        return self._model
+
+    def stats(self) -> dict[str, int]:
+        """Active rows, waiting requests, decode steps and tokens produced so far."""
+        with self._cond:
+            return {
+                "active": len(self._active),
+                "waiting": len(self._waiting),
+                "steps": self._steps,
+                "tokens": self._tokens_out,
+                "version": self._version,
+            }
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+        if params.n != 1:
+            raise ValueError(
+                f"generate samples one continuation; use generate_many for n={params.n}"
+            )
+        prompt = self._check_prompt(prompt_ids)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(params.seed)
+        loop = asyncio.get_running_loop()
+        request = _Request(
+            prompt=prompt,
+            params=params,
+            stop_ids=self.default_stop_token_ids | frozenset(params.stop_token_ids),
+            generator=generator,
+            loop=loop,
+            future=loop.create_future(),
+        )
+        self._submit(request=request)
+        try:
+            return await request.future
+        except BaseException:
+            request.cancelled = True  # the worker frees the slot before its next step
+            with self._cond:
+                self._cond.notify_all()
+            raise
+
+    async def update_weights(self, weights: WeightsLike, version: int) -> None:
+        with self._cond:
+            if version <= self._requested_version:
+                raise WeightUpdateError(
+                    f"weight versions only go up: got {version}, sampler is at "
+                    f"{self._requested_version}; publish version {self._requested_version + 1} or later"
+                )
+        state = await anyio.to_thread.run_sync(self._validated_state, weights)
+        loop = asyncio.get_running_loop()
+        update = _Update(state=state, version=version, loop=loop, future=loop.create_future())
+        with self._cond:
+            if version <= self._requested_version:
+                raise WeightUpdateError(
+                    f"weight versions only go up: got {version}, sampler is at {self._requested_version}"
+                )
+            self._requested_version = version
+        self._submit(update=update)
+        try:
+            await update.future
+        except BaseException:
+            update.cancelled = True
+            raise
+
+    async def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None:
+            await anyio.to_thread.run_sync(thread.join)
+
+    # --- input checks ---------------------------------------------------------------
+
+    def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        if isinstance(prompt_ids, torch.Tensor):
+            prompt_ids = prompt_ids.flatten().tolist()
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise PromptError(
+                "prompt_ids is empty: pass at least one token (render the chat first)"
+            )
+        if len(prompt) >= self.max_context:
+            raise PromptError(
+                f"prompt has {len(prompt)} tokens but the context is {self.max_context}: shorten the "
+                "prompt (rollout.max_tokens) or use a model with a longer context"
+            )
+        bad = [t for t in prompt if not 0 <= t < self._vocab]
+        if bad:
+            raise PromptError(
+                f"prompt_ids contains ids outside the vocabulary [0, {self._vocab}): {bad[:5]}"
+            )
+        return prompt
+
+    def _validated_state(self, weights: WeightsLike) -> dict[str, torch.Tensor]:
+        state = _load_weights(weights)
+        state = {_strip(name): tensor for name, tensor in state.items()}
+        extra = sorted(set(state) - set(self._shapes))
+        missing = sorted(
+            name
+            for name in self._shapes
+            if name not in state and not any(alias in state for alias in self._ties.get(name, ()))
+        )
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing keys {_preview(missing)}")
+            if extra:
+                parts.append(f"unexpected keys {_preview(extra)}")
+            raise WeightUpdateError(
+                "new weights do not match the sampler's model: "
+                + "; ".join(parts)
+                + f". Publish the full state_dict of the same architecture (kept version {self._version})"
+            )
+        wrong = [
+            f"{name}: {tuple(t.shape)} != {self._shapes[name]}"
+            for name, t in state.items()
+            if tuple(t.shape) != self._shapes[name]
+        ]
+        if wrong:
+            raise WeightUpdateError(
+                f"new weights have wrong shapes ({_preview(wrong)}); kept version {self._version}"
+            )
+        return state
+
+    # --- worker ---------------------------------------------------------------------
+
+    def _submit(self, request: _Request | None = None, update: _Update | None = None) -> None:
+        with self._cond:
+            if self._closed:
+                raise SamplerError("the hf sampler is closed; create a new one")
+            if request is not None:
+                self._waiting.append(request)
+            if update is not None:
+                self._updates.append(update)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="agentrl-hf-sampler", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not (self._waiting or self._updates or self._active):
+                    self._cond.wait()
+                if self._closed:
+                    break
+            try:
+                self._iteration()
+            except Exception as e:  # a failed forward fails the requests in it, not the loop
+                self._fail_active(SamplerError(f"hf sampler step failed: {type(e).__name__}: {e}"))
+        self._fail_active(SamplerError("the hf sampler was closed during generation"))
+        with self._cond:
+            waiting, self._waiting = list(self._waiting), deque()
+            updates, self._updates = list(self._updates), deque()
+        for r in waiting:
+            _resolve(
+                r.future, r.loop, SamplerError("the hf sampler was closed before this request ran")
+            )
+        for u in updates:
+            _resolve(
+                u.future, u.loop, WeightUpdateError("the hf sampler was closed before the update")
+            )
+
+    def _iteration(self) -> None:
+        self._apply_updates()
+        self._drop_cancelled()
+        newcomers = self._admit()
+        while newcomers:
+            chunk, budget = [], self.prefill_tokens
+            while newcomers and (
+                not chunk or len(newcomers[0].prompt) * (len(chunk) + 1) <= budget
+            ):
+                chunk.append(newcomers.pop(0))
+            self._prefill(chunk)
+        if self._active:
+            self._decode_step()
+        elif not self._waiting and self._updates:
+            self._apply_updates()
+
+    def _apply_updates(self) -> None:
+        with self._cond:
+            if not self._updates or (self.drain_on_update and self._active):
+                return
+            updates, self._updates = list(self._updates), deque()
+        for update in updates:
+            if update.cancelled:
+                continue
+            try:
+                with torch.no_grad():
+                    params = self._model.state_dict()
+                    for name, tensor in update.state.items():
+                        target = params[name]
+                        target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+                with self._cond:
+                    self._version = update.version
+                _resolve(update.future, update.loop, None)
+            except Exception as e:
+                _resolve(
+                    update.future, update.loop, WeightUpdateError(f"applying weights failed: {e}")
+                )
+
+    def _admit(self) -> list[_Request]:
+        with self._cond:
+            if self.drain_on_update and self._updates:
+                return []  # strictly on-policy: new requests wait for the new weights
+            free = self.max_batch_size - len(self._active)
+            admitted = []
+            while self._waiting and free > 0:
+                request = self._waiting.popleft()
+                if request.cancelled:
+                    _resolve(request.future, request.loop, _abort(request))
+                    continue
+                admitted.append(request)
+                free -= 1
+        admitted.sort(key=lambda r: len(r.prompt))
+        return admitted
+
+    def _drop_cancelled(self) -> None:
+        keep = [i for i, r in enumerate(self._active) if not r.cancelled]
+        if len(keep) == len(self._active):
+            return
+        for r in self._active:
+            if r.cancelled:
+                _resolve(r.future, r.loop, _abort(r))
+        self._keep_rows(keep)
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        with self._cond:
+            self._active = [self._active[i] for i in keep]
+        self._pads = [self._pads[i] for i in keep]
+        self._pending = [self._pending[i] for i in keep]
+        if not keep:
+            self._cache, self._cache_len = None, 0
+            return
+        index = torch.tensor(keep, device=self._device)
+        trim = min(self._pads)
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[..., trim:, :]
+            layer.values = layer.values.index_select(0, index)[..., trim:, :]
+        self._pads = [p - trim for p in self._pads]
+        self._cache_len -= trim
+
+    def _prefill(self, chunk: list[_Request]) -> None:
+        from transformers import DynamicCache
+
+        longest = max(len(r.prompt) for r in chunk)
+        pads = [longest - len(r.prompt) for r in chunk]
+        ids = torch.tensor(
+            [[0] * p + r.prompt for p, r in zip(pads, chunk, strict=True)], device=self._device
+        )
+        mask = _mask(pads, longest, self._device)
+        positions = (mask.cumsum(-1) - 1).clamp_(min=0)
+        cache = DynamicCache()
+        with torch.inference_mode():
+            out = self._model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        tokens = self._sample(chunk, out.logits[:, -1, :])
+        self._merge(chunk, out.past_key_values, pads, longest, tokens)
+
+    def _merge(
+        self, chunk: list[_Request], cache: Any, pads: list[int], length: int, tokens: list[int]
+    ) -> None:
+        if self._cache is None:
+            self._cache, self._cache_len = cache, length
+            self._pads = list(pads)
+        else:
+            grow_old, grow_new = max(0, length - self._cache_len), max(0, self._cache_len - length)
+            for old, new in zip(self._cache.layers, cache.layers, strict=True):
+                old.keys = torch.cat(
+                    [_left_pad(old.keys, grow_old), _left_pad(new.keys, grow_new)], 0
+                )
+                old.values = torch.cat(
+                    [_left_pad(old.values, grow_old), _left_pad(new.values, grow_new)], 0
+                )
+            self._pads = [p + grow_old for p in self._pads] + [p + grow_new for p in pads]
+            self._cache_len = max(self._cache_len, length)
+        with self._cond:
+            self._active.extend(chunk)
+        self._pending.extend(tokens)
+        self._finish_rows()
+
+    def _decode_step(self) -> None:
+        ids = torch.tensor(self._pending, device=self._device).unsqueeze(-1)
+        mask = _mask(self._pads, self._cache_len + 1, self._device)
+        positions = torch.tensor(
+            [self._cache_len - p for p in self._pads], device=self._device
+        ).unsqueeze(-1)
+        with torch.inference_mode():
+            out = self._model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=self._cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        self._cache = out.past_key_values
+        self._cache_len += 1
+        with self._cond:
+            self._steps += 1
+        self._pending = self._sample(self._active, out.logits[:, -1, :])
+        self._finish_rows()
+
+    def _sample(self, rows: list[_Request], logits: torch.Tensor) -> list[int]:
+        """Sample one token per row and record it (with logprob, entropy, version)."""
+        tokens, logprobs, entropies = sample_next(
+            logits,
+            [r.params for r in rows],
+            [r.generator for r in rows],
+            self._rng,
+        )
+        version = self._version
+        for i, r in enumerate(rows):
+            r.tokens.append(tokens[i])
+            r.logprobs.append(logprobs[i])
+            r.versions.append(version)
+            if entropies is not None and r.params.return_entropy:
+                r.entropies.append(entropies[i])
+        with self._cond:
+            self._tokens_out += len(rows)
+        return tokens
+
+    def _finish_rows(self) -> None:
+        keep = []
+        for i, r in enumerate(self._active):
+            reason = self._finish_reason(r)
+            if reason is None and not r.cancelled:
+                keep.append(i)
+                continue
+            r.finish = reason or "abort"
+            _resolve(r.future, r.loop, self._result(r))
+        if len(keep) != len(self._active):
+            self._keep_rows(keep)
+
+    def _finish_reason(self, r: _Request) -> FinishReason | None:
+        last = r.tokens[-1]
+        if last in r.stop_ids:
+            return "stop"
+        if r.params.stop:
+            tail = self._tokenizer.decode(r.tokens[-64:], skip_special_tokens=False)
+            if any(s in tail for s in r.params.stop):
+                return "stop"
+        if len(r.tokens) >= r.params.max_new_tokens:
+            return "length"
+        if len(r.prompt) + len(r.tokens) >= self.max_context:
+            return "length"
+        return None
+
+    def _result(self, r: _Request) -> Generation:
+        text_ids = r.tokens[:-1] if r.finish == "stop" and r.tokens[-1] in r.stop_ids else r.tokens
+        return Generation(
+            token_ids=list(r.tokens),
+            logprobs=list(r.logprobs),
+            versions=list(r.versions),
+            finish_reason=r.finish or "abort",
+            entropies=list(r.entropies) if r.params.return_entropy else None,
+            text=self._tokenizer.decode(text_ids, skip_special_tokens=False),
+            metadata={
+                "prompt_tokens": len(r.prompt),
+                "latency_s": time.perf_counter() - r.started,
+                "backend": "hf",
+            },
+        )
+
+    def _fail_active(self, error: Exception) -> None:
+        for r in self._active:
+            _resolve(r.future, r.loop, error)
+        with self._cond:
+            self._active = []
+        self._pads, self._pending, self._cache, self._cache_len = [], [], None, 0
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _abort(r: _Request) -> Generation:
+    return Generation(
+        token_ids=list(r.tokens),
+        logprobs=list(r.logprobs),
+        versions=list(r.versions),
+        finish_reason="abort",
+    )
+
+
+def _mask(pads: list[int], length: int, device: torch.device) -> torch.Tensor:
+    columns = torch.arange(length, device=device).unsqueeze(0)
+    return (columns >= torch.tensor(pads, device=device).unsqueeze(-1)).long()
+
+
+def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
+    if n == 0:
+        return t
+    shape = list(t.shape)
+    shape[-2] = n
+    return torch.cat([t.new_zeros(shape), t], dim=-2)
+
+
+def _default_stop_ids(tokenizer: Any, model: Any) -> set[int]:
+    ids: set[int] = set()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None:
+        ids.add(int(eos))
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(config_eos, int):
+        ids.add(config_eos)
+    elif isinstance(config_eos, list | tuple):
+        ids.update(int(t) for t in config_eos)
+    with contextlib.suppress(Exception):
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != getattr(tokenizer, "unk_token_id", None):
+            ids.add(im_end)
+    return ids
+
+
+def _tied_groups(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, ...]]:
+    """name -> other names backed by the same storage (tied embeddings)."""
+    by_storage: dict[tuple[int, int], list[str]] = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        by_storage.setdefault(key, []).append(name)
+    return {n: tuple(m for m in names if m != n) for names in by_storage.values() for n in names}
+
+
+def _strip(name: str) -> str:
+    for prefix in _STRIP_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    return name
+
+
+def _preview(names: list[str], n: int = 5) -> str:
+    shown = ", ".join(names[:n])
+    return f"[{shown}{', ...' if len(names) > n else ''}] ({len(names)})"
+
+
+def _load_weights(weights: WeightsLike) -> dict[str, torch.Tensor]:
+    if isinstance(weights, Mapping):
+        out = {}
+        for name, t in weights.items():
+            if not isinstance(t, torch.Tensor):
+                raise WeightUpdateError(
+                    f"weight {name!r} is a {type(t).__name__}, expected a torch.Tensor"
+                )
+            out[str(name)] = t
+        return out
+    from safetensors.torch import load_file
+
+    path = Path(weights)
+    if path.is_file() and path.suffix == ".safetensors":
+        return load_file(str(path))
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
+    if not files:
+        raise WeightUpdateError(
+            f"weights path {str(path)!r} is neither a .safetensors file nor a folder with "
+            "*.safetensors files; pass a state dict or such a path"
+        )
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
