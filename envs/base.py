@@ -4,14 +4,32 @@ An :class:`Environment` instance holds the state of one episode. The rollout get
 configured instance from :func:`agentrl.envs.make_env`, reads tasks from it, and calls
 :meth:`Environment.spawn` for a fresh instance per episode (heavy shared resources, such
 as a search index, belong in class-level caches, not per-episode state).
+
+:class:`ToolEnvironment` is the standard kind: tools + tool-call parsing + a verifier.
+A turn with tool calls gets the tools' results back as ``tool`` messages; a turn without
+any is the final answer and is scored by the verifier. The turn limit is the rollout's.
+
+Failures (DESIGN.md §6): anything an environment raises in ``reset``/``step`` is an
+infrastructure failure of that episode; :func:`safe_reset` / :func:`safe_step` turn it
+into :class:`agentrl.errors.EnvError` (the rollout does the same). A tool timeout or a
+malformed call is an observation for the agent, never an exception.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from agentrl._suggest import suggest
+from agentrl.errors import ConfigError, EnvError, InfraError
+
+if TYPE_CHECKING:
+    from agentrl.envs.verifiers import Verifier
+    from agentrl.tools.base import Tool, ToolContext
 
 Message = dict[str, Any]  # {"role": ..., "content": ..., optional "tool_calls"/"name"}
 
@@ -35,13 +53,25 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)  # tool_calls, parse_errors, ...
 
 
+class EnvOptions(BaseModel):
+    """Base of an environment's options model: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class Environment(abc.ABC):
-    """One episode's environment. Subclass and implement `reset`, `step` and `tasks`."""
+    """One episode's environment. Subclass and implement `reset`, `step` and `tasks`.
+
+    Set ``Options`` to a :class:`EnvOptions` subclass to validate ``**options``; the
+    parsed model is then ``self.config``.
+    """
 
     name: ClassVar[str] = ""
+    Options: ClassVar[type[EnvOptions] | None] = None
 
     def __init__(self, **options: Any) -> None:
         self.options = options
+        self.config: Any = parse_options(type(self), options) if self.Options else None
 
     def spawn(self) -> Environment:
         """A fresh instance for a new episode, configured like this one."""
@@ -53,6 +83,11 @@ class Environment(abc.ABC):
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """Function schemas rendered into the chat template (empty for tool-less envs)."""
+        return []
+
+    @classmethod
+    def tool_names(cls) -> list[str]:
+        """Names of the tools this environment offers (for `agentrl envs list`)."""
         return []
 
     @abc.abstractmethod
@@ -67,5 +102,130 @@ class Environment(abc.ABC):
         """Optional final scoring of a whole trajectory; None keeps the step rewards."""
         return None
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
         """Release per-episode resources (sandbox sessions ...)."""
+
+
+def parse_options(env_cls: type[Environment], options: dict[str, Any]) -> Any:
+    """Validate ``options`` with ``env_cls.Options``; errors name the option and the fix."""
+    assert env_cls.Options is not None
+    known = list(env_cls.Options.model_fields)
+    label = env_cls.name or env_cls.__name__
+    try:
+        return env_cls.Options(**options)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "?"
+            if err["type"] == "extra_forbidden":
+                problems.append(
+                    f"unknown option {key!r}{suggest(key, known)}; known options: "
+                    + ", ".join(known)
+                )
+            else:
+                problems.append(f"option {key!r}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError(f"environment {label!r}: " + "; ".join(problems)) from None
+
+
+async def safe_reset(env: Environment, task: dict[str, Any]) -> list[Message]:
+    """``env.reset(task)``; an exception becomes :class:`EnvError` (infra failure)."""
+    try:
+        return await env.reset(task)
+    except InfraError:
+        raise
+    except Exception as e:
+        raise EnvError(f"environment {type(env).__name__}.reset raised: {e!r}") from e
+
+
+async def safe_step(env: Environment, turn: AssistantTurn) -> StepResult:
+    """``env.step(turn)``; an exception becomes :class:`EnvError` (infra failure)."""
+    try:
+        return await env.step(turn)
+    except InfraError:
+        raise
+    except Exception as e:
+        raise EnvError(f"environment {type(env).__name__}.step raised: {e!r}") from e
+
+
+class ToolEnvironment(Environment):
+    """Tools + tool-call parsing + a verifier.
+
+    Subclasses implement :meth:`make_tools`, :meth:`make_verifier` and :meth:`tasks`, and
+    usually override :meth:`system_prompt`; :meth:`user_message` defaults to
+    ``task["question"]``. Declare ``tool_types`` (tool classes) so listings can name the
+    tools without building them.
+    """
+
+    tool_types: ClassVar[Sequence[type[Tool]]] = ()
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.tools: list[Tool] = self.make_tools()
+        self.verifier: Verifier = self.make_verifier()
+        self.task: dict[str, Any] | None = None
+        self.ctx: ToolContext | None = None
+        self.final: tuple[float, dict[str, Any]] | None = None
+
+    # --- what subclasses provide -----------------------------------------------------
+
+    def make_tools(self) -> list[Tool]:
+        return []
+
+    @abc.abstractmethod
+    def make_verifier(self) -> Verifier: ...
+
+    def system_prompt(self) -> str:
+        return "You are a helpful assistant. Use the tools when they help."
+
+    def user_message(self, task: dict[str, Any]) -> str:
+        return str(task["question"])
+
+    @classmethod
+    def tool_names(cls) -> list[str]:
+        return [t.name for t in cls.tool_types]
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.tools]
+
+    # --- the episode -----------------------------------------------------------------
+
+    async def reset(self, task: dict[str, Any]) -> list[Message]:
+        from agentrl.tools.base import ToolContext
+
+        if self.ctx is not None:
+            await self.ctx.aclose()
+        self.task, self.ctx, self.final = task, ToolContext(), None
+        return [
+            {"role": "system", "content": self.system_prompt()},
+            {"role": "user", "content": self.user_message(task)},
+        ]
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        from agentrl.tools import parse_tool_calls, run_tool_calls
+
+        if self.task is None or self.ctx is None:
+            raise EnvError(f"{type(self).__name__}.step called before reset")
+        parsed = parse_tool_calls(turn.text, self.tools)
+        if not parsed.attempted:  # no call at all: this is the final answer
+            reward, info = self.verifier.score(turn.text, self.task)
+            self.final = (float(reward), info)
+            return StepResult(reward=float(reward), done=True, info=info)
+        results = await run_tool_calls(parsed, self.tools, self.ctx)
+        observations = [r.message for r in results]
+        return StepResult(
+            observations=observations,
+            done=False,
+            info={
+                "tool_calls": [r.record for r in results],
+                "parse_errors": list(parsed.errors),
+            },
+        )
+
+    async def reward(self, trajectory: Any) -> tuple[float, dict[str, Any]] | None:
+        """The verifier's score of the final answer (None if the episode had none)."""
+        return self.final
+
+    async def close(self) -> None:
+        if self.ctx is not None:
+            ctx, self.ctx = self.ctx, None
+            await ctx.aclose()

@@ -1,0 +1,177 @@
+"""code_math: problems that need computation, solved with a python tool.
+
+Tasks come from reasoning-gym generators (procedural, seeded, each with its own scorer)
+or from a user's ``{question, answer}`` file (JSONL or parquet; scored by numeric /
+symbolic equivalence). The model calls ``python`` and ends with ``\\boxed{answer}``.
+
+    env = make_env("code_math", generators=["chain_sum"], difficulty="easy", size=200)
+    env = make_env("code_math", dataset_path="my_tasks.jsonl")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from agentrl._suggest import suggest
+from agentrl.envs.base import EnvOptions, ToolEnvironment
+from agentrl.envs.datasets import load_task_file
+from agentrl.envs.verifiers import MathVerifier, ReasoningGymVerifier, Verifier
+from agentrl.errors import ConfigError
+from agentrl.tools import PythonTool
+
+# Generator settings per difficulty; generator_options override them key by key.
+DIFFICULTY: dict[str, dict[str, dict[str, Any]]] = {
+    "easy": {
+        "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 2, "max_digits": 3},
+        "basic_arithmetic": {
+            "min_terms": 2,
+            "max_terms": 3,
+            "min_digits": 2,
+            "max_digits": 3,
+            "operators": ("+", "-", "*"),
+        },
+        "products": {"min_digits": 2, "max_digits": 3},
+        "gsm_symbolic": {"difficulty": 1.0},
+        "countdown": {"min_numbers": 3, "max_numbers": 3, "max_target": 200},
+    },
+    "medium": {
+        "chain_sum": {"min_terms": 3, "max_terms": 5, "min_digits": 3, "max_digits": 4},
+        "basic_arithmetic": {"min_terms": 3, "max_terms": 5, "min_digits": 2, "max_digits": 4},
+        "products": {"min_digits": 3, "max_digits": 5},
+        "countdown": {"min_numbers": 4, "max_numbers": 4},
+    },
+    "hard": {
+        "chain_sum": {"min_terms": 5, "max_terms": 8, "min_digits": 4, "max_digits": 6},
+        "basic_arithmetic": {"min_terms": 4, "max_terms": 6, "min_digits": 3, "max_digits": 5},
+        "products": {"min_terms": 3, "max_terms": 3, "min_digits": 4, "max_digits": 6},
+        "countdown": {"min_numbers": 5, "max_numbers": 6},
+    },
+}
+
+EVAL_SEED_OFFSET = 1_000_003  # eval tasks never coincide with train tasks of any seed < this
+
+SYSTEM_PROMPT = """\
+You solve math problems by running Python code. To run code, call the python tool:
+<tool_call>
+{"name": "python", "arguments": {"code": "print(...)"}}
+</tool_call>
+The printed output comes back in <tool_response>. Always print() the result.
+When you have the result, reply with only the final answer in \\boxed{}.
+
+Example 1
+user: Calculate 482 * 37 - 915.
+assistant: <tool_call>
+{"name": "python", "arguments": {"code": "print(482 * 37 - 915)"}}
+</tool_call>
+tool: <tool_response>
+16919
+</tool_response>
+assistant: \\boxed{16919}
+
+Example 2
+user: A shop sells 14 boxes with 23 pens each. 57 pens are sold. How many pens are left?
+assistant: <tool_call>
+{"name": "python", "arguments": {"code": "print(14 * 23 - 57)"}}
+</tool_call>
+tool: <tool_response>
+265
+</tool_response>
+assistant: \\boxed{265}"""
+
+
+class CodeMathOptions(EnvOptions):
+    generators: list[str] = Field(default_factory=lambda: ["chain_sum", "basic_arithmetic"])
+    difficulty: Literal["easy", "medium", "hard", "default"] = "easy"
+    generator_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    size: int = Field(1000, ge=1, description="tasks per split (generators)")
+    dataset_path: str | None = None  # JSONL/parquet of {question, answer}; replaces generators
+    python_timeout_s: float = Field(10.0, gt=0)
+    system_prompt: str | None = None  # replaces SYSTEM_PROMPT (keep the tool-call format)
+
+    @field_validator("generators")
+    @classmethod
+    def _known_generators(cls, names: list[str]) -> list[str]:
+        from reasoning_gym.factory import DATASETS
+
+        if not names:
+            raise ValueError("give at least one reasoning-gym generator")
+        for n in names:
+            if n not in DATASETS:
+                raise ValueError(
+                    f"unknown reasoning-gym generator {n!r}{suggest(n, DATASETS)}; e.g. "
+                    "basic_arithmetic, chain_sum, gsm_symbolic, countdown, products"
+                )
+        return names
+
+
+class CodeMathEnv(ToolEnvironment):
+    """Arithmetic and word problems (reasoning-gym or a file), solved with a python tool."""
+
+    name = "code_math"
+    Options = CodeMathOptions
+    tool_types: ClassVar = (PythonTool,)
+
+    # (generator, settings) -> reasoning_gym dataset, shared by every episode's verifier
+    _datasets: ClassVar[dict[str, Any]] = {}
+
+    config: CodeMathOptions
+
+    def make_tools(self) -> list[Any]:
+        return [PythonTool(timeout=self.config.python_timeout_s)]
+
+    def make_verifier(self) -> Verifier:
+        if self.config.dataset_path:
+            return MathVerifier()
+        return ReasoningGymVerifier(
+            {g: self._dataset(g, split="train", seed=0, size=1) for g in self.config.generators}
+        )
+
+    def system_prompt(self) -> str:
+        return self.config.system_prompt or SYSTEM_PROMPT
+
+    def generator_settings(self, generator: str) -> dict[str, Any]:
+        preset = DIFFICULTY.get(self.config.difficulty, {}).get(generator, {})
+        return {**preset, **self.config.generator_options.get(generator, {})}
+
+    def _dataset(self, generator: str, split: str, seed: int, size: int) -> Any:
+        import reasoning_gym
+
+        settings = self.generator_settings(generator)
+        key = json.dumps([generator, split, seed, size, settings], sort_keys=True, default=str)
+        if key not in self._datasets:
+            try:
+                self._datasets[key] = reasoning_gym.create_dataset(
+                    generator, size=size, seed=seed, **settings
+                )
+            except (TypeError, ValueError, AssertionError) as e:
+                raise ConfigError(
+                    f"environment 'code_math': reasoning-gym generator {generator!r} rejected "
+                    f"settings {settings}: {e}. Fix env.options.generator_options.{generator}"
+                ) from e
+        return self._datasets[key]
+
+    def tasks(self, split: str = "train", seed: int = 0) -> Iterator[dict[str, Any]]:
+        if self.config.dataset_path:
+            yield from load_task_file(self.config.dataset_path)
+            return
+        base_seed = seed + (EVAL_SEED_OFFSET if split != "train" else 0)
+        gens = self.config.generators
+        per_gen = -(-self.config.size // len(gens))
+        datasets = [
+            self._dataset(g, split, base_seed + 7919 * k, per_gen) for k, g in enumerate(gens)
+        ]
+        for i in range(self.config.size):
+            k = i % len(gens)
+            entry = datasets[k][i // len(gens)]
+            entry = json.loads(json.dumps(entry, default=str))  # tuples -> lists: JSON-safe
+            yield {
+                "id": f"{gens[k]}-{split}-{seed}-{i}",
+                "question": entry["question"],
+                "answer": str(entry["answer"]),
+                "generator": gens[k],
+                "entry": entry,
+            }

@@ -1,0 +1,137 @@
+"""Finding environments: built-ins by name, plug-ins by entry point, or ``module:Class``.
+
+    env = make_env("code_math", generators=["chain_sum"], size=100)
+    env = make_env("my_pkg.my_env:MyEnv")          # any importable class
+    env = make_env("my_env")                        # a plug-in's entry point
+
+Plug-ins register in their own package metadata, no change to agentrl needed::
+
+    [project.entry-points."agentrl.envs"]
+    my_env = "my_pkg.my_env:MyEnv"
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agentrl._suggest import suggest
+from agentrl.envs.base import Environment
+from agentrl.errors import PluginError, UnknownNameError
+
+ENTRY_POINT_GROUP = "agentrl.envs"
+
+BUILTINS: dict[str, str] = {
+    "code_math": "agentrl.envs.code_math:CodeMathEnv",
+    "search_qa": "agentrl.envs.search_qa:SearchQAEnv",
+}
+
+
+@dataclass
+class EnvInfo:
+    """One row of `agentrl envs list`."""
+
+    name: str
+    source: str  # "builtin", "plugin (<distribution>)" or "path"
+    target: str  # module:Class
+    description: str = ""
+    tools: list[str] | None = None
+    error: str | None = None  # set when the class could not be loaded
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_class(target: str) -> type[Environment]:
+    """Import ``module:Class`` and check it is an :class:`Environment` subclass."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise PluginError(f"environment path {target!r} must look like 'package.module:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise PluginError(
+            f"cannot import module {module_name!r} for environment {target!r}: {e}. "
+            "Check the module is on PYTHONPATH or installed"
+        ) from e
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            names = [n for n in dir(module) if not n.startswith("_")]
+            raise PluginError(
+                f"module {module_name!r} has no attribute {attr!r}{suggest(attr, names)}"
+            ) from None
+    if not (isinstance(obj, type) and issubclass(obj, Environment)):
+        raise PluginError(
+            f"{target!r} is {obj!r}, not an agentrl.envs.Environment subclass; subclass "
+            "Environment or ToolEnvironment"
+        )
+    return obj
+
+
+def resolve(name_or_path: str) -> type[Environment]:
+    """The environment class for a built-in name, an entry-point name or ``module:Class``."""
+    if name_or_path in BUILTINS:
+        return load_class(BUILTINS[name_or_path])
+    if ":" in name_or_path:
+        return load_class(name_or_path)
+    eps = _entry_points()
+    if name_or_path in eps:
+        ep = eps[name_or_path]
+        try:
+            obj = ep.load()
+        except Exception as e:
+            raise PluginError(
+                f"environment plug-in {name_or_path!r} ({ep.value}) failed to load: {e!r}"
+            ) from e
+        if not (isinstance(obj, type) and issubclass(obj, Environment)):
+            raise PluginError(
+                f"entry point {name_or_path!r} = {ep.value!r} is not an Environment subclass"
+            )
+        return obj
+    known = sorted({*BUILTINS, *eps})
+    raise UnknownNameError(
+        f"unknown environment {name_or_path!r}{suggest(name_or_path, known)}; available: "
+        f"{', '.join(known)} (or give a 'package.module:Class' path)"
+    )
+
+
+def make_env(name_or_path: str, **options: Any) -> Environment:
+    """A configured environment: a built-in name, an ``agentrl.envs`` entry point or a
+    ``module:Class`` path. Options go to the class (validated, errors name the option)."""
+    return resolve(name_or_path)(**options)
+
+
+def _describe(info: EnvInfo) -> EnvInfo:
+    try:
+        cls = load_class(info.target)
+    except PluginError as e:
+        info.error = str(e)
+        return info
+    doc = (cls.__doc__ or "").strip().splitlines()
+    info.description = doc[0] if doc else ""
+    try:
+        info.tools = list(cls.tool_names())
+    except Exception as e:  # a plug-in's bug should not break the listing
+        info.error = f"tool_names() raised {e!r}"
+    return info
+
+
+def list_envs() -> list[EnvInfo]:
+    """Built-ins and installed plug-ins, with their description and tool names."""
+    rows = [EnvInfo(name, "builtin", target) for name, target in BUILTINS.items()]
+    for name, ep in sorted(_entry_points().items()):
+        if name in BUILTINS:
+            continue  # a built-in name cannot be shadowed
+        dist = getattr(ep, "dist", None)
+        source = f"plugin ({dist.name})" if dist is not None else "plugin"
+        rows.append(EnvInfo(name, source, ep.value))
+    return [_describe(r) for r in rows]
