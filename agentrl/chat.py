@@ -1,0 +1,439 @@
+"""Chat rendering with exact token accounting (DESIGN.md §3).
+
+:class:`ChatRenderer` turns messages (+ tool schemas) into token ids with the tokenizer's
+chat template (``apply_chat_template(..., tools=...)``). When the model's own template
+cannot render tools (SmolLM2's ChatML template ignores them), the shipped Hermes-style
+template ``agentrl/templates/hermes_chatml.jinja`` is used instead.
+
+Token in, token out. A conversation is built as
+
+    prompt_ids(messages)                     prompt segment  (ends with the generation prompt)
+    <sampled tokens>                          model segment   (kept exactly as sampled)
+    observation_ids(history, new_messages)    observation segment (token delta)
+    <sampled tokens> ...
+
+Closing an assistant turn. The template closes an assistant turn with a *turn suffix*
+(ChatML: ``<|im_end|>\\n``). Its leading tokens up to and including the first special
+token are the *end-of-turn* tokens the model samples (``<|im_end|>``). If the sampled
+tokens end with them, the observation delta starts with the rest of the suffix (``\\n``);
+otherwise (the model stopped at another eos such as ``<|endoftext|>``, was truncated by the
+token limit, or aborted) the delta starts with the whole suffix, so the next turn is
+always well formed. Sampled tokens are never changed. The assistant message's ``content``
+is :meth:`ChatRenderer.decode` of the sampled tokens: special tokens inside the text are
+kept, the end-of-turn tokens and any special tokens just before them/at the end (a stray
+eos) are dropped.
+
+What the runtime check (:meth:`ChatRenderer.check_prefix`) proves, segment by segment
+against ``R`` = the full re-render (as text) of the same messages:
+
+* the decoded text of all segments, concatenated, is a prefix of ``R`` (model segments
+  decoded as above, their end-of-turn tokens included): rendering incrementally never
+  drifted from rendering the whole conversation;
+* every prompt/observation segment's ids are exactly the tokenizer's encoding of the text
+  of ``R`` at that position: the non-model tokens the learner sees are the template's.
+
+It does not require the sampled model tokens to equal a re-tokenisation of their text
+(they often differ, and token-in-token-out keeps the sampled ones); ``exact_tokens``
+reports whether the whole concatenation also equals ``tokenize(R)`` token for token.
+:meth:`observation_ids` itself checks, at every turn, that the history's render is a text
+prefix of the render with the new messages (and raises :class:`TemplateMismatchError`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl._suggest import suggest
+from agentrl.errors import ConfigError, TemplateMismatchError
+from agentrl.types import NO_VERSION, Segment
+
+Message = dict[str, Any]
+OnMismatch = Literal["error", "resample"]
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+BUILTIN_TEMPLATES = {"hermes_chatml": "hermes_chatml.jinja"}
+
+_PROBE_TOOL_NAME = "agentrl_probe_tool"
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": _PROBE_TOOL_NAME,
+        "description": "probe",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+    },
+}
+_SENTINEL = "AGENTRL_SENTINEL_7f3a"
+
+
+def load_template(template: str) -> tuple[str, str]:
+    """Resolve ``template`` (built-in name, ``.jinja`` path or jinja source) to (name, source)."""
+    if template in BUILTIN_TEMPLATES:
+        return template, (TEMPLATES_DIR / BUILTIN_TEMPLATES[template]).read_text()
+    if "{{" in template or "{%" in template:
+        return "custom", template
+    path = Path(template).expanduser()
+    if path.is_file():
+        return str(path), path.read_text()
+    raise ConfigError(
+        f"chat template {template!r} is neither a built-in template "
+        f"({', '.join(BUILTIN_TEMPLATES)}), 'model', an existing .jinja file nor jinja source"
+        f"{suggest(template, [*BUILTIN_TEMPLATES, 'model'])}"
+    )
+
+
+def template_supports_tools(tokenizer: Any, chat_template: str | None = None) -> bool:
+    """True when the template renders the tool list it is given (probed with a dummy tool)."""
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        return False
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    try:
+        text = tokenizer.apply_chat_template(
+            msgs, tools=[_PROBE_TOOL], chat_template=chat_template, tokenize=False
+        )
+    except Exception:  # a template that chokes on tools cannot render them
+        return False
+    return _PROBE_TOOL_NAME in text
+
+
+def _tool_schema(tool: Any) -> dict[str, Any]:
+    return tool.schema() if hasattr(tool, "schema") else dict(tool)
+
+
+@dataclass
+class PrefixCheck:
+    """Result of :meth:`ChatRenderer.check_prefix`."""
+
+    ok: bool
+    exact_tokens: bool  # the concatenation also equals tokenize(full render) token for token
+    turn: int | None = None  # assistant turn (0-based) where the mismatch was found
+    segment: int | None = None  # index of the offending segment
+    message: str = ""
+
+
+class ChatRenderer:
+    """Render conversations to token ids; incremental deltas with a prefix check.
+
+    ``template``: None (the model's template; the Hermes ChatML template when tools are
+    given and the model's template cannot render them), ``"model"``, a built-in name
+    (``"hermes_chatml"``), a path to a ``.jinja`` file, or jinja source.
+    ``on_mismatch``: what :meth:`check_prefix` does on a mismatch by default: ``"error"``
+    raises :class:`TemplateMismatchError`, ``"resample"`` returns a failed
+    :class:`PrefixCheck` so the caller can start a new sample.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: Sequence[Any] | None = None,
+        template: str | None = None,
+        *,
+        on_mismatch: OnMismatch = "error",
+    ) -> None:
+        if on_mismatch not in ("error", "resample"):
+            raise ConfigError(f"on_mismatch must be 'error' or 'resample' (got {on_mismatch!r})")
+        self.tokenizer = tokenizer
+        self.tools = [_tool_schema(t) for t in tools] if tools else None
+        self.on_mismatch: OnMismatch = on_mismatch
+        self.template_name, self.chat_template = self._resolve(template)
+        self.special_ids = _special_ids(tokenizer)
+        self._probe_structure()
+
+    # --- template choice and structure ---------------------------------------------------
+
+    def _resolve(self, template: str | None) -> tuple[str, str]:
+        own = getattr(self.tokenizer, "chat_template", None)
+        if template == "model" or (template is None and own and not self.tools):
+            if not own:
+                raise ConfigError(
+                    "model.chat_template='model' but the tokenizer has no chat template: "
+                    "use 'hermes_chatml' or a path to a .jinja file"
+                )
+            return "model", own
+        if template is None:
+            if own and template_supports_tools(self.tokenizer):
+                return "model", own
+            return load_template("hermes_chatml")
+        return load_template(template)
+
+    def _probe_structure(self) -> None:
+        """Learn the assistant turn suffix and check the template is prefix-stable."""
+        base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        opened = self.render_text(base, add_generation_prompt=True)
+        closed = self.render_text(
+            [*base, {"role": "assistant", "content": _SENTINEL}], add_generation_prompt=False
+        )
+        if not closed.startswith(opened + _SENTINEL):
+            raise TemplateMismatchError(
+                f"chat template {self.template_name!r} does not render an assistant message as "
+                "generation prompt + content: incremental token accounting is impossible with "
+                "it; set model.chat_template to a prefix-stable template (e.g. 'hermes_chatml')"
+            )
+        self.turn_suffix = closed[len(opened) + len(_SENTINEL) :]
+        suffix_ids = self.encode(self.turn_suffix)
+        cut = next((i + 1 for i, t in enumerate(suffix_ids) if t in self.special_ids), 0)
+        self.end_of_turn_ids = suffix_ids[:cut]
+        eot_text = self.tokenizer.decode(self.end_of_turn_ids, skip_special_tokens=False)
+        if not self.turn_suffix.startswith(eot_text):
+            eot_text, self.end_of_turn_ids = "", []
+        self._closing_rest = self.turn_suffix[len(eot_text) :]
+        self._eot_text = eot_text
+
+    # --- plain rendering -------------------------------------------------------------
+
+    def render_text(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=self.tools,
+            chat_template=self.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def render_ids(self, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+        return self.encode(self.render_text(messages, add_generation_prompt))
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """Token ids a sampler should stop at: the end-of-turn token and the eos token."""
+        ids = [self.end_of_turn_ids[-1]] if self.end_of_turn_ids else []
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int) and eos not in ids:
+            ids.append(eos)
+        return tuple(ids)
+
+    # --- token in, token out ---------------------------------------------------------
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The rendered conversation followed by the generation prompt."""
+        if not messages:
+            raise ValueError("prompt_ids needs at least one message (got an empty list)")
+        if messages[-1].get("role") == "assistant":
+            raise ValueError(
+                "prompt_ids renders a prompt for a new assistant turn; the last message must "
+                "not be an assistant message (got role 'assistant')"
+            )
+        return self.render_ids(messages, add_generation_prompt=True)
+
+    def closes_turn(self, model_ids: Sequence[int]) -> bool:
+        """True when the sampled tokens end with the template's end-of-turn tokens."""
+        n = len(self.end_of_turn_ids)
+        return n > 0 and list(model_ids[-n:]) == self.end_of_turn_ids
+
+    def _body(self, model_ids: Sequence[int]) -> list[int]:
+        ids = list(model_ids)
+        if self.closes_turn(ids):
+            ids = ids[: -len(self.end_of_turn_ids)]
+        while ids and ids[-1] in self.special_ids:  # a stray eos is not part of the text
+            ids.pop()
+        return ids
+
+    def decode(self, model_ids: Sequence[int]) -> str:
+        """The assistant message content for sampled tokens (see the module doc)."""
+        return self.tokenizer.decode(
+            self._body(model_ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    def assistant_message(self, model_ids: Sequence[int]) -> Message:
+        return {"role": "assistant", "content": self.decode(model_ids)}
+
+    def observation_ids(
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        last_model_ids: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Token delta to append after the sampled tokens of the last assistant turn.
+
+        ``history`` ends with that assistant message (content = :meth:`decode` of the
+        sampled tokens); ``last_model_ids`` are the sampled tokens, used to tell whether the
+        model closed its turn (None = it did). The delta closes the turn if needed, renders
+        ``new_messages`` and ends with the generation prompt of the next assistant turn.
+        Raises :class:`TemplateMismatchError` when the history would render differently.
+        """
+        if not history or history[-1].get("role") != "assistant":
+            got = history[-1].get("role") if history else "nothing"
+            raise ValueError(
+                "observation_ids needs the history to end with the assistant message the "
+                f"observation answers (got {got!r} last)"
+            )
+        if not new_messages:
+            raise ValueError("observation_ids needs at least one new message (got none)")
+        turn = sum(1 for m in history if m.get("role") == "assistant") - 1
+        before = self.render_text(history, add_generation_prompt=False)
+        after = self.render_text([*history, *new_messages], add_generation_prompt=True)
+        if not after.startswith(before):
+            raise _mismatch(
+                turn,
+                "adding the observation changes how the earlier conversation renders",
+                before,
+                after,
+            )
+        if not before.endswith(self.turn_suffix):
+            raise _mismatch(
+                turn,
+                f"the template does not end the assistant turn with {self.turn_suffix!r}",
+                before[-len(self.turn_suffix) :],
+                self.turn_suffix,
+            )
+        closed = last_model_ids is None or self.closes_turn(last_model_ids)
+        closing = self._closing_rest if closed else self.turn_suffix
+        return self.encode(closing + after[len(before) :])
+
+    # --- the runtime prefix check ----------------------------------------------------
+
+    def check_prefix(
+        self,
+        messages: Sequence[Message],
+        segments: Sequence[Segment],
+        raise_on_mismatch: bool | None = None,
+    ) -> PrefixCheck:
+        """Prove the segments are a prefix of the full render of ``messages`` (module doc)."""
+        if raise_on_mismatch is None:
+            raise_on_mismatch = self.on_mismatch == "error"
+        gen = bool(messages) and messages[-1].get("role") != "assistant"
+        full = self.render_text(messages, add_generation_prompt=gen)
+        result = self._walk(full, segments)
+        if not result.ok and raise_on_mismatch:
+            err = TemplateMismatchError(result.message)
+            err.turn = result.turn  # type: ignore[attr-defined]
+            raise err
+        return result
+
+    def _walk(self, full: str, segments: Sequence[Segment]) -> PrefixCheck:
+        pos, turn = 0, 0
+        for i, seg in enumerate(segments):
+            where = f"turn {turn} ({seg.kind} segment {i})"
+            if seg.kind == "model":
+                text = self.decode(seg.token_ids)
+                if self.closes_turn(seg.token_ids):
+                    text += self._eot_text
+            else:
+                text = self.tokenizer.decode(
+                    seg.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+                )
+            if not full.startswith(text, pos):
+                return PrefixCheck(
+                    False,
+                    False,
+                    turn,
+                    i,
+                    f"chat template mismatch at {where}: the tokens read {_snip(text)} but the "
+                    f"full render has {_snip(full[pos : pos + len(text)])} there; " + _MISMATCH_FIX,
+                )
+            if seg.kind != "model" and self.encode(text) != list(seg.token_ids):
+                return PrefixCheck(
+                    False,
+                    False,
+                    turn,
+                    i,
+                    f"chat template mismatch at {where}: its ids are not the tokenizer's "
+                    f"encoding of the rendered text {_snip(text)}; " + _MISMATCH_FIX,
+                )
+            pos += len(text)
+            if seg.kind == "model":
+                turn += 1
+        concat = [t for s in segments for t in s.token_ids]
+        exact = self.encode(full)[: len(concat)] == concat
+        return PrefixCheck(True, exact)
+
+
+_MISMATCH_FIX = (
+    "incremental rendering drifted from a full render (use a prefix-stable chat template via "
+    "model.chat_template, or rollout.on_template_mismatch=resample to start a new sample)"
+)
+
+
+def _snip(text: str, n: int = 60) -> str:
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+def _mismatch(turn: int, what: str, before: str, after: str) -> TemplateMismatchError:
+    i = next(
+        (k for k, (a, b) in enumerate(zip(before, after, strict=False)) if a != b),
+        min(len(before), len(after)),
+    )
+    err = TemplateMismatchError(
+        f"chat template mismatch at turn {turn}: {what} (first difference at character {i}: "
+        f"{_snip(before[i : i + 40])} vs {_snip(after[i : i + 40])}); " + _MISMATCH_FIX
+    )
+    err.turn = turn  # type: ignore[attr-defined]
+    return err
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for idx, tok in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items():
+        if getattr(tok, "special", False):
+            ids.add(int(idx))
+    return ids
+
+
+class ChatTranscript:
+    """A conversation and its segments, built token in, token out (for rollouts and tests)."""
+
+    def __init__(self, renderer: ChatRenderer, messages: Sequence[Message]) -> None:
+        self.renderer = renderer
+        self.messages: list[Message] = list(messages)
+        self.segments: list[Segment] = [Segment("prompt", renderer.prompt_ids(self.messages))]
+
+    def add_model(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        versions: Sequence[int] | None = None,
+        entropies: Sequence[float] | None = None,
+    ) -> str:
+        """Append sampled tokens as a model segment; returns the assistant text."""
+        if self.segments[-1].kind == "model":
+            raise ValueError("add_model called twice in a row: add the observation first")
+        n = len(token_ids)
+        text = self.renderer.decode(token_ids)
+        self.segments.append(
+            Segment(
+                "model",
+                list(token_ids),
+                logprobs=list(logprobs) if logprobs is not None else [0.0] * n,
+                versions=list(versions) if versions is not None else [NO_VERSION] * n,
+                entropies=list(entropies) if entropies is not None else None,
+                text=text,
+            )
+        )
+        self.messages.append({"role": "assistant", "content": text})
+        return text
+
+    def add_observation(self, new_messages: Sequence[Message]) -> list[int]:
+        """Append the observation delta for ``new_messages``; returns its ids."""
+        if self.segments[-1].kind != "model":
+            raise ValueError("add_observation must follow a model segment (call add_model first)")
+        ids = self.renderer.observation_ids(
+            self.messages, new_messages, last_model_ids=self.segments[-1].token_ids
+        )
+        self.segments.append(Segment("observation", ids))
+        self.messages.extend(new_messages)
+        return ids
+
+    def check(self, raise_on_mismatch: bool | None = None) -> PrefixCheck:
+        return self.renderer.check_prefix(self.messages, self.segments, raise_on_mismatch)
+
+    def fork(self) -> ChatTranscript:
+        new = object.__new__(ChatTranscript)
+        new.renderer, new.messages, new.segments = (
+            self.renderer,
+            list(self.messages),
+            list(self.segments),
+        )
+        return new
+
+    @property
+    def input_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [1 if s.kind == "model" else 0 for s in self.segments for _ in s.token_ids]

@@ -1,0 +1,1 @@
+"""Chat templates shipped with agentrl (data only; see agentrl.chat)."""
