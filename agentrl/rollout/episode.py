@@ -39,7 +39,10 @@ class Renderer(Protocol):
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]: ...
 
     def observation_ids(
-        self, history: Sequence[Message], new_messages: Sequence[Message]
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        last_model_ids: Sequence[int] | None = None,
     ) -> list[int]: ...
 
 
@@ -148,11 +151,11 @@ def new_id() -> str:
 
 def decode(sampler: Sampler, renderer: Any, gen: Generation) -> str:
     """Text of a generation for the environment (never re-tokenized)."""
+    dec = getattr(renderer, "decode", None)
+    if callable(dec):  # ChatRenderer: drops the end-of-turn tokens, keeps the rest
+        return dec(gen.token_ids)
     if gen.text:
         return gen.text
-    dec = getattr(renderer, "decode", None)
-    if callable(dec):
-        return dec(gen.token_ids)
     return sampler.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
 
 
@@ -227,6 +230,13 @@ class EpisodeRunner:
         self.params = params
         self.limits = limits
 
+    def _trace_text(self, ids: Sequence[int]) -> str | None:
+        """Decoded text of rendered tokens, for traces only."""
+        try:
+            return self.sampler.tokenizer.decode(list(ids), skip_special_tokens=False)
+        except Exception:  # a sampler without a local tokenizer: traces show ids
+            return None
+
     # --- environment calls: anything they raise is an infrastructure failure ---------------
 
     async def _env_call(self, what: str, fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -248,7 +258,7 @@ class EpisodeRunner:
         except BaseException:
             await close_env(env)
             raise
-        traj.segments = [Segment("prompt", list(ids))]
+        traj.segments = [Segment("prompt", list(ids), text=self._trace_text(ids))]
         return state
 
     async def fork(self, task: dict[str, Any], snap: Snapshot, traj: Trajectory) -> EpisodeState:
@@ -269,7 +279,7 @@ class EpisodeRunner:
             num_tool_calls=snap.num_tool_calls,
             last_step_reward=snap.last_step_reward,
             initial_entropy=snap.initial_entropy,
-            after_tool=True,
+            after_tool=False,  # the branch point was decided by the parent: no re-decision
         )
         traj.segments = list(snap.segments)
         traj.turns = copy.deepcopy(snap.turns)
@@ -377,10 +387,14 @@ class EpisodeRunner:
                     raise _Truncated("max_tool_calls exceeded")
                 if not result.observations:
                     raise _Truncated("environment returned no observation and did not finish")
-                obs_ids = self.renderer.observation_ids(state.messages, result.observations)
+                obs_ids = self.renderer.observation_ids(
+                    state.messages, result.observations, last_model_ids=gen.token_ids
+                )
                 if state.response_tokens + len(obs_ids) >= self.limits.max_tokens:
                     raise _Truncated("token budget exhausted by an observation")
-                traj.segments.append(Segment("observation", list(obs_ids)))
+                traj.segments.append(
+                    Segment("observation", list(obs_ids), text=self._trace_text(obs_ids))
+                )
                 state.messages.extend(result.observations)
                 turn.observation_tokens = len(obs_ids)
                 state.after_tool = bool(records) or any(
@@ -389,6 +403,15 @@ class EpisodeRunner:
         except _Truncated as t:
             traj.status = "truncated"
             traj.metadata["truncation"] = t.reason
+
+    def check_prefix(self, state: EpisodeState) -> None:
+        """The runtime proof that the segments are a prefix of the full render."""
+        check = getattr(self.renderer, "check_prefix", None)
+        if callable(check):
+            result = check(state.messages, state.traj.segments, raise_on_mismatch=False)
+            if not result.ok:
+                raise TemplateMismatchError(result.message)
+            state.traj.metadata["exact_tokens"] = bool(result.exact_tokens)
 
     async def score(self, state: EpisodeState) -> None:
         traj = state.traj
@@ -429,6 +452,7 @@ async def run_attempts(
             with anyio.fail_after(lim.timeout_s):
                 state = await make_state(traj)
                 await runner.advance(state, branch_hook=branch_hook, entropy_k=entropy_k)
+                runner.check_prefix(state)
                 await runner.score(state)
             traj.metadata["attempts"] = attempt + 1
             if errors:

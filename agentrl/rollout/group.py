@@ -159,7 +159,14 @@ async def run_branching_group(
             return
         delta_h = (h_post - state.initial_entropy) / ln_v
         branch, p = policy.decide(delta_h, rng)
-        point = {"position": snap.position, "delta_h": delta_h, "p": p, "children": []}
+        point = {
+            "position": snap.position,
+            "h_post": h_post / ln_v,
+            "delta_h": delta_h,
+            "score" if policy.mode == "threshold" else "p": p,
+            "branch": branch,
+            "children": [],
+        }
         state.traj.metadata.setdefault("branch_points", []).append(point)
         stats["branch_points"] += 1
         if not branch:

@@ -1,0 +1,288 @@
+"""`agentrl rollout` (episodes without training) and `agentrl inspect` (one trajectory)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from agentrl.types import Trajectory, TrajectoryGroup
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
+
+
+def rollout(
+    config: Annotated[Path, typer.Argument(help="YAML config, e.g. configs/demo.yaml")],
+    set_: SetOpt = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--out", help="output folder (default runs/rollout-<time>)"),
+    ] = None,
+    tasks: Annotated[
+        int, typer.Option("-n", "--tasks", help="number of tasks (groups)", min=1)
+    ] = 4,
+    split: Annotated[str, typer.Option(help="task split of the environment")] = "train",
+) -> None:
+    """Run episodes without training; write DIR/trajectories.jsonl and print a summary."""
+    import anyio
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from agentrl.config import load_config
+    from agentrl.errors import AgentRLError
+    from agentrl.rollout.build import build_engine
+    from agentrl.rollout.sinks import JsonlSink
+    from agentrl.rollout.summary import summarize
+
+    console = Console()
+    out_dir = out or Path("runs") / f"rollout-{time.strftime('%Y%m%d-%H%M%S')}"
+    groups: list[TrajectoryGroup] = []
+
+    async def main() -> float:
+        engine = build_engine(cfg, split=split)
+        t0 = time.perf_counter()
+        try:
+            async with JsonlSink(out_dir / "trajectories.jsonl") as sink:
+                with Progress(
+                    "[progress.description]{task.description}",
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=console,
+                    transient=True,
+                ) as progress:
+                    bar = progress.add_task("rollout", total=tasks)
+
+                    async def emit(group: TrajectoryGroup) -> None:
+                        await sink(group)
+                        groups.append(group)
+                        progress.advance(bar)
+
+                    await engine.produce(tasks, emit)
+        finally:
+            await engine.sampler.close()
+        return time.perf_counter() - t0
+
+    try:
+        cfg = load_config(config, set_ or [])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.yaml").write_text(cfg.to_yaml())
+        elapsed = anyio.run(main)
+    except AgentRLError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    stats = summarize(groups)
+    stats["wall_s"] = elapsed
+    stats["episodes_per_s"] = stats["trajectories"] / elapsed if elapsed > 0 else float("nan")
+    _print_summary(console, stats)
+    console.print(f"wrote {out_dir / 'trajectories.jsonl'}  (inspect: agentrl inspect {out_dir})")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.3f}"
+    return str(v)
+
+
+def _print_summary(console: Console, stats: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title="rollout summary", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("groups", "groups"),
+        ("trajectories", "trajectories"),
+        ("branches", "branches"),
+        ("reward (mean)", "reward_mean"),
+        ("success rate", "success_rate"),
+        ("turns (mean)", "turns_mean"),
+        ("tool calls (mean)", "tool_calls_mean"),
+        ("parse errors", "parse_errors"),
+        ("infra errors", "infra_errors"),
+        ("truncated", "truncated"),
+        ("tokens (mean)", "tokens_mean"),
+        ("latency p50 (s)", "latency_p50_s"),
+        ("latency p95 (s)", "latency_p95_s"),
+        ("episodes/s", "episodes_per_s"),
+    ]
+    for label, key in rows:
+        table.add_row(label, _fmt(stats.get(key)))
+    console.print(table)
+
+
+# --- inspect ------------------------------------------------------------------------------
+
+TRAINED = "bold green"
+MASKED = "dim cyan"
+PROMPT = "dim"
+
+
+def _load_groups(path: Path) -> list[TrajectoryGroup]:
+    from agentrl.errors import DatasetError
+    from agentrl.types import TrajectoryGroup
+
+    file = path / "trajectories.jsonl" if path.is_dir() else path
+    if not file.is_file():
+        raise DatasetError(
+            f"no trajectories at {file}: pass a trajectories.jsonl file or a run folder "
+            "written by `agentrl rollout` / `agentrl train`"
+        )
+    groups = []
+    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            groups.append(TrajectoryGroup.from_json(line))
+        except (ValueError, KeyError, TypeError) as e:
+            raise DatasetError(f"{file}:{n}: not a trajectory group ({e})") from None
+    return groups
+
+
+def _segment_panel(seg: Any, title: str, style: str) -> Any:
+    from rich.panel import Panel
+    from rich.text import Text
+
+    body = seg.text if seg.text is not None else f"<{len(seg)} tokens: {seg.token_ids[:12]}...>"
+    return Panel(Text(body, style=style), title=title, title_align="left", border_style=style)
+
+
+def _tree(group: TrajectoryGroup, selected: str) -> Any:
+    from rich.tree import Tree
+
+    def label(t: Trajectory) -> str:
+        mark = " [reverse]<- shown[/reverse]" if t.traj_id == selected else ""
+        where = f" @token {t.branch_position}" if t.parent_id is not None else ""
+        return f"{t.traj_id}{where}  reward={t.reward:.3f}  {t.status}{mark}"
+
+    root = Tree(f"group {group.group_id} (task {group.task_id}, {len(group.trajectories)} paths)")
+    nodes: dict[str, Any] = {}
+    pending = list(group.trajectories)
+    for _ in range(len(pending) + 1):  # parents appear before children; tolerate any order
+        rest = []
+        for t in pending:
+            parent = root if t.parent_id is None else nodes.get(t.parent_id)
+            if parent is None:
+                rest.append(t)
+                continue
+            nodes[t.traj_id] = parent.add(label(t))
+        pending = rest
+        if not pending:
+            break
+    return root
+
+
+def show_trajectory(console: Console, group: TrajectoryGroup, traj: Trajectory) -> None:
+    """Print one trajectory turn by turn (trained tokens vs masked observation tokens)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    header = Table.grid(padding=(0, 2))
+    header.add_row("task", traj.task_id, "trajectory", traj.traj_id)
+    header.add_row("status", traj.status, "reward", f"{traj.reward:.4f}")
+    header.add_row(
+        "tokens",
+        f"{traj.num_tokens} ({traj.num_model_tokens} trained)",
+        "turns",
+        str(len(traj.turns)),
+    )
+    if traj.parent_id is not None:
+        header.add_row("branch of", traj.parent_id, "at token", str(traj.branch_position))
+    if traj.error:
+        header.add_row("error", Text(traj.error, style="red"), "", "")
+    console.print(header)
+    legend = Text()
+    legend.append("legend: ")
+    legend.append("trained (model) tokens", style=TRAINED)
+    legend.append("  ")
+    legend.append("masked observation tokens", style=MASKED)
+    legend.append("  ")
+    legend.append("prompt (masked)", style=PROMPT)
+    console.print(legend)
+
+    turn_index = 0
+    pos = 0
+    for seg in traj.segments:
+        start, pos = pos, pos + len(seg)
+        shared = traj.branch_position is not None and start < traj.branch_position
+        tag = " [shared prefix]" if shared else ""
+        if seg.kind == "prompt":
+            console.print(_segment_panel(seg, f"prompt · {len(seg)} tokens{tag}", PROMPT))
+        elif seg.kind == "model":
+            turn = traj.turns[turn_index] if turn_index < len(traj.turns) else None
+            versions = sorted(set(seg.versions or []))
+            mean_lp = sum(seg.logprobs or [0.0]) / max(len(seg), 1)
+            title = (
+                f"turn {turn_index} · model · {len(seg)} trained tokens · versions {versions}"
+                f" · mean logprob {mean_lp:.3f}"
+                + (f" · {turn.finish_reason}" if turn else "")
+                + tag
+            )
+            console.print(_segment_panel(seg, title, TRAINED))
+            if turn is not None and (turn.tool_calls or turn.parse_errors):
+                calls = Table(title=f"turn {turn_index} tool calls", show_lines=False)
+                for col in ("tool", "arguments", "result chars", "latency s", "error"):
+                    calls.add_column(col)
+                for c in turn.tool_calls:
+                    calls.add_row(
+                        c.name,
+                        str(c.arguments)[:80],
+                        str(c.result_chars),
+                        f"{c.latency_s:.3f}",
+                        Text(("INFRA " if c.infra_error else "") + (c.error or ""), style="red"),
+                    )
+                for err in turn.parse_errors:
+                    calls.add_row("(parse)", "", "", "", Text(err, style="red"))
+                console.print(calls)
+            turn_index += 1
+        else:
+            console.print(
+                _segment_panel(seg, f"observation · {len(seg)} masked tokens{tag}", MASKED)
+            )
+    if traj.reward_info:
+        console.print(f"reward info: {traj.reward_info}")
+    if group.is_tree:
+        console.print(_tree(group, traj.traj_id))
+
+
+def inspect(
+    path: Annotated[Path, typer.Argument(help="trajectories.jsonl or a run folder")],
+    index: Annotated[int, typer.Option("--index", "-i", help="trajectory number (0-based)")] = 0,
+) -> None:
+    """Show one trajectory turn by turn: trained vs masked tokens, tool calls, reward, tree."""
+    from rich.console import Console
+
+    from agentrl.errors import AgentRLError
+
+    console = Console()
+    try:
+        groups = _load_groups(path)
+    except AgentRLError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    flat = [(g, t) for g in groups for t in g.trajectories]
+    if not flat:
+        typer.secho(f"error: {path} holds no trajectories", fg="red", err=True)
+        raise typer.Exit(2)
+    if not 0 <= index < len(flat):
+        typer.secho(
+            f"error: --index {index} is out of range: {path} holds {len(flat)} trajectories "
+            f"(use 0..{len(flat) - 1})",
+            fg="red",
+            err=True,
+        )
+        raise typer.Exit(2)
+    group, traj = flat[index]
+    console.print(f"trajectory {index} of {len(flat)} ({len(groups)} groups)")
+    show_trajectory(console, group, traj)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(rollout)
+    app.command()(inspect)
