@@ -378,10 +378,10 @@ class HFSampler(Sampler):
         keep = [i for i, r in enumerate(self._active) if not r.cancelled]
         if len(keep) == len(self._active):
             return
-        for r in self._active:
-            if r.cancelled:
-                _resolve(r.future, r.loop, _abort(r))
+        dropped = [r for r in self._active if r.cancelled]
         self._keep_rows(keep)
+        for r in dropped:
+            _resolve(r.future, r.loop, _abort(r))
 
     def _keep_rows(self, keep: list[int]) -> None:
         with self._cond:
@@ -486,16 +486,18 @@ class HFSampler(Sampler):
         return tokens
 
     def _finish_rows(self) -> None:
-        keep = []
+        keep, done = [], []
         for i, r in enumerate(self._active):
             reason = self._finish_reason(r)
             if reason is None and not r.cancelled:
                 keep.append(i)
-                continue
-            r.finish = reason or "abort"
+            else:
+                r.finish = reason or "abort"
+                done.append(r)
+        if done:
+            self._keep_rows(keep)  # free the slots before the callers wake up
+        for r in done:
             _resolve(r.future, r.loop, self._result(r))
-        if len(keep) != len(self._active):
-            self._keep_rows(keep)
 
     def _finish_reason(self, r: _Request) -> FinishReason | None:
         last = r.tokens[-1]
