@@ -30,7 +30,8 @@ def k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 @register_kl("k3")
 def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     log_r = (ref_logprobs - logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    return torch.exp(log_r) - log_r - 1.0
+    # expm1 avoids cancellation near r = 1; the clamp removes rounding below 0
+    return (torch.expm1(log_r) - log_r).clamp(min=0.0)
 
 
 # k3+: the value of k3 with the gradient of k2 (straight-through)

@@ -2,7 +2,8 @@
 
 Input format (rows of one padded batch, ``[B]`` unless noted):
 
-* ``advantages`` -- each row's outcome advantage (a row is one root-to-leaf path);
+* ``advantages`` -- each row's outcome advantage (a row is one root-to-leaf path), ``[B]``,
+  or per token ``[B, T]`` (then ``hard`` averages the rows' values at each shared token);
 * ``parent``     -- long, the batch row this row branched from, ``-1`` for a root;
 * ``branch_pos`` -- long, index in ``input_ids`` where the row's own tokens start; tokens
   ``[0, branch_pos)`` are identical to the parent's (ignored for roots);
@@ -68,10 +69,16 @@ def tree_owner(parent: Tensor, branch_pos: Tensor, T: int) -> Tensor:
     raise ValueError("parent links form a cycle; every chain must end at a root (-1)")
 
 
+def _per_token(advantages: Tensor, shape: torch.Size) -> Tensor:
+    adv = advantages.to(torch.float32)
+    return adv[:, None].expand(shape) if adv.dim() == 1 else adv
+
+
 @register_tree_attribution("soft")
 def soft(advantages: Tensor, owner: Tensor, loss_mask: Tensor) -> TreeAttribution:
-    m = loss_mask.to(torch.float32)
-    return TreeAttribution(advantages.to(torch.float32)[:, None] * m, loss_mask.clone())
+    adv = _per_token(advantages, owner.shape)
+    on = loss_mask > 0
+    return TreeAttribution(torch.where(on, adv, torch.zeros_like(adv)), loss_mask.clone())
 
 
 @register_tree_attribution("hard")
@@ -81,9 +88,9 @@ def hard(advantages: Tensor, owner: Tensor, loss_mask: Tensor) -> TreeAttributio
     key = owner * T + torch.arange(T, device=owner.device)
     on = loss_mask > 0
     k, r = key[on], rows[on]
-    adv = advantages.to(torch.float32)
-    total = torch.zeros(B * T, device=owner.device).index_add_(0, k, adv[r])
-    count = torch.zeros(B * T, device=owner.device).index_add_(0, k, torch.ones_like(adv[r]))
+    a = _per_token(advantages, owner.shape)[on]
+    total = torch.zeros(B * T, device=owner.device).index_add_(0, k, a)
+    count = torch.zeros(B * T, device=owner.device).index_add_(0, k, torch.ones_like(a))
     rep = torch.full((B * T,), B, device=owner.device, dtype=torch.long)
     rep = rep.scatter_reduce(0, k, r, reduce="amin")
     mean = total[key] / count[key].clamp(min=1.0)
@@ -106,8 +113,10 @@ def tree_advantages(
     When ``input_ids [B, T]`` is given, every shared prefix is checked to be identical.
     """
     B, T = loss_mask.shape
-    if advantages.shape != (B,):
-        raise ValueError(f"advantages must be per row [B={B}] (got {tuple(advantages.shape)})")
+    if advantages.shape not in ((B,), (B, T)):
+        raise ValueError(
+            f"advantages must be [B={B}] or [B, T]={(B, T)} (got {tuple(advantages.shape)})"
+        )
     fn = TREE_ATTRIBUTIONS.get(name)
     owner = tree_owner(parent, branch_pos, T)
     if input_ids is not None:

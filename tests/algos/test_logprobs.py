@@ -1,0 +1,108 @@
+import pytest
+import torch
+
+from agentrl.algos import (
+    chunked_logprobs_entropy,
+    entropy_from_logits,
+    logprobs_from_logits,
+    sequence_logprobs_entropy,
+)
+
+
+def _naive(logits, labels, temperature=1.0):
+    z = logits.double() / (temperature or 1.0)
+    logp = torch.log_softmax(z, dim=-1)
+    lp = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    valid = labels >= 0
+    return torch.where(valid, lp, 0.0), torch.where(valid, ent, 0.0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+def test_logits_path_matches_naive(temperature, chunk):
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11) * 3
+    labels = torch.randint(0, 11, (2, 5))
+    labels[1, 4] = -100
+    lp = logprobs_from_logits(logits, labels, temperature=temperature, chunk=chunk)
+    ent = entropy_from_logits(logits, temperature=temperature, chunk=chunk, labels=labels)
+    lp_ref, ent_ref = _naive(logits, labels, temperature)
+    assert lp.dtype == torch.float32 and lp.shape == (2, 5)
+    torch.testing.assert_close(lp.double(), lp_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent.double(), ent_ref, atol=1e-5, rtol=1e-5)
+    assert lp[1, 4] == 0 and ent[1, 4] == 0
+
+
+def test_bf16_logits_are_upcast():
+    torch.manual_seed(1)
+    logits = (torch.randn(3, 50) * 4).bfloat16()
+    labels = torch.randint(0, 50, (3,))
+    lp = logprobs_from_logits(logits, labels, chunk=2)
+    torch.testing.assert_close(lp.double(), _naive(logits.float(), labels)[0], atol=1e-5, rtol=0)
+
+
+def test_hidden_path_matches_naive_forward_and_gradients():
+    torch.manual_seed(2)
+    B, T, H, V = 2, 7, 6, 13
+    hidden = torch.randn(B, T, H, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(V, H, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, V, (B, T))
+    coef = torch.randn(B, T, dtype=torch.float64)
+
+    lp, ent = chunked_logprobs_entropy(hidden, weight, labels, temperature=0.8, chunk=4)
+    ((lp * coef).sum() + 0.3 * ent.sum()).backward()
+    g_hidden, g_weight = hidden.grad.clone(), weight.grad.clone()
+
+    hidden.grad = weight.grad = None
+    lp_ref, ent_ref = _naive(hidden @ weight.t(), labels, 0.8)
+    ((lp_ref * coef).sum() + 0.3 * ent_ref.sum()).backward()
+    # outputs are float32 by contract; compare at float32 precision
+    torch.testing.assert_close(lp.double(), lp_ref.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent.double(), ent_ref.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g_hidden, hidden.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(g_weight, weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_backward_never_saves_a_full_logits_tensor():
+    torch.manual_seed(3)
+    N, H, V, chunk = 64, 8, 97, 8
+    hidden = torch.randn(N, H, requires_grad=True)
+    weight = torch.randn(V, H, requires_grad=True)
+    labels = torch.randint(0, V, (N,))
+    saved: list[tuple[int, ...]] = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    # what autograd keeps between forward and backward: the inputs, never [*, V] logits
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, ent = chunked_logprobs_entropy(hidden, weight, labels, chunk=chunk)
+    assert saved and all(shape[-1] != V for shape in saved if shape != (V, H))
+    (lp.sum() + ent.sum()).backward()
+    assert hidden.grad is not None and weight.grad is not None
+
+
+def test_sequence_alignment_follows_types_convention():
+    torch.manual_seed(4)
+    hidden = torch.randn(2, 5, 4)
+    weight = torch.randn(9, 4)
+    ids = torch.randint(0, 9, (2, 5))
+    lp, ent = sequence_logprobs_entropy(hidden, weight, ids, chunk=3)
+    assert lp.shape == (2, 5) and (lp[:, 0] == 0).all() and (ent[:, 0] == 0).all()
+    ref, _ = _naive(hidden[:, :-1] @ weight.t(), ids[:, 1:])
+    torch.testing.assert_close(lp[:, 1:].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_no_entropy_and_bad_inputs():
+    lp, ent = chunked_logprobs_entropy(
+        torch.randn(3, 4), torch.randn(5, 4), torch.tensor([0, 1, 2]), with_entropy=False
+    )
+    assert ent is None and lp.shape == (3,)
+    with pytest.raises(ValueError, match="lm_head_weight"):
+        chunked_logprobs_entropy(torch.randn(3, 4), torch.randn(5, 3), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="temperature"):
+        logprobs_from_logits(torch.randn(2, 3), torch.tensor([0, 1]), temperature=-1.0)
+    with pytest.raises(ValueError, match="chunk"):
+        logprobs_from_logits(torch.randn(2, 3), torch.tensor([0, 1]), chunk=0)

@@ -1,0 +1,92 @@
+import pytest
+import torch
+
+import agentrl.algos as algos
+from agentrl.errors import UnknownNameError
+
+
+@pytest.mark.parametrize(
+    ("call", "typo", "suggestion"),
+    [
+        (lambda n: algos.compute_advantages(n, torch.zeros(2), torch.zeros(2)), "grpoo", "grpo"),
+        (
+            lambda n: algos.policy_loss(
+                n, torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1), torch.ones(1, 2)
+            ),
+            "gspo_tokn",
+            "gspo_token",
+        ),
+        (lambda n: algos.kl_divergence(n, torch.zeros(1, 2), torch.zeros(1, 2)), "k33", "k3"),
+        (
+            lambda n: algos.aggregate(n, torch.zeros(1, 2), torch.ones(1, 2)),
+            "token_mean",
+            "token-mean",
+        ),
+    ],
+)
+def test_unknown_names_suggest_close_ones(call, typo, suggestion):
+    with pytest.raises(UnknownNameError) as exc:
+        call(typo)
+    msg = str(exc.value)
+    assert f"'{typo}'" in msg and f"did you mean '{suggestion}'" in msg
+    assert isinstance(exc.value, KeyError)  # callers may catch KeyError too
+
+
+def test_builtin_names_are_registered():
+    assert {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"} <= set(
+        algos.ADVANTAGES.names()
+    )
+    assert {"ppo", "gspo", "gspo_token"} <= set(algos.POLICY_LOSSES.names())
+    assert {"k1", "k2", "k3", "k3+"} <= set(algos.KL_ESTIMATORS.names())
+    assert {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"} <= set(
+        algos.AGGREGATIONS.names()
+    )
+    assert {"soft", "hard"} <= set(algos.TREE_ATTRIBUTIONS.names())
+
+
+def test_users_register_their_own_without_editing_code():
+    @algos.register_advantage("test_max_baseline")
+    def max_baseline(rewards, group_ids, *, valid=None, **_):
+        return rewards - rewards.max()
+
+    @algos.register_policy_loss("test_vanilla_pg")
+    def vanilla_pg(logprobs, old_logprobs, advantages, mask, *, scale=1.0):
+        return -scale * advantages * logprobs, {"clip_frac": 0.0}
+
+    @algos.register_kl("test_abs")
+    def abs_kl(logprobs, ref_logprobs):
+        return (logprobs - ref_logprobs).abs()
+
+    @algos.register_aggregation("test_sum")
+    def agg_sum(loss, mask, **_):
+        return (loss * mask).sum()
+
+    try:
+        adv = algos.compute_advantages(
+            "test_max_baseline", torch.tensor([1.0, 3.0]), torch.zeros(2)
+        )
+        torch.testing.assert_close(adv, torch.tensor([-2.0, 0.0]))
+        lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+        loss, m = algos.policy_loss(
+            "test_vanilla_pg",
+            lp,
+            lp.detach(),
+            torch.ones(1),
+            torch.ones(1, 2),
+            agg="test_sum",
+            scale=2.0,
+        )
+        assert loss.item() == pytest.approx(6.0) and "approx_kl" in m
+        kl = algos.kl_divergence("test_abs", torch.zeros(1, 1), torch.ones(1, 1))
+        assert float(kl) == 1.0
+        with pytest.raises(ValueError, match="already registered"):
+            algos.register_kl("test_abs")(lambda a, b: a)
+        algos.register_kl("test_abs", override=True)(lambda a, b: a - b)
+    finally:
+        for reg, name in (
+            (algos.ADVANTAGES, "test_max_baseline"),
+            (algos.POLICY_LOSSES, "test_vanilla_pg"),
+            (algos.KL_ESTIMATORS, "test_abs"),
+            (algos.AGGREGATIONS, "test_sum"),
+        ):
+            reg._fns.pop(name, None)
