@@ -1,0 +1,292 @@
+"""Learner on the tiny model: every algorithm trains, corrections, masking, exactness."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from agentrl.errors import ConfigError, UnknownNameError
+from agentrl.learner import Learner, ValueModel
+from agentrl.types import Segment, Trajectory, TrajectoryGroup
+from tests.learner.conftest import hf_logprobs, make_cfg, make_groups, make_traj
+
+CORE_METRICS = (
+    "loss/pg",
+    "loss/entropy",
+    "loss/total",
+    "entropy",
+    "pg/clip_frac",
+    "pg/approx_kl",
+    "grad_norm",
+    "logprob_gap/mean",
+    "staleness/mean",
+    "response_length/mean",
+    "reward/mean",
+    "advantage/mean",
+    "advantage/std",
+    "tokens/trained",
+    "lr",
+    "version",
+)
+
+ALGORITHMS: dict[str, dict] = {
+    "grpo": {"advantage": "grpo"},
+    "dr_grpo": {"advantage": "dr_grpo", "agg": "seq-mean-token-sum-norm"},
+    "rloo": {"advantage": "rloo", "agg": "seq-mean-token-mean"},
+    "reinforce_pp": {"advantage": "reinforce_pp", "kl": "k3", "kl_coef": 0.05},
+    "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline"},
+    "gspo": {
+        "advantage": "grpo",
+        "policy_loss": "gspo",
+        "agg": "seq-mean-token-mean",
+        "eps_low": 3e-4,
+        "eps_high": 4e-4,
+    },
+    "gspo_token": {"advantage": "grpo", "policy_loss": "gspo_token", "eps_low": 3e-4},
+    "dapo": {
+        "advantage": "grpo",
+        "eps_high": 0.28,
+        "agg": "token-mean",
+        "dynamic_sampling": True,
+        "overlong": {"enabled": True, "max_len": 20, "cache_len": 8},
+        "entropy_coef": 0.001,
+    },
+    "ppo_gae": {"advantage": "gae", "critic": True, "lam": 0.95, "vf_coef": 0.5},
+}
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_algorithm_trains(
+    name: str, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    learner_cfg = {"ppo_epochs": 2, "minibatches": 2} if name == "ppo_gae" else {}
+    cfg = make_cfg(algorithm=ALGORITHMS[name], learner=learner_cfg)
+    learner = Learner(fresh_model(), None, cfg)
+    before = _flat(learner.model)
+    for step in range(2):
+        metrics = learner.step(groups)
+        assert learner.version == step + 1
+        missing = [k for k in CORE_METRICS if k not in metrics]
+        assert not missing, f"{name}: missing metrics {missing}"
+        assert all(math.isfinite(v) for v in metrics.values()), metrics
+        assert metrics["nonfinite_skipped"] == 0
+    assert not torch.equal(before, _flat(learner.model)), f"{name}: weights did not change"
+    assert metrics["tokens/trained"] == sum(
+        t.num_model_tokens for g in groups for t in g.trajectories
+    )
+    if name == "ppo_gae":
+        assert "loss/value" in metrics and "value/value_mean" in metrics
+        assert metrics["optimizer_steps"] == 4
+    if name == "reinforce_pp":
+        assert "kl" in metrics and "loss/kl" in metrics
+    if name == "dapo":
+        assert metrics["overlong_penalty_mean"] < 0  # responses of 13-24 tokens vs L_max 20
+
+
+def test_learner_logprobs_match_plain_hf_forward(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    model = fresh_model()
+    learner = Learner(model, None, make_cfg(sampler={"temperature": 0.7}))
+    lp = learner.compute_logprobs(groups)
+    row = 0
+    for g in groups:
+        for t in g.trajectories:
+            ref = torch.tensor(hf_logprobs(model, t.input_ids, temperature=0.7))
+            mask = torch.tensor(t.loss_mask, dtype=torch.bool)
+            n = t.num_tokens
+            torch.testing.assert_close(lp[row, :n][mask], ref[mask], atol=1e-5, rtol=0)
+            assert torch.all(lp[row, :n][~mask] == 0)
+            row += 1
+
+
+def test_first_step_gap_is_numerical_only(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    learner = Learner(fresh_model(), None, make_cfg())
+    metrics = learner.step(groups)
+    assert metrics["logprob_gap/mean"] < 1e-4
+    assert metrics["staleness/tokens_0"] == metrics["tokens/trained"]
+
+
+@pytest.mark.parametrize("correction", ["none", "tis", "decoupled"])
+def test_off_policy_corrections(
+    correction: str, base_model: torch.nn.Module, fresh_model: Callable[[], torch.nn.Module]
+) -> None:
+    # behaviour log-probs from a different (older) policy: a real sampler/learner gap
+    old_policy = fresh_model()
+    with torch.no_grad():
+        for p in old_policy.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    stale = make_groups(old_policy, seed=3, version=0)
+    learner = Learner(fresh_model(), None, make_cfg(algorithm={"off_policy": correction}))
+    learner.version = 1  # these tokens are one version behind
+    metrics = learner.step(stale)
+    assert metrics["logprob_gap/mean"] > 1e-3
+    assert metrics["staleness/tokens_1"] == metrics["tokens/trained"]
+    assert "logprob_gap/staleness_1" in metrics
+    if correction == "none":
+        assert "pg/is_weight_mean" not in metrics
+        assert metrics["pg/behavior_gap_mean"] == 0.0  # pi_old is the behaviour policy
+    else:
+        assert metrics["pg/is_weight_mean"] > 0 and metrics["pg/is_weight_max"] <= 2.0
+        assert metrics["pg/behavior_gap_mean"] == pytest.approx(
+            metrics["logprob_gap/mean"], rel=1e-4
+        )
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_decoupled_clips_against_proximal_policy(
+    fresh_model: Callable[[], torch.nn.Module], base_model: torch.nn.Module
+) -> None:
+    """With decoupled PPO the first epoch's ratio is pi_theta/pi_prox == 1 exactly."""
+    old_policy = fresh_model()
+    with torch.no_grad():
+        for p in old_policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    stale = make_groups(old_policy, seed=4)
+    cfg = make_cfg(algorithm={"off_policy": "decoupled"}, learner={"lr": 1e-12})
+    metrics = Learner(fresh_model(), None, cfg).step(stale)
+    assert metrics["pg/clip_frac"] == 0.0
+    assert metrics["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    cfg_none = make_cfg(algorithm={"off_policy": "none"}, learner={"lr": 1e-12})
+    metrics_none = Learner(fresh_model(), None, cfg_none).step(stale)
+    assert metrics_none["pg/clip_frac"] > 0.0  # against the behaviour policy the ratio moves
+
+
+def _swap_infra_row(groups: list[TrajectoryGroup], model: torch.nn.Module, seed: int):
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for g in groups:
+        trajs = list(g.trajectories)
+        bad = make_traj(model, rng, reward=100.0 * seed, status="infra_error", task_id=g.task_id)
+        out.append(TrajectoryGroup(g.task_id, [*trajs[:2], bad, *trajs[2:]], group_id=g.group_id))
+    return out
+
+
+def test_infra_rows_contribute_no_gradient(
+    fresh_model: Callable[[], torch.nn.Module],
+    base_model: torch.nn.Module,
+    groups: list[TrajectoryGroup],
+) -> None:
+    """Changing an infra_error row's tokens and reward changes nothing (loss or baseline)."""
+    results = []
+    for seed in (1, 2):
+        learner = Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "grpo"}))
+        metrics = learner.step(_swap_infra_row(groups, base_model, seed))
+        results.append((_flat(learner.model), metrics))
+    (w1, m1), (w2, m2) = results
+    assert m1["samples/infra_masked"] == 2 and m1["samples/valid"] == 8
+    torch.testing.assert_close(w1, w2, atol=1e-7, rtol=0)
+    assert m1["loss/pg"] == pytest.approx(m2["loss/pg"], abs=1e-7)
+    # and the masked run equals a run without the infra rows at all
+    clean = Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "grpo"}))
+    clean.step(groups)
+    torch.testing.assert_close(w1, _flat(clean.model), atol=1e-6, rtol=0)
+
+
+def test_micro_batching_equals_one_big_batch(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    """Accumulated micro-batch gradients equal the whole minibatch's (same loss, same norm)."""
+    for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        results = []
+        for mbs in (1, 3, 8):
+            cfg = make_cfg(algorithm={"agg": agg}, learner={"micro_batch_size": mbs})
+            results.append(Learner(fresh_model(), None, cfg).step(groups))
+        for m in results[1:]:
+            assert m["grad_norm"] == pytest.approx(results[0]["grad_norm"], rel=1e-5), agg
+            assert m["loss/total"] == pytest.approx(results[0]["loss/total"], rel=1e-5, abs=1e-7)
+
+
+def test_separate_critic_model(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    policy = fresh_model()
+    critic = ValueModel.from_policy(policy)
+    head_before = critic.head.proj.weight.detach().clone()
+    cfg = make_cfg(algorithm={"advantage": "gae", "critic": True}, learner={"critic_lr": 1e-2})
+    learner = Learner(policy, None, cfg, critic=critic)
+    metrics = learner.step(groups)
+    assert learner.value_head is None
+    assert not torch.equal(head_before, critic.head.proj.weight)
+    assert math.isfinite(metrics["loss/value"])
+    assert learner.optimizer.param_groups[1]["lr"] == pytest.approx(1e-2)
+
+
+def test_branch_tree_groups_train(
+    fresh_model: Callable[[], torch.nn.Module], base_model: torch.nn.Module
+) -> None:
+    import random
+
+    rng = random.Random(5)
+    root = make_traj(base_model, rng, reward=1.0, turns=2, traj_id="r")
+    # a branch forks after the first observation: shares the prefix, new continuation
+    n_prefix = sum(len(s) for s in root.segments[:3])
+    tail_ids = [rng.randrange(3, 49152) for _ in range(6)]
+    ids = root.input_ids[:n_prefix] + tail_ids
+    lps = hf_logprobs(base_model, ids)
+    branch = Trajectory(
+        segments=[*root.segments[:3], Segment("model", tail_ids, lps[n_prefix:], [0] * 6)],
+        reward=0.0,
+        traj_id="b",
+        parent_id="r",
+        branch_position=n_prefix,
+        task_id="t",
+    )
+    other = make_traj(base_model, rng, reward=0.0, traj_id="o")
+    tree = TrajectoryGroup("t", [root, branch, other], group_id="t")
+    assert tree.is_tree
+    for attribution in ("soft", "hard"):
+        cfg = make_cfg(rollout={"branching": {"attribution": attribution}})
+        learner = Learner(fresh_model(), None, cfg)
+        metrics = learner.step([tree])
+        shared = root.segments[1].token_ids
+        total = sum(t.num_model_tokens for t in tree.trajectories)
+        expected = total - len(shared) if attribution == "hard" else total
+        assert metrics["tokens/trained"] == expected
+        assert math.isfinite(metrics["loss/total"])
+
+
+def test_bf16_autocast_step(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    learner = Learner(fresh_model(), None, make_cfg(learner={"bf16": "on"}))
+    assert learner.bf16
+    metrics = learner.step(groups)
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert next(learner.model.parameters()).dtype == torch.float32  # fp32 master weights
+    assert metrics["logprob_gap/mean"] < 0.1  # bf16 rounding only
+
+
+def test_state_dict_for_sampler_is_a_cpu_copy(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    learner = Learner(fresh_model(), None, make_cfg())
+    sd = learner.state_dict_for_sampler(dtype=torch.bfloat16)
+    assert set(sd) == set(learner.model.state_dict())
+    assert all(v.device.type == "cpu" and v.dtype == torch.bfloat16 for v in sd.values())
+    snap = learner.state_dict_for_sampler()
+    learner.step(groups)
+    key = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(snap[key], learner.model.state_dict()[key])
+
+
+def test_config_errors_name_the_field(fresh_model: Callable[[], torch.nn.Module]) -> None:
+    with pytest.raises(ConfigError, match=r"algorithm\.critic=true"):
+        Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "gae"}))
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage=gae"):
+        Learner(fresh_model(), None, make_cfg(algorithm={"critic": True}))
+    with pytest.raises(UnknownNameError, match="did you mean 'grpo'"):
+        Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "grpoo"}))
+    with pytest.raises(ValueError, match="at least one TrajectoryGroup"):
+        Learner(fresh_model(), None, make_cfg()).step([])
