@@ -75,6 +75,7 @@ class ToolCallRecord:
     latency_s: float = 0.0
     error: str | None = None  # parse / validation / tool error shown to the model
     infra_error: bool = False  # the platform failed, not the agent
+    timed_out: bool = False  # the call exceeded its tool timeout (an error observation)
 
 
 @dataclass

@@ -70,6 +70,7 @@ class Tool(abc.ABC):
     description: ClassVar[str]
     Args: ClassVar[type[BaseModel]]
     timeout: float = 30.0  # seconds; exceeding it is an error observation, not a crash
+    sequential: ClassVar[bool] = False  # calls in one turn run in order (stateful tools)
 
     def schema(self) -> dict[str, Any]:
         """OpenAI-style function schema, as chat templates expect in `tools=`."""
