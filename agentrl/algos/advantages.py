@@ -29,29 +29,38 @@ def _check_rows(rewards: Tensor, group_ids: Tensor | None, valid: Tensor | None)
             f"(got {tuple(group_ids.shape)})"
         )
     if valid is None:
-        return torch.ones_like(rewards, dtype=torch.float32)
+        return torch.ones_like(rewards, dtype=torch.float64)
     if valid.shape != rewards.shape:
         raise ValueError(
             f"valid must have the shape of rewards {tuple(rewards.shape)} (got {tuple(valid.shape)})"
         )
-    return valid.to(torch.float32)
+    return valid.to(torch.float64)
+
+
+def _out(adv: Tensor, rewards: Tensor) -> Tensor:
+    """Advantages in the rewards' floating dtype (float32 for integer rewards)."""
+    return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 
 def _clean(rewards: Tensor, v: Tensor) -> Tensor:
-    """Rewards as float32 with invalid rows zeroed (they may be NaN after an infra error)."""
-    r = rewards.to(torch.float32)
+    """Rewards as float64 with invalid rows zeroed (they may be NaN after an infra error).
+
+    Statistics run in float64 so an all-equal group centres to ~1e-16, not to float32
+    rounding noise that the std division would blow up.
+    """
+    r = rewards.to(torch.float64)
     return torch.where(v > 0, r, torch.zeros_like(r))
 
 
 def group_stats(
     rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-row group (count, sum, mean, unbiased std) over valid rows, each ``[B]``."""
+    """Per-row group (count, sum, mean, unbiased std) over valid rows, each ``[B]`` float64."""
     v = _check_rows(rewards, group_ids, valid)
     r = _clean(rewards, v)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
-    count = torch.zeros(n_groups, dtype=torch.float32, device=r.device).index_add_(0, inverse, v)
+    count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(0, inverse, v)
     total = torch.zeros_like(count).index_add_(0, inverse, r)
     mean = total / count.clamp(min=1.0)
     sq = (r - mean[inverse]) ** 2 * v
@@ -76,7 +85,7 @@ def grpo(
     adv = _clean(rewards, v) - mean
     if norm_by_std:
         adv = adv / (std + eps)
-    return torch.where((count > 1) & (v > 0), adv, torch.zeros_like(adv))
+    return _out(torch.where((count > 1) & (v > 0), adv, torch.zeros_like(adv)), rewards)
 
 
 # Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training", eq. 3): A_i = r_i - mean(r)
@@ -93,7 +102,7 @@ def rloo(rewards: Tensor, group_ids: Tensor, *, valid: Tensor | None = None, **_
     r = _clean(rewards, v)
     baseline = (total - r) / (count - 1.0).clamp(min=1.0)
     adv = r - baseline
-    return torch.where((count > 1) & (v > 0), adv, torch.zeros_like(adv))
+    return _out(torch.where((count > 1) & (v > 0), adv, torch.zeros_like(adv)), rewards)
 
 
 def _whiten(x: Tensor, v: Tensor, eps: float) -> Tensor:
@@ -116,7 +125,7 @@ def reinforce_pp(
     **_: Any,
 ) -> Tensor:
     v = _check_rows(rewards, group_ids, valid)
-    return _whiten(_clean(rewards, v), v, eps)
+    return _out(_whiten(_clean(rewards, v), v, eps), rewards)
 
 
 # REINFORCE++-baseline (Hu 2025, sec. 3.3): subtract the group mean, then whiten over the batch
@@ -131,7 +140,7 @@ def reinforce_pp_baseline(
 ) -> Tensor:
     v = _check_rows(rewards, group_ids, valid)
     _, _, mean, _ = group_stats(rewards, group_ids, v)
-    return _whiten(_clean(rewards, v) - mean, v, eps)
+    return _out(_whiten(_clean(rewards, v) - mean, v, eps), rewards)
 
 
 def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kw: Any) -> Tensor:
@@ -234,12 +243,12 @@ def dynamic_sampling_mask(
     n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
     r = _clean(rewards, v)
     big = torch.finfo(torch.float32).max
-    hi = torch.full((n_groups,), -big, device=r.device).scatter_reduce(
+    hi = torch.full((n_groups,), -big, dtype=r.dtype, device=r.device).scatter_reduce(
         0, inverse, torch.where(v > 0, r, torch.full_like(r, -big)), reduce="amax"
     )
-    lo = torch.full((n_groups,), big, device=r.device).scatter_reduce(
+    lo = torch.full((n_groups,), big, dtype=r.dtype, device=r.device).scatter_reduce(
         0, inverse, torch.where(v > 0, r, torch.full_like(r, big)), reduce="amin"
     )
-    count = torch.zeros(n_groups, device=r.device).index_add_(0, inverse, v)
+    count = torch.zeros(n_groups, dtype=v.dtype, device=r.device).index_add_(0, inverse, v)
     keep = (count >= 2) & ((hi - lo) > atol)
     return keep[inverse]

@@ -76,6 +76,13 @@ def test_invalid_rows_leave_the_baseline_and_get_zero(name):
     torch.testing.assert_close(adv[[0, 1, 3, 4]], clean)
 
 
+def test_all_equal_inexact_rewards_give_exactly_small_advantages():
+    # float32 rounding of the mean must not be blown up by the std division
+    r = torch.full((3,), 5.997002774923789)
+    adv = compute_advantages("grpo", r, torch.zeros(3, dtype=torch.long))
+    assert adv.abs().max() < 1e-6
+
+
 def test_singleton_groups_get_zero_advantage():
     adv = compute_advantages("grpo", torch.tensor([1.0, 3.0]), torch.tensor([0, 1]))
     torch.testing.assert_close(adv, torch.zeros(2))
