@@ -157,6 +157,7 @@ class ToolEnvironment(Environment):
     """
 
     tool_types: ClassVar[Sequence[type[Tool]]] = ()
+    tool_parser: ClassVar[str] = "hermes"  # a name from agentrl.tools.parser_names()
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -201,24 +202,20 @@ class ToolEnvironment(Environment):
         ]
 
     async def step(self, turn: AssistantTurn) -> StepResult:
-        from agentrl.tools import parse_tool_calls, run_tool_calls
+        from agentrl.tools import prepare_calls, run_tool_calls
 
         if self.task is None or self.ctx is None:
             raise EnvError(f"{type(self).__name__}.step called before reset")
-        parsed = parse_tool_calls(turn.text, self.tools)
-        if not parsed.attempted:  # no call at all: this is the final answer
+        prepared = prepare_calls(turn.text, self.tools, parser=self.tool_parser)
+        if not prepared.attempted:  # no call at all, not even a malformed one: the answer
             reward, info = self.verifier.score(turn.text, self.task)
             self.final = (float(reward), info)
             return StepResult(reward=float(reward), done=True, info=info)
-        results = await run_tool_calls(parsed, self.tools, self.ctx)
-        observations = [r.message for r in results]
+        results = await run_tool_calls(prepared, self.ctx)
         return StepResult(
-            observations=observations,
+            observations=[r.message for r in results],
             done=False,
-            info={
-                "tool_calls": [r.record for r in results],
-                "parse_errors": list(parsed.errors),
-            },
+            info={"tool_calls": [r.record for r in results], "parse_errors": prepared.errors},
         )
 
     async def reward(self, trajectory: Any) -> tuple[float, dict[str, Any]] | None:

@@ -48,7 +48,7 @@ def test_file_level_errors(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="no such task file"):
         load_task_file(tmp_path / "missing.jsonl")
     (tmp_path / "t.csv").write_text("question,answer\n")
-    with pytest.raises(DatasetError, match="use .jsonl or .parquet"):
+    with pytest.raises(DatasetError, match=r"use \.jsonl or \.parquet"):
         load_task_file(tmp_path / "t.csv")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DatasetError, match="holds no tasks"):

@@ -31,7 +31,7 @@ def test_bad_paths() -> None:
         match=r"has no attribute 'ExactMatchVerifer'.*did you mean 'ExactMatchVerifier'",
     ):
         make_env("agentrl.envs.verifiers:ExactMatchVerifer")
-    with pytest.raises(PluginError, match="not an agentrl.envs.Environment subclass"):
+    with pytest.raises(PluginError, match=r"not an agentrl\.envs\.Environment subclass"):
         make_env("agentrl.envs.verifiers:ExactMatchVerifier")
     with pytest.raises(PluginError, match="must look like"):
         make_env(":Env")

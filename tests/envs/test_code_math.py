@@ -1,0 +1,138 @@
+"""code_math: seeded tasks, generator scorers, file tasks, and whole episodes driven by
+scripted assistant turns against the real python sandbox."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from agentrl.envs import AssistantTurn, make_env
+from agentrl.envs.code_math import SYSTEM_PROMPT
+from agentrl.errors import ConfigError, DatasetError
+
+
+def python_call(code: str) -> str:
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": "python", "arguments": {"code": code}})
+        + "\n</tool_call>"
+    )
+
+
+def test_tasks_are_seeded_and_split() -> None:
+    env = make_env("code_math", generators=["chain_sum", "basic_arithmetic"], size=6)
+    a, b = list(env.tasks(seed=1)), list(env.tasks(seed=1))
+    assert a == b and len(a) == 6
+    assert [t["generator"] for t in a[:2]] == ["chain_sum", "basic_arithmetic"]
+    assert list(env.tasks(seed=2)) != a
+    assert {t["question"] for t in env.tasks("eval", seed=1)}.isdisjoint({t["question"] for t in a})
+    json.dumps(a)  # tasks travel through traces and queues
+
+
+def test_difficulty_changes_the_problems() -> None:
+    easy = next(make_env("code_math", generators=["chain_sum"], difficulty="easy").tasks())
+    hard = next(make_env("code_math", generators=["chain_sum"], difficulty="hard").tasks())
+    assert len(re.findall(r"\d+", easy["question"])) <= 3
+    assert len(re.findall(r"\d+", hard["question"])) >= 5
+
+
+def test_bad_generator_settings_name_the_fix() -> None:
+    with pytest.raises(
+        ConfigError, match=r"unexpected keyword argument 'nope'.*generator_options\.chain_sum"
+    ):
+        make_env(
+            "code_math", generators=["chain_sum"], generator_options={"chain_sum": {"nope": 1}}
+        )
+
+
+@pytest.mark.parametrize(
+    "generator", ["chain_sum", "basic_arithmetic", "gsm_symbolic", "countdown"]
+)
+def test_reward_on_known_correct_and_wrong(generator: str) -> None:
+    env = make_env("code_math", generators=[generator], size=3)
+    for task in env.tasks(seed=0):
+        right, info = env.verifier.score(f"Done. \\boxed{{{task['answer']}}}", task)
+        assert right == 1.0, (task, info)
+        wrong, _ = env.verifier.score("\\boxed{123456789}", task)
+        assert wrong < 0.1
+        none, info = env.verifier.score("I do not know", task)
+        assert none < 0.1 and info["extracted"] is None
+
+
+def test_generator_without_own_scorer_uses_numeric_equivalence() -> None:
+    env = make_env("code_math", generators=["basic_arithmetic"], size=1)
+    task = next(env.tasks())
+    answer = task["answer"]
+    assert env.verifier.score(f"\\boxed{{{answer}.0}}", task)[0] == 1.0
+    # the base reasoning-gym scorer would give partial credit for a superstring
+    reward, info = env.verifier.score(f"\\boxed{{{answer}7}}", task)
+    assert reward == 0.0 and info["scorer"] == "numeric"
+
+
+def test_file_tasks(tmp_path: Path) -> None:
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"question": "What is 2/3 + 1/3?", "answer": "1"}\n{"question": "x"}\n')
+    env = make_env("code_math", dataset_path=str(f))
+    with pytest.raises(DatasetError, match=r"mine\.jsonl:2: missing field 'answer'"):
+        list(env.tasks())
+    f.write_text('{"question": "What is 2/3 + 1/3?", "answer": "1"}\n')
+    task = next(env.tasks())
+    assert env.verifier.score("Answer: 3/3", task)[0] == 1.0
+    assert env.verifier.score("Answer: 2/3", task)[0] == 0.0
+
+
+def test_system_prompt_has_two_fewshot_examples() -> None:
+    assert SYSTEM_PROMPT.count("<tool_call>") >= 3  # format line + two examples
+    assert SYSTEM_PROMPT.count("tool: <tool_response>") == 2 and "Example 2" in SYSTEM_PROMPT
+    assert SYSTEM_PROMPT.count("\\boxed{") == 3
+
+
+@pytest.mark.anyio
+async def test_full_episode_scripted_turns() -> None:
+    env = make_env("code_math", generators=["chain_sum"], size=1, python_timeout_s=3).spawn()
+    task = next(env.tasks(seed=5))
+    expression = task["question"].split(":")[-1].strip().rstrip("=").strip()
+    try:
+        messages = await env.reset(task)
+        assert (
+            messages[0]["content"] == SYSTEM_PROMPT and messages[1]["content"] == task["question"]
+        )
+        assert [s["function"]["name"] for s in env.tool_schemas()] == ["python"]
+
+        # state persists across calls of one episode
+        r1 = await env.step(AssistantTurn(python_call(f"x = {expression}"), []))
+        assert not r1.done and r1.info["tool_calls"][0].name == "python"
+        r2 = await env.step(AssistantTurn("Now print it.\n" + python_call("print(x)"), []))
+        assert r2.observations[0]["content"].strip() == task["answer"]
+
+        # a malformed call is an observation, not an exception and not a final answer
+        r3 = await env.step(
+            AssistantTurn('<tool_call>\n{"name": "python", "arguments": {}}\n</tool_call>', [])
+        )
+        assert not r3.done and "code" in r3.observations[0]["content"]
+
+        # a tool timeout is an observation too
+        r4 = await env.step(AssistantTurn(python_call("while True:\n    pass"), []))
+        assert not r4.done and "time" in r4.observations[0]["content"].lower()
+
+        final = await env.step(AssistantTurn(f"The sum is \\boxed{{{task['answer']}}}.", []))
+        assert final.done and final.reward == 1.0 and final.info["correct"]
+        assert await env.reward(None) == (1.0, final.info)
+    finally:
+        await env.close()
+    assert env.ctx is None
+
+
+@pytest.mark.anyio
+async def test_wrong_final_answer_scores_zero() -> None:
+    env = make_env("code_math", generators=["chain_sum"], size=1).spawn()
+    task = next(env.tasks(seed=5))
+    try:
+        await env.reset(task)
+        final = await env.step(AssistantTurn("\\boxed{-1}", []))
+        assert final.done and final.reward == 0.0
+    finally:
+        await env.close()
