@@ -41,6 +41,7 @@ prefix of the render with the new messages (and raises :class:`TemplateMismatchE
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,54 +294,81 @@ class ChatRenderer:
         segments: Sequence[Segment],
         raise_on_mismatch: bool | None = None,
     ) -> PrefixCheck:
-        """Prove the segments are a prefix of the full render of ``messages`` (module doc)."""
+        """Prove the segments are a prefix of the full render of ``messages`` (module doc).
+
+        Segments and messages correspond as the rollout builds them: the prompt segment
+        covers the messages before the first assistant message, model segment ``k`` the
+        ``k``-th assistant message, and the non-model segment after it the messages up to
+        the next assistant message (closing of turn ``k`` + observation + generation prompt).
+        """
         if raise_on_mismatch is None:
             raise_on_mismatch = self.on_mismatch == "error"
-        gen = bool(messages) and messages[-1].get("role") != "assistant"
-        full = self.render_text(messages, add_generation_prompt=gen)
-        result = self._walk(full, segments)
+        result = self._walk(list(messages), list(segments))
         if not result.ok and raise_on_mismatch:
             err = TemplateMismatchError(result.message)
             err.turn = result.turn  # type: ignore[attr-defined]
             raise err
         return result
 
-    def _walk(self, full: str, segments: Sequence[Segment]) -> PrefixCheck:
+    def _walk(self, messages: list[Message], segments: list[Segment]) -> PrefixCheck:
+        gen = bool(messages) and messages[-1].get("role") != "assistant"
+        full = self.render_text(messages, add_generation_prompt=gen)
+        assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        n_model = sum(1 for s in segments if s.kind == "model")
+        if n_model != len(assistant):
+            return PrefixCheck(
+                False,
+                False,
+                message=f"{n_model} model segments but {len(assistant)} assistant messages: "
+                "append the assistant message for every model segment",
+            )
         pos, turn = 0, 0
         for i, seg in enumerate(segments):
-            where = f"turn {turn} ({seg.kind} segment {i})"
+            # an observation belongs to the turn it answers; the prompt to turn 0
+            answers = turn if seg.kind == "model" else max(turn - 1, 0)
+            fail = functools.partial(_failed_check, answers, i, seg.kind)
             if seg.kind == "model":
-                text = self.decode(seg.token_ids)
-                if self.closes_turn(seg.token_ids):
-                    text += self._eot_text
-            else:
-                text = self.tokenizer.decode(
+                content = str(messages[assistant[turn]].get("content") or "")
+                decoded = self.decode(seg.token_ids)
+                if decoded != content:
+                    return fail(
+                        f"the sampled tokens decode to {_snip(decoded)} but the assistant message "
+                        f"holds {_snip(content)} (build it with ChatRenderer.decode)"
+                    )
+                text = content + (self._eot_text if self.closes_turn(seg.token_ids) else "")
+                if not full.startswith(text, pos):
+                    return fail(
+                        f"the full render has {_snip(full[pos : pos + len(text)])} where the "
+                        f"model's turn {_snip(text)} should be"
+                    )
+                pos += len(text)
+                turn += 1
+                continue
+            upto = assistant[turn] if turn < len(assistant) else len(messages)
+            prefix = self.render_text(messages[:upto], add_generation_prompt=True)
+            if not full.startswith(prefix) or len(prefix) < pos:
+                return fail(
+                    f"the conversation up to message {upto} renders differently on its own "
+                    "than inside the full render"
+                )
+            span = full[pos : len(prefix)]
+            if self.encode(span) != list(seg.token_ids):
+                got = self.tokenizer.decode(
                     seg.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
                 )
-            if not full.startswith(text, pos):
-                return PrefixCheck(
-                    False,
-                    False,
-                    turn,
-                    i,
-                    f"chat template mismatch at {where}: the tokens read {_snip(text)} but the "
-                    f"full render has {_snip(full[pos : pos + len(text)])} there; " + _MISMATCH_FIX,
+                return fail(
+                    f"its ids (reading {_snip(got)}) are not the tokenizer's encoding of the "
+                    f"rendered text {_snip(span)} at this position"
                 )
-            if seg.kind != "model" and self.encode(text) != list(seg.token_ids):
-                return PrefixCheck(
-                    False,
-                    False,
-                    turn,
-                    i,
-                    f"chat template mismatch at {where}: its ids are not the tokenizer's "
-                    f"encoding of the rendered text {_snip(text)}; " + _MISMATCH_FIX,
-                )
-            pos += len(text)
-            if seg.kind == "model":
-                turn += 1
+            pos = len(prefix)
         concat = [t for s in segments for t in s.token_ids]
         exact = self.encode(full)[: len(concat)] == concat
         return PrefixCheck(True, exact)
+
+
+def _failed_check(turn: int, index: int, kind: str, why: str) -> PrefixCheck:
+    msg = f"chat template mismatch at turn {turn} ({kind} segment {index}): {why}; {_MISMATCH_FIX}"
+    return PrefixCheck(False, False, turn, index, msg)
 
 
 _MISMATCH_FIX = (
