@@ -155,6 +155,7 @@ class KernelProcess:
         self.returncode: int | None = None
         self.rusage_cpu: float | None = None
         self._cleanup_paths: list[str] = []
+        self.in_use = False  # owned by a session (which releases the pipes)
         self._spawn()
 
     # --- life cycle ---------------------------------------------------------------------

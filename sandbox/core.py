@@ -35,6 +35,7 @@ class Session:
 
     def __init__(self, sandbox: Sandbox, kernel: KernelProcess) -> None:
         self._sandbox = sandbox
+        kernel.in_use = True
         self._kernel: KernelProcess | None = kernel
         self._lock = anyio.Lock()
         self._state_lost = False
@@ -49,12 +50,14 @@ class Session:
         """
         if self._closed:
             raise SandboxError("this sandbox session is closed; open a new one with sb.session()")
+        self._sandbox._check_open()
         timeout = self._sandbox.limits.timeout_s if timeout is None else float(timeout)
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds (got {timeout})")
         async with self._lock:
             if self._kernel is None:
                 self._kernel = self._sandbox._spawn()
+                self._kernel.in_use = True
             kernel = self._kernel
             try:
                 await kernel.wait_ready(self._sandbox.limits.start_timeout_s)
@@ -91,6 +94,7 @@ class Session:
                 await self._sandbox._discard(kernel)
                 if not self._sandbox.closed:
                     self._kernel = self._sandbox._spawn()
+                    self._kernel.in_use = True
             return result
 
     async def aclose(self) -> None:
@@ -222,7 +226,8 @@ class Sandbox:
             for kernel in kernels:  # signal all first, then reap
                 kernel._signal_kill()
             for kernel in kernels:
-                await kernel.aclose()
+                # a session's kernel may be mid-call: its session releases the pipes
+                await (kernel.kill() if kernel.in_use else kernel.aclose())
 
     async def __aenter__(self) -> Sandbox:
         return self

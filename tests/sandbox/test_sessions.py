@@ -1,0 +1,222 @@
+"""Sessions, the warm pool and cleanup on every exit path (bwrap backend)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import anyio
+import pytest
+
+from agentrl.errors import ConfigError, SandboxError, SandboxUnavailableError
+from agentrl.sandbox import SandboxLimits, create_sandbox
+
+from .conftest import descendants, needs_bwrap, processes_with, wait_gone
+
+pytestmark = [pytest.mark.anyio, needs_bwrap]
+
+
+async def test_state_persists_within_a_session_and_not_across(marker: str) -> None:
+    async with create_sandbox(label=marker) as sb:
+        assert sb.backend_name == "bwrap"
+        async with sb.session() as s1, sb.session() as s2:
+            assert (await s1.run("x = 41\nimport math")).status == "ok"
+            r = await s1.run("print(x + 1, math.pi > 3)")
+            assert (r.stdout, r.status, r.exit_code, r.state_lost) == ("42 True\n", "ok", 0, False)
+            r2 = await s2.run("print(x)")
+            assert r2.status == "error" and "NameError" in r2.stderr
+        one = await sb.run("y = 5")
+        two = await sb.run("print(y)")
+        assert one.status == "ok" and two.status == "error"  # one-shot runs share nothing
+    assert sb.live_processes == 0
+
+
+async def test_result_fields(marker: str) -> None:
+    async with create_sandbox(label=marker) as sb:
+        r = await sb.run(
+            "import sys\nprint('out')\nprint('err', file=sys.stderr)\nsum(range(10**6))"
+        )
+        assert (r.stdout, r.stderr, r.status, r.exit_code) == ("out\n", "err\n", "ok", 0)
+        assert 0 < r.wall_s < 5 and r.cpu_s >= 0 and not r.truncated and not r.state_lost
+        assert set(r.to_dict()) >= {"stdout", "stderr", "exit_code", "status", "wall_s", "cpu_s"}
+
+
+async def test_errors_exit_codes_and_syntax(marker: str) -> None:
+    async with create_sandbox(label=marker) as sb, sb.session() as s:
+        await s.run("keep = 1")
+        r = await s.run("raise SystemExit(3)")
+        assert (r.status, r.exit_code) == ("error", 3)
+        r = await s.run("import sys\nsys.exit(0)")
+        assert (r.status, r.exit_code) == ("ok", 0)
+        r = await s.run("def broken(:\n  pass")
+        assert r.status == "error" and "SyntaxError" in r.stderr
+        r = await s.run("def g():\n    raise KeyError('k')\ng()")
+        assert 'File "<cell-' in r.stderr and "raise KeyError" in r.stderr  # source lines shown
+        assert (await s.run("print(keep)")).stdout == "1\n"  # none of that lost state
+        r = await s.run("import os\nos._exit(4)")  # the interpreter itself exits
+        assert (r.status, r.exit_code) == ("error", 4)
+        r = await s.run("print('fresh')")
+        assert r.state_lost and r.stdout == "fresh\n"
+
+
+async def test_background_output_does_not_break_later_calls(marker: str) -> None:
+    code = (
+        "import threading, time, sys\n"
+        "def chatter():\n"
+        "    for _ in range(50):\n"
+        "        print('bg'); time.sleep(0.005)\n"
+        "threading.Thread(target=chatter, daemon=True).start()"
+    )
+    async with create_sandbox(label=marker) as sb, sb.session() as s:
+        assert (await s.run(code)).status == "ok"
+        for i in range(20):
+            r = await s.run(f"print('call', {i})")
+            assert r.status == "ok" and f"call {i}\n" in r.stdout
+
+
+async def test_acquire_timeout_raises_sandbox_error(marker: str) -> None:
+    async with create_sandbox(label=marker, max_sessions=1, acquire_timeout_s=0.3) as sb:
+        async with sb.session() as s:
+            await s.run("pass")
+            t0 = time.perf_counter()
+            with pytest.raises(SandboxError, match="acquire_timeout_s"):
+                async with sb.session():
+                    pass
+            assert time.perf_counter() - t0 < 2
+        async with sb.session() as s:  # the slot came back
+            assert (await s.run("print(1)")).stdout == "1\n"
+
+
+async def test_cancelling_a_running_call_kills_it(marker: str) -> None:
+    async with create_sandbox(label=marker) as sb, sb.session() as s:
+        await s.run("x = 1")
+        code = f"import subprocess, time\nsubprocess.Popen(['/usr/bin/python3', '-c', 'import time; time.sleep(99)', '{marker}-gc'])\ntime.sleep(100)"
+        with anyio.move_on_after(1.0):
+            await s.run(code, timeout=60)
+        assert wait_gone(f"{marker}-gc") == []  # kernel and its child are gone right away
+        r = await s.run("print('x' in globals())")
+        assert r.status == "ok" and r.state_lost and r.stdout == "False\n"
+
+
+async def test_cancelling_the_task_holding_a_session(marker: str) -> None:
+    sb = create_sandbox(label=marker, max_sessions=2)
+    try:
+        async with anyio.create_task_group() as tg:
+
+            async def episode() -> None:
+                async with sb.session() as s:
+                    await s.run("import time\ntime.sleep(100)", timeout=60)
+
+            for _ in range(2):
+                tg.start_soon(episode)
+            await anyio.sleep(1.0)
+            tg.cancel_scope.cancel()
+        # both slots are free again and nothing of the cancelled episodes survives
+        async with sb.session() as a, sb.session() as b:
+            assert (await a.run("print(1)")).ok and (await b.run("print(2)")).ok
+    finally:
+        await sb.close()
+    assert sb.live_processes == 0 and descendants(os.getpid()) == []
+
+
+async def test_exception_in_the_episode_cleans_up(marker: str) -> None:
+    sb = create_sandbox(label=marker, pool_size=0)
+    with pytest.raises(RuntimeError):
+        async with sb.session() as s:
+            await s.run("x = 1")
+            raise RuntimeError("episode failed")
+    assert sb.live_processes == 0
+    await sb.close()
+
+
+async def test_close_kills_sessions_in_use(marker: str) -> None:
+    sb = create_sandbox(label=marker)
+    async with sb.session() as s:
+        await s.run("x = 1")
+        await sb.close()
+        assert wait_gone(marker) == []
+        with pytest.raises(SandboxError, match="closed"):
+            await s.run("print(x)")
+    with pytest.raises(SandboxError, match="closed"):
+        await sb.run("pass")
+
+
+def test_killing_the_host_process_kills_the_sandbox(marker: str) -> None:
+    """The parent (our process) dies by SIGKILL: --die-with-parent takes everything down."""
+    script = textwrap.dedent(
+        f"""
+        import anyio, sys
+        from agentrl.sandbox import create_sandbox
+        async def main():
+            sb = create_sandbox(label={marker!r})
+            async with sb.session() as s:
+                r = await s.run("import subprocess\\nsubprocess.Popen(['/usr/bin/python3', '-c', 'import time; time.sleep(99)', {marker!r}], start_new_session=True)")
+                assert r.ok, r
+                print("READY", flush=True)
+                await anyio.sleep(100)
+        anyio.run(main)
+        """
+    )
+    host = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None
+        assert host.stdout.readline().strip() == "READY"
+        assert len(processes_with(marker)) >= 2  # the kernel and the grandchild are running
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait(5)
+        assert wait_gone(marker, timeout=3.0) == []
+    finally:
+        host.kill()
+        host.wait()
+
+
+async def test_two_hundred_concurrent_sessions(marker: str) -> None:
+    """200 sessions alive at once on a 2-core machine: no deadlock, no leak."""
+    results: dict[int, str] = {}
+    t0 = time.perf_counter()
+    async with create_sandbox(
+        label=marker, max_sessions=200, pool_size=4, acquire_timeout_s=120
+    ) as sb:
+        all_open = anyio.Event()
+        opened = 0
+
+        async def episode(i: int) -> None:
+            nonlocal opened
+            async with sb.session() as s:
+                await s.run(f"x = {i}", timeout=60)
+                opened += 1
+                if opened == 200:
+                    all_open.set()
+                await all_open.wait()  # every session is alive at this point
+                results[i] = (await s.run("print(x * 2)", timeout=60)).stdout
+
+        with anyio.fail_after(150):
+            async with anyio.create_task_group() as tg:
+                for i in range(200):
+                    tg.start_soon(episode, i)
+    assert results == {i: f"{2 * i}\n" for i in range(200)}
+    assert sb.live_processes == 0 and descendants(os.getpid()) == []
+    print(f"200 concurrent sessions: {time.perf_counter() - t0:.1f}s")
+
+
+def test_limits_are_validated() -> None:
+    with pytest.raises(ConfigError, match="memory_mb"):
+        create_sandbox(memory_mb=1)
+    with pytest.raises(ConfigError, match="did you mean 'memory_mb'"):
+        create_sandbox(memroy_mb=512)
+    with pytest.raises(SandboxUnavailableError, match="did you mean 'bwrap'"):
+        create_sandbox("bwarp")
+    with pytest.raises(SandboxUnavailableError, match="not found"):
+        create_sandbox("bwrap", python="/nope/python3")
+    assert SandboxLimits().memory_mb == 1024
+
+
+def test_create_sandbox_returns_quickly() -> None:
+    t0 = time.perf_counter()
+    sb = create_sandbox()
+    assert time.perf_counter() - t0 < 0.05
+    assert sb.live_processes == 0  # nothing started yet
