@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -86,9 +87,28 @@ def make_groups(
     return groups
 
 
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models gain nothing from threads, and on a shared 2-core box OpenMP spinning
+    makes them ~10x slower; the previous setting is restored for the rest of the suite."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    with one_torch_thread():
+        yield
+
+
 @pytest.fixture(scope="session")
 def base_model() -> torch.nn.Module:
-    return tiny_llama(seed=0)
+    with one_torch_thread():
+        return tiny_llama(seed=0)
 
 
 @pytest.fixture
@@ -106,7 +126,8 @@ def fresh_model(base_model: torch.nn.Module) -> Callable[[], torch.nn.Module]:
 
 @pytest.fixture(scope="session")
 def groups(base_model: torch.nn.Module) -> list[TrajectoryGroup]:
-    return make_groups(base_model, seed=1)
+    with one_torch_thread():
+        return make_groups(base_model, seed=1)
 
 
 def make_cfg(**sections: dict) -> Config:
