@@ -52,14 +52,29 @@ def _clean(rewards: Tensor, v: Tensor) -> Tensor:
     return torch.where(v > 0, r, torch.zeros_like(r))
 
 
+def _group_index(group_ids: Tensor) -> tuple[Tensor, int]:
+    """(index of each row's group in 0..n_groups-1, n_groups).
+
+    Small non-negative integer ids (like ``Batch.group_index``) are used as they are;
+    anything else is compacted with ``torch.unique`` (a sort).
+    """
+    if group_ids.numel() == 0:
+        return group_ids.long(), 0
+    if not group_ids.is_floating_point():
+        lo, hi = torch.aminmax(group_ids)
+        if int(lo) >= 0 and int(hi) < 4 * group_ids.numel() + 16:
+            return group_ids.long(), int(hi) + 1
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    return inverse, int(inverse.max()) + 1
+
+
 def group_stats(
     rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-row group (count, sum, mean, unbiased std) over valid rows, each ``[B]`` float64."""
     v = _check_rows(rewards, group_ids, valid)
     r = _clean(rewards, v)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
+    inverse, n_groups = _group_index(group_ids)
     count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(0, inverse, v)
     total = torch.zeros_like(count).index_add_(0, inverse, r)
     mean = total / count.clamp(min=1.0)
@@ -239,8 +254,7 @@ def dynamic_sampling_mask(
     (within ``atol``). Groups with fewer than two valid rows are dropped too.
     """
     v = _check_rows(rewards, group_ids, valid)
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(inverse.max().item()) + 1 if inverse.numel() else 0
+    inverse, n_groups = _group_index(group_ids)
     r = _clean(rewards, v)
     big = torch.finfo(torch.float32).max
     hi = torch.full((n_groups,), -big, dtype=r.dtype, device=r.device).scatter_reduce(
