@@ -234,8 +234,8 @@ class ProgressDisplay:
                 f"reward [cyan]{m.get('reward_mean', float('nan')):.3f}[/] "
                 f"success {m.get('success_rate', float('nan')):.2f} "
                 f"tok/s {m.get('rollout_tokens_per_s', 0.0):.0f} "
-                f"staleness {m.get('staleness_mean', 0.0):.2f} "
-                f"loss {m.get('loss', float('nan')):.4f} "
+                f"staleness {m.get('staleness/mean', 0.0):.2f} "
+                f"loss {m.get('loss/total', float('nan')):.4f} "
                 f"groups {self._groups} "
                 f"[dim]{time.time() - self._t0:.0f}s[/]"
             )

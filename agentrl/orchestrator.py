@@ -132,29 +132,40 @@ class Orchestrator:
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
 
         self.env = make_env(cfg.env.name, **cfg.env.options)
-        policy, tokenizer = load_model(cfg.model.name, dtype="float32")
+        policy, tokenizer = load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)
         self.tokenizer = tokenizer
         self.learner = Learner(policy, tokenizer, cfg)
         sampler_dtype = None if cfg.model.dtype == "auto" else cfg.model.dtype
-        sampler_model, _ = load_model(cfg.model.name, dtype=sampler_dtype)
-        self.sampler = create_sampler(
-            cfg.sampler.backend,
-            model=(sampler_model, tokenizer),
-            max_batch_size=cfg.sampler.max_batch_size,
-            drain_on_update=cfg.sampler.drain_on_update or not cfg.orchestrator.partial_rollouts,
-            **cfg.sampler.options,
-        )
+        drain = cfg.sampler.drain_on_update or not cfg.orchestrator.partial_rollouts
+        if cfg.sampler.backend == "hf":
+            sampler_model, _ = load_model(cfg.model.name, dtype=sampler_dtype, seed=cfg.model.seed)
+            self.sampler = create_sampler(
+                "hf",
+                model=(sampler_model, tokenizer),
+                max_batch_size=cfg.sampler.max_batch_size,
+                drain_on_update=drain,
+                **cfg.sampler.options,
+            )
+        else:
+            options = dict(cfg.sampler.options)
+            if cfg.sampler.base_url:
+                options["base_url"] = cfg.sampler.base_url
+            if cfg.sampler.api_key:
+                options["api_key"] = cfg.sampler.api_key
+            self.sampler = create_sampler(cfg.sampler.backend, model=cfg.model.name, **options)
         self.weight_bus = WeightBus()
         self.weight_bus.register(self.sampler)
         self.renderer = ChatRenderer(
             tokenizer, tools=self.env.tool_schemas(), template=cfg.model.chat_template
         )
         self.rollout = RolloutEngine(
-            env=self.env,
-            sampler=self.sampler,
-            renderer=self.renderer,
-            cfg=cfg.rollout,
+            self.env,
+            self.sampler,
+            self.renderer,
+            cfg.rollout,
             sampler_cfg=cfg.sampler,
+            seed=cfg.orchestrator.seed,
+            split="train",
         )
         self.buffer = Buffer(
             max_staleness=cfg.orchestrator.max_staleness,
@@ -191,8 +202,10 @@ class Orchestrator:
         self._permits = anyio.Semaphore(ahead)
         error: BaseException | None = None
         try:
-            # samplers start from the learner's weights (fresh or restored)
-            await self._publish()
+            # samplers start from the learner's weights: the same initial weights on a fresh
+            # run; restored ones after a resume
+            if self.learner.version != self.sampler.version:
+                await self._publish()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._watch_signals, tg.cancel_scope)
                 tg.start_soon(self._producer)
@@ -253,7 +266,7 @@ class Orchestrator:
         # a task stays "in flight" (re-issued after a resume) until the buffer holds it
         self._inflight.add(index)
         try:
-            group = await self.rollout.run_group(task, group_id=f"{self.run_dir.name}-{index}")
+            group = await self.rollout.run_task(task, index=index)
             group.metadata["task_index"] = index
             self._rollout_tokens += sum(t.num_model_tokens for t in group.trajectories)
             self.events.publish(GroupFinished(group=group, step=self.step))

@@ -13,8 +13,8 @@ CURVES: list[tuple[str, str]] = [
     ("success_rate", "success rate"),
     ("entropy", "entropy"),
     ("kl", "KL to reference"),
-    ("clip_frac", "clip fraction"),
-    ("staleness_mean", "staleness (versions)"),
+    ("pg/clip_frac", "clip fraction"),
+    ("staleness/mean", "staleness (versions)"),
     ("rollout_tokens_per_s", "rollout tokens/s"),
     ("tool_calls_per_episode", "tool calls / episode"),
 ]

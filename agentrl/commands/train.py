@@ -20,11 +20,11 @@ def train(
     config: Annotated[Path, typer.Argument(help="YAML config, e.g. configs/demo.yaml")],
     set_: SetOpt = None,
     run_dir: Annotated[
-        Optional[Path], typer.Option("--run-dir", help="where metrics, traces and checkpoints go")
-    ] = None,  # noqa: UP045
+        Path | None, typer.Option("--run-dir", help="where metrics, traces and checkpoints go")
+    ] = None,
     resume: Annotated[
-        Optional[Path], typer.Option("--resume", help="continue the run in this directory")
-    ] = None,  # noqa: UP045
+        Path | None, typer.Option("--resume", help="continue the run in this directory")
+    ] = None,
     summary: Annotated[
         bool, typer.Option(help="print a table and write curves.png at the end")
     ] = True,
@@ -67,8 +67,8 @@ def _print_summary(run_dir: Path) -> None:
         "reward_mean",
         "success_rate",
         "entropy",
-        "clip_frac",
-        "staleness_mean",
+        "pg/clip_frac",
+        "staleness/mean",
         "tool_calls_per_episode",
         "rollout_tokens_per_s",
         "train_seconds",
@@ -98,9 +98,7 @@ def _fmt(v: object) -> str:
 
 def plot(
     run_dir: Annotated[Path, typer.Argument(help="a run directory of `agentrl train`")],
-    out: Annotated[
-        Optional[Path], typer.Option(help="PNG path (default RUN_DIR/curves.png)")
-    ] = None,  # noqa: UP045
+    out: Annotated[Path | None, typer.Option(help="PNG path (default RUN_DIR/curves.png)")] = None,
 ) -> None:
     """Plot training curves (reward, success, entropy, KL, clip fraction, staleness, ...)."""
     from agentrl.errors import AgentRLError
