@@ -111,7 +111,8 @@ def _call_from_json(body: str, raw: str, closed: bool) -> ParsedCall:
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
-        hint = "" if closed else " (missing </tool_call>?)"
+        hint = " (the JSON is incomplete)" if e.pos >= len(body) else ""
+        hint += "" if closed else " (missing </tool_call>?)"
         return MalformedCall(
             raw,
             f"error: invalid JSON in tool call: {e.msg} at line {e.lineno} column {e.colno}{hint}",

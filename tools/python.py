@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.errors import InfraError
 from agentrl.tools.base import Tool, ToolContext, ToolOutput
 
+RESTART_STATUSES = frozenset({"timeout", "memory", "output_limit", "killed"})
 TRACEBACK_LINES = 6  # lines of a traceback shown (the last ones: where and what)
 _SESSION_KEY = "python.session"
 
@@ -157,8 +158,10 @@ def format_result(res: Any, run_timeout: float, max_chars: int, restarted: bool 
     }.get(res.status)
     if status_note:
         notes.append(status_note)
-    if getattr(res, "state_lost", False) and not restarted:
-        notes.append("note: the interpreter restarted; variables from earlier calls are lost")
+    if res.status in RESTART_STATUSES:
+        notes.append("note: the interpreter was restarted; variables defined so far are lost")
+    elif getattr(res, "state_lost", False) and not restarted:
+        notes.append("note: this ran in a fresh interpreter; earlier variables are lost")
     if not body and not notes:
         return "(no output; use print() to see values)"
     return "\n".join([body, *notes] if body else notes)
@@ -166,10 +169,11 @@ def format_result(res: Any, run_timeout: float, max_chars: int, restarted: bool 
 
 def traceback_tail(stderr: str, lines: int = TRACEBACK_LINES) -> str:
     """Keep a traceback's header and its last ``lines`` lines."""
-    all_lines = stderr.rstrip("\n").splitlines()
+    # python 3.11+ underlines the failing expression; the carets cost chars and say little
+    all_lines = [ln for ln in stderr.rstrip("\n").splitlines() if ln.strip(" ^~") or not ln]
     head = "Traceback (most recent call last):"
     if len(all_lines) <= lines + 1:
-        return stderr
+        return "\n".join(all_lines)
     tail = all_lines[-lines:]
     first = [head, "  ..."] if any(line.startswith(head) for line in all_lines) else ["..."]
     return "\n".join(first + tail)

@@ -3,7 +3,7 @@
 Backends implement ``async search(query, k) -> list[SearchHit]``:
 
 * :class:`LocalSearchIndex` -- BM25 over ``{"title", "text", "id"}`` documents with tantivy
-  (English stemming; titles boosted), in memory or in a folder.
+  (accent folding, English stop words and stemming), in memory or in a folder.
 * :class:`HttpSearchBackend` -- a remote service. Request: ``POST <url>`` with JSON
   ``{"query": "<text>", "k": <int>}``. Response (200): ``{"results": [{"title": str,
   "snippet": str, "id": str (optional), "score": float (optional)}, ...]}`` (``"text"`` is
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ from agentrl.errors import DatasetError, ToolError
 from agentrl.tools.base import Tool, ToolContext, ToolOutput
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+ANALYZER = "agentrl_en"
+_QUERY_SYNTAX = re.compile(r"[^\w\s]+")
 
 
 @dataclass
@@ -58,15 +61,15 @@ class LocalSearchIndex:
         documents: Iterable[Mapping[str, Any]],
         path: str | os.PathLike[str] | None = None,
         snippet_chars: int = 300,
-        title_boost: float = 2.0,
+        title_boost: float = 1.0,
     ) -> None:
         import tantivy
 
         self.snippet_chars = snippet_chars
         self.title_boost = title_boost
         builder = tantivy.SchemaBuilder()
-        builder.add_text_field("title", stored=True, tokenizer_name="en_stem")
-        builder.add_text_field("text", stored=True, tokenizer_name="en_stem")
+        builder.add_text_field("title", stored=True, tokenizer_name=ANALYZER)
+        builder.add_text_field("text", stored=True, tokenizer_name=ANALYZER)
         builder.add_text_field("id", stored=True, tokenizer_name="raw")
         self._schema = builder.build()
         if path is not None:
@@ -74,6 +77,7 @@ class LocalSearchIndex:
             self._index = tantivy.Index(self._schema, path=str(path))
         else:
             self._index = tantivy.Index(self._schema)
+        self._index.register_tokenizer(ANALYZER, _analyzer())
         writer = self._index.writer(heap_size=50_000_000, num_threads=1)
         self._size = 0
         for i, doc in enumerate(documents):
@@ -102,8 +106,11 @@ class LocalSearchIndex:
             raise ValueError(f"k must be >= 1 (got {k})")
         if not query.strip():
             return []
+        words = _QUERY_SYNTAX.sub(" ", query)  # plain words: no field/range/phrase syntax
+        if not words.strip():
+            return []
         parsed, _errors = self._index.parse_query_lenient(
-            query, ["title", "text"], field_boosts={"title": self.title_boost}
+            words, ["title", "text"], field_boosts={"title": self.title_boost}
         )
         searcher = self._index.searcher()
         hits = searcher.search(parsed, k).hits
@@ -119,6 +126,22 @@ class LocalSearchIndex:
 
     async def search(self, query: str, k: int = 3) -> list[SearchHit]:
         return await anyio.to_thread.run_sync(self.search_sync, query, k)
+
+
+def _analyzer() -> Any:
+    """Words, lowercased, accents folded, English stop words dropped ("the" in a title
+    must not outrank a rare name), stemmed."""
+    import tantivy
+
+    return (
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+        .filter(tantivy.Filter.remove_long(40))
+        .filter(tantivy.Filter.lowercase())
+        .filter(tantivy.Filter.ascii_fold())
+        .filter(tantivy.Filter.stopword("english"))
+        .filter(tantivy.Filter.stemmer("english"))
+        .build()
+    )
 
 
 def _field(doc: Mapping[str, Any], name: str, i: int) -> str:
