@@ -23,18 +23,23 @@ is :meth:`ChatRenderer.decode` of the sampled tokens: special tokens inside the 
 kept, the end-of-turn tokens and any special tokens just before them/at the end (a stray
 eos) are dropped.
 
-What the runtime check (:meth:`ChatRenderer.check_prefix`) proves, segment by segment
-against ``R`` = the full re-render (as text) of the same messages:
+What the runtime check (:meth:`ChatRenderer.check_prefix`) proves, walking the segments
+against ``R`` = the full render (as text) of the same messages:
 
-* the decoded text of all segments, concatenated, is a prefix of ``R`` (model segments
-  decoded as above, their end-of-turn tokens included): rendering incrementally never
-  drifted from rendering the whole conversation;
+* at every segment boundary, the render of the conversation so far (ending with the
+  generation prompt) is a text prefix of ``R``: rendering incrementally never drifted from
+  rendering the whole conversation (templates that rewrite earlier turns fail here);
 * every prompt/observation segment's ids are exactly the tokenizer's encoding of the text
-  of ``R`` at that position: the non-model tokens the learner sees are the template's.
+  of ``R`` between its boundaries: the non-model tokens the learner sees are the
+  template's, as ids (this holds even where the tokenizer is lossy for rare characters);
+* every model segment decodes (:meth:`ChatRenderer.decode`) to its assistant message's
+  content, and its end-of-turn tokens, if sampled, are the ones ``R`` has there.
 
 It does not require the sampled model tokens to equal a re-tokenisation of their text
-(they often differ, and token-in-token-out keeps the sampled ones); ``exact_tokens``
-reports whether the whole concatenation also equals ``tokenize(R)`` token for token.
+(they may differ, and token-in-token-out keeps the sampled ones); ``exact_tokens`` reports
+whether the whole concatenation also equals ``tokenize(R)`` token for token (it does for
+ordinary text; it does not with a stray eos, lossy characters, or model text whose leading
+whitespace merges with the generation prompt's newline when re-tokenized).
 :meth:`observation_ids` itself checks, at every turn, that the history's render is a text
 prefix of the render with the new messages (and raises :class:`TemplateMismatchError`).
 """
