@@ -392,6 +392,9 @@ class EpisodeRunner:
                 )
                 if state.response_tokens + len(obs_ids) >= self.limits.max_tokens:
                     raise _Truncated("token budget exhausted by an observation")
+                ctx = self.limits.context_length
+                if ctx is not None and traj.num_tokens + len(obs_ids) >= ctx:
+                    raise _Truncated("context exhausted by an observation")
                 traj.segments.append(
                     Segment("observation", list(obs_ids), text=self._trace_text(obs_ids))
                 )

@@ -1,0 +1,123 @@
+"""Token exactness and limits of the episode runner, on the tiny model and real renderer."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from agentrl.config import RolloutConfig, SamplerConfig
+from agentrl.rollout import EpisodeLimits, RolloutEngine, run_episode
+from agentrl.samplers import SamplingParams
+from agentrl.types import NO_VERSION, Batch
+
+from .conftest import RecordingSampler
+from .scripted import ScriptedToolEnv
+
+pytestmark = pytest.mark.anyio
+
+
+def _engine(env, sampler, renderer, **rollout):
+    cfg = RolloutConfig(**{"group_size": 4, "concurrency": 16, "max_tokens": 400, **rollout})
+    return RolloutEngine(env, sampler, renderer, cfg, sampler_cfg=SamplerConfig(max_new_tokens=12))
+
+
+async def test_token_exact_across_many_multiturn_episodes(sampler, renderer, tiny):
+    rec = RecordingSampler(sampler)
+    env = ScriptedToolEnv(tool_turns=3, calls_per_turn=2)
+    engine = _engine(env, rec, renderer, max_turns=5)
+
+    async def bump_version() -> None:  # a weight update while episodes are in flight
+        await anyio.sleep(0.3)
+        state = {k: v.clone() for k, v in tiny[0].state_dict().items()}
+        await sampler.update_weights(state, version=1)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(bump_version)
+        groups = await engine.collect(6)
+
+    by_request = {}
+    for prompt, params, gen in rec.calls:
+        by_request[(tuple(prompt), tuple(gen.token_ids))] = (params, gen)
+    pairs = [(g.task, t) for g in groups for t in g.trajectories]
+    assert len(pairs) == 24
+    seen_versions = set()
+    for task, t in pairs:
+        assert t.status == "ok", t.error
+        kinds = [s.kind for s in t.segments]
+        assert kinds == ["prompt"] + ["model", "observation"] * 3 + ["model"]
+        ids = t.input_ids
+        pos = 0
+        first = [
+            {"role": "system", "content": "You are a calculator agent. Call tools."},
+            {"role": "user", "content": task["question"]},
+        ]
+        assert t.segments[0].token_ids == renderer.prompt_ids(first)
+        for seg in t.segments:
+            if seg.kind == "model":
+                # the sampler saw exactly the trajectory so far, and produced exactly this
+                params, gen = by_request[(tuple(ids[:pos]), tuple(seg.token_ids))]
+                assert seg.logprobs == gen.logprobs
+                assert seg.versions == gen.versions
+                assert params.max_new_tokens <= 400 - (pos - len(t.segments[0]))
+            pos += len(seg)
+        mask = t.loss_mask
+        assert mask == [1 if k == "model" else 0 for s in t.segments for k in [s.kind] * len(s)]
+        vers = t.versions
+        assert all((v == NO_VERSION) == (m == 0) for v, m in zip(vers, mask, strict=True))
+        model_vers = [v for v in vers if v != NO_VERSION]
+        assert model_vers == sorted(model_vers)  # versions only go up along a trajectory
+        seen_versions.update(model_vers)
+        lps = t.behavior_logprobs
+        assert all(lp == 0.0 for lp, m in zip(lps, mask, strict=True) if m == 0)
+        assert all(lp < 0.0 for lp, m in zip(lps, mask, strict=True) if m == 1)
+        assert t.metadata["exact_tokens"] in (True, False)  # the renderer's prefix proof ran
+        assert [len(turn.tool_calls) for turn in t.turns] == [2, 2, 2, 0]
+        assert t.reward == float(len(t.segments[-1]) % 2)  # the env's final step reward
+    assert seen_versions == {0, 1}
+    batch = Batch.from_groups(groups)
+    for i, t in enumerate(batch.trajectories):
+        n = t.num_tokens
+        assert batch.input_ids[i, :n].tolist() == t.input_ids
+        assert batch.versions[i, :n].tolist() == t.versions
+
+
+async def test_run_episode_limits(sampler, renderer):
+    params = SamplingParams(max_new_tokens=10, stop_token_ids=renderer.stop_token_ids)
+    many_tools = ScriptedToolEnv(tool_turns=50)
+    task = {"id": "t0", "question": "Compute 1 + 1."}
+
+    t = await run_episode(task, many_tools, sampler, renderer, params, EpisodeLimits(max_turns=3))
+    assert t.status == "truncated" and t.metadata["truncation"] == "max_turns reached"
+    assert len(t.turns) == 3
+
+    wide = ScriptedToolEnv(tool_turns=50, calls_per_turn=3)
+    t = await run_episode(task, wide, sampler, renderer, params, EpisodeLimits(max_tool_calls=4))
+    assert t.status == "truncated" and t.metadata["truncation"] == "max_tool_calls exceeded"
+    assert t.num_tool_calls == 6 and t.segments[-1].kind == "model"
+
+    for budget in (5, 17, 60):
+        t = await run_episode(
+            task,
+            many_tools,
+            sampler,
+            renderer,
+            params,
+            EpisodeLimits(max_turns=20, max_tokens=budget),
+        )
+        assert t.status == "truncated" and "token budget" in t.metadata["truncation"]
+        assert t.response_length <= budget
+
+    t = await run_episode(
+        task, many_tools, sampler, renderer, params, EpisodeLimits(max_turns=20, context_length=80)
+    )
+    assert t.status == "truncated" and t.num_tokens <= 80
+
+
+async def test_group_sizes_and_distinct_samples(sampler, renderer):
+    env = ScriptedToolEnv(tool_turns=1)
+    engine = _engine(env, sampler, renderer, group_size=5)
+    (group,) = await engine.collect(1)
+    assert len(group.trajectories) == 5
+    assert len({t.traj_id for t in group.trajectories}) == 5
+    assert len({tuple(t.segments[1].token_ids) for t in group.trajectories}) > 1
+    assert ScriptedToolEnv.open_instances == set()
