@@ -63,19 +63,69 @@ def _text_stream(fd):
     )
 
 
+def _forward(streams, send):
+    import base64
+    import select
+
+    poller = select.poll()
+    for fd in streams:
+        poller.register(fd, select.POLLIN)
+    live = set(streams)
+    while live:
+        for fd, _ in poller.poll():
+            data = os.read(fd, 1 << 16)
+            if not data:
+                poller.unregister(fd)
+                live.discard(fd)
+                continue
+            send({"op": "out", "s": streams[fd], "d": base64.b64encode(data).decode()})
+
+
 def main():
     in_fd, out_fd = int(sys.argv[1]), int(sys.argv[2])
     cfg = json.loads(sys.argv[3])
     # Private copies of the protocol pipes and of the output streams, out of the user's way
     # (high numbers, close-on-exec so the user's subprocesses do not inherit them).
-    in_fd2 = fcntl.fcntl(in_fd, fcntl.F_DUPFD_CLOEXEC, 900)
-    out_fd2 = fcntl.fcntl(out_fd, fcntl.F_DUPFD_CLOEXEC, 900)
+    high = max(3, min(900, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 16))
+    in_fd2 = fcntl.fcntl(in_fd, fcntl.F_DUPFD_CLOEXEC, high)
+    out_fd2 = fcntl.fcntl(out_fd, fcntl.F_DUPFD_CLOEXEC, high)
     os.close(in_fd)
     os.close(out_fd)
     in_fd, out_fd = in_fd2, out_fd2
-    saved_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 900)
-    saved_err = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, 900)
-    saved_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 900)
+    lock = None
+
+    def send(obj):
+        body = json.dumps(obj).encode()
+        if lock is None:
+            _write_all(out_fd, struct.pack(">I", len(body)) + body)
+        else:
+            with lock:
+                _write_all(out_fd, struct.pack(">I", len(body)) + body)
+
+    if cfg.get("mux"):
+        # Protocol on stdin/stdout (docker exec): the code gets /dev/null and two fresh pipes
+        # whose contents a thread forwards as "out" frames.
+        import threading
+
+        lock = threading.Lock()
+        for target in (0, 1, 2):  # fill the holes the protocol fds left with /dev/null
+            try:
+                os.fstat(target)
+            except OSError:
+                fd = os.open("/dev/null", os.O_RDWR)
+                if fd != target:
+                    os.dup2(fd, target)
+                    os.close(fd)
+        streams = {}
+        for fd in (1, 2):
+            r, w = os.pipe()
+            os.dup2(w, fd)
+            os.close(w)
+            streams[r] = fd
+        threading.Thread(target=_forward, args=(streams, send), daemon=True).start()
+    saved_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, high)
+    saved_err = fcntl.fcntl(2, fcntl.F_DUPFD_CLOEXEC, high)
+    saved_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, high)
 
     _set_limit(resource.RLIMIT_CORE, 0)
     _set_limit(resource.RLIMIT_AS, cfg.get("as"))
@@ -85,10 +135,6 @@ def main():
     cpu_hard = cfg.get("cpu_hard")
     if cpu_hard:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
-
-    def send(obj):
-        body = json.dumps(obj).encode()
-        _write_all(out_fd, struct.pack(">I", len(body)) + body)
 
     kernel_pid = os.getpid()
     user_globals = {"__name__": "__main__", "__builtins__": builtins}

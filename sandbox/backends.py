@@ -50,6 +50,15 @@ class Backend:
     def launch(self, python_args: list[str], info_fd: int, limits: SandboxLimits) -> Launch:
         raise NotImplementedError
 
+    def make_kernel(self, limits: SandboxLimits) -> KernelProcess:
+        """A new interpreter, launched now (not awaited)."""
+        from agentrl.sandbox._process import KernelProcess
+
+        return KernelProcess(self, limits)
+
+    async def aclose(self) -> None:
+        """Release what the backend holds beyond its kernels (containers)."""
+
     def inner_pidfd(self, kernel: KernelProcess) -> int | None:
         return None
 

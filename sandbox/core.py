@@ -127,7 +127,7 @@ class Sandbox:
     # --- pool ---------------------------------------------------------------------------
 
     def _spawn(self) -> KernelProcess:
-        kernel = KernelProcess(self.backend, self.limits)
+        kernel = self.backend.make_kernel(self.limits)
         self._live.add(kernel)
         return kernel
 
@@ -228,6 +228,7 @@ class Sandbox:
             for kernel in kernels:
                 # a session's kernel may be mid-call: its session releases the pipes
                 await (kernel.kill() if kernel.in_use else kernel.aclose())
+            await self.backend.aclose()
 
     async def __aenter__(self) -> Sandbox:
         return self
