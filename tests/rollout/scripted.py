@@ -141,3 +141,49 @@ class ProcessSessionEnv(ScriptedToolEnv):
             proc.kill()
             proc.wait()
         await super().close()
+
+
+class SandboxPythonEnv(ScriptedToolEnv):
+    """Runs fixed code through the real ``python`` tool in a real sandbox per episode.
+
+    Tasks with ``"die": True`` lose their sandbox before the second tool call (the
+    platform fails mid-episode): the tool reports an infrastructure error.
+    """
+
+    name = "sandbox_python"
+
+    async def reset(self, task: dict[str, Any]) -> list[Message]:
+        from agentrl.sandbox import create_sandbox
+        from agentrl.tools.base import ToolContext
+        from agentrl.tools.python import PythonTool
+
+        self.task = task
+        self.sandbox = create_sandbox(pool_size=0)
+        self.tool = PythonTool(self.sandbox, timeout=10)
+        self.ctx = ToolContext()
+        return await super().reset(task)
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        from agentrl.tools.calls import prepare_calls, run_tool_calls
+
+        self.turn += 1
+        if self.turn > self.tool_turns:
+            return StepResult(reward=1.0, done=True)
+        if self.task.get("die") and self.turn == 2:
+            await self.sandbox.close()  # the platform loses the sandbox mid-episode
+        code = f"x = {self.turn} if {self.turn} == 1 else x + 1\\nprint(x)"
+        call = '<tool_call>{"name": "python", "arguments": {"code": "' + code + '"}}</tool_call>'
+        if self.tool_delay_s:
+            await anyio.sleep(self.tool_delay_s)
+        results = await run_tool_calls(prepare_calls(call, [self.tool]), self.ctx)
+        return StepResult(
+            observations=[r.message for r in results],
+            info={"tool_calls": [r.record for r in results]},
+        )
+
+    async def close(self) -> None:
+        ctx = getattr(self, "ctx", None)
+        if ctx is not None:
+            await ctx.aclose()
+            await self.sandbox.close()
+        await super().close()
