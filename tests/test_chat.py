@@ -212,6 +212,28 @@ def test_token_deltas_equal_full_render(renderer, conv):
     assert sum(tr.loss_mask) == sum(len(s) for s in tr.segments if s.kind == "model")
 
 
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.data())
+def test_random_sampled_ids_always_pass_the_check(renderer, tok, data):
+    """What a random tiny model samples: any ids (special tokens, partial UTF-8 bytes)."""
+    eot = renderer.end_of_turn_ids[-1]
+    vocab = st.integers(0, len(tok) - 1).filter(lambda t: t != eot)
+    tr = ChatTranscript(renderer, [SYSTEM, USER])
+    for _ in range(data.draw(st.integers(1, 3))):
+        ids = data.draw(st.lists(vocab, min_size=1, max_size=40))
+        if data.draw(st.booleans()):
+            ids.append(eot)
+        tr.add_model(ids)
+        tr.add_observation(
+            [{"role": "tool", "name": "python", "content": data.draw(st.text(max_size=20))}]
+        )
+    check = tr.check()
+    assert check.ok, check.message
+    assert tr.loss_mask.count(1) == sum(len(s) for s in tr.segments if s.kind == "model")
+
+
 def test_truncated_turn_is_closed_by_the_delta(renderer, tok):
     tr = ChatTranscript(renderer, [SYSTEM, USER])
     tr.add_model(renderer.encode('<tool_call>\n{"name": "python", "argu'))  # cut by max tokens
