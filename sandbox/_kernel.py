@@ -3,7 +3,10 @@
 This file is standalone (standard library only, Python >= 3.8): its source is passed to
 the sandbox interpreter with ``-c`` so nothing of the host checkout needs to be readable
 inside the sandbox. Protocol, on two inherited pipe fds (never stdin/stdout/stderr, which
-belong to the user code): each frame is a 4-byte big-endian length and a UTF-8 JSON body.
+belong to the user code): each frame is a 4-byte big-endian length and a body. Kernel ->
+host bodies are JSON (the host parses them safely whatever the code wrote); host -> kernel
+bodies are `marshal`ed dicts, which needs no import: json alone (re, enum) would double
+the interpreter's start-up time.
 
     kernel -> host  {"op": "ready", "cpu": float}
     host -> kernel  {"op": "exec", "id": int, "code": str, "cpu_s": float, "nonce": str}
@@ -17,15 +20,13 @@ where this call's output ends in each stream (pipes keep order within one stream
 import builtins
 import fcntl
 import io
-import json
-import linecache
+import marshal
 import math
 import os
 import resource
 import signal
 import struct
 import sys
-import traceback
 
 
 def _set_limit(which, value):
@@ -63,6 +64,32 @@ def _text_stream(fd):
     )
 
 
+def _dumps(obj):
+    """JSON for the kernel's own flat frames (its strings are plain ASCII tokens/base64)."""
+    parts = []
+    for key, value in obj.items():
+        if isinstance(value, str):
+            value = '"' + value + '"'
+        elif value is None:
+            value = "null"
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        else:
+            value = repr(value)
+        parts.append('"' + key + '":' + value)
+    return "{" + ",".join(parts) + "}"
+
+
+def _format_exception(e, sources):
+    import linecache  # imported on the first error only: it pulls in tokenize and re
+    import traceback
+
+    for name, source in sources.items():
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+    return "".join(traceback.format_exception(type(e), e, tb))
+
+
 def _forward(streams, send):
     import base64
     import select
@@ -83,7 +110,7 @@ def _forward(streams, send):
 
 def main():
     in_fd, out_fd = int(sys.argv[1]), int(sys.argv[2])
-    cfg = json.loads(sys.argv[3])
+    cfg = marshal.loads(bytes.fromhex(sys.argv[3]))
     # Private copies of the protocol pipes and of the output streams, out of the user's way
     # (high numbers, close-on-exec so the user's subprocesses do not inherit them).
     high = max(3, min(900, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 16))
@@ -95,7 +122,7 @@ def main():
     lock = None
 
     def send(obj):
-        body = json.dumps(obj).encode()
+        body = _dumps(obj).encode()
         if lock is None:
             _write_all(out_fd, struct.pack(">I", len(body)) + body)
         else:
@@ -137,6 +164,7 @@ def main():
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
 
     kernel_pid = os.getpid()
+    sources = {}
     user_globals = {"__name__": "__main__", "__builtins__": builtins}
     sys.argv = [""]
     send({"op": "ready", "cpu": _cpu_seconds()})
@@ -144,7 +172,7 @@ def main():
     while True:
         try:
             (size,) = struct.unpack(">I", _read_exact(in_fd, 4))
-            msg = json.loads(_read_exact(in_fd, size))
+            msg = marshal.loads(_read_exact(in_fd, size))
         except EOFError:
             return
         if msg.get("op") != "exec":
@@ -174,7 +202,7 @@ def main():
         status, exit_code = "ok", 0
         filename = f"<cell-{cell}>"
         source = msg.get("code", "")
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        sources[filename] = source
         try:
             exec(compile(source, filename, "exec"), user_globals)
         except SystemExit as e:
@@ -196,8 +224,7 @@ def main():
         except BaseException as e:
             status, exit_code = "error", 1
             try:
-                tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
-                sys.stderr.write("".join(traceback.format_exception(type(e), e, tb)))
+                sys.stderr.write(_format_exception(e, sources))
             except BaseException:
                 pass
         signal.setitimer(signal.ITIMER_PROF, 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import marshal
 import os
 import re
 import secrets
@@ -50,6 +51,11 @@ def kernel_config(limits: SandboxLimits) -> dict[str, Any]:
         "cpu_hard": limits.session_cpu_s,
         "tag": f"agentrl-sandbox {limits.label}".strip(),  # shows in ps / /proc cmdline
     }
+
+
+def encode_config(cfg: dict[str, Any]) -> str:
+    """The kernel's argv form of its config (it reads marshal, which needs no import)."""
+    return marshal.dumps(cfg, 4).hex()
 
 
 async def _read_some(fd: int) -> bytes:
@@ -174,7 +180,7 @@ class KernelProcess:
             kernel_source(),
             str(in_r),
             str(out_w),
-            json.dumps(kernel_config(self.limits)),
+            encode_config(kernel_config(self.limits)),
         ]
         try:
             launch = self.backend.launch(python_args, info_w, self.limits)
@@ -335,7 +341,7 @@ class KernelProcess:
             self._proto += data
 
     async def _write_frame(self, obj: dict[str, Any]) -> bool:
-        body = json.dumps(obj).encode()
+        body = marshal.dumps(obj, 4)
         view = memoryview(struct.pack(">I", len(body)) + body)
         fd = self._fds["in"]
         while view:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import marshal
 import os
 import secrets
 import struct
@@ -27,7 +28,13 @@ from typing import Any
 import anyio
 
 from agentrl.errors import SandboxError
-from agentrl.sandbox._process import CallOutcome, _Capture, kernel_config, kernel_source
+from agentrl.sandbox._process import (
+    CallOutcome,
+    _Capture,
+    encode_config,
+    kernel_config,
+    kernel_source,
+)
 from agentrl.sandbox.backends import Backend
 from agentrl.sandbox.limits import SandboxLimits
 
@@ -232,7 +239,7 @@ class DockerKernel:
         uid = str(self.limits.sandbox_uid)
         ex = api.exec_create(
             self._container.id,
-            [_PYTHON, "-I", "-c", kernel_source(), "0", "1", json.dumps(cfg)],
+            [_PYTHON, "-I", "-c", kernel_source(), "0", "1", encode_config(cfg)],
             stdin=True,
             stdout=True,
             stderr=True,
@@ -335,7 +342,7 @@ class DockerKernel:
                 (self._proto if kind == 1 else self._diag).extend(payload)
 
     async def _send(self, obj: dict[str, Any]) -> bool:
-        body = json.dumps(obj).encode()
+        body = marshal.dumps(obj, 4)
         view = memoryview(struct.pack(">I", len(body)) + body)
         while view:
             try:
