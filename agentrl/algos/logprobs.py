@@ -1,9 +1,15 @@
 """Token log-probs and entropy without materialising a whole ``[B, T, V]`` float32 tensor.
 
 Work is split into chunks of ``chunk`` tokens over the flattened ``B*T`` positions; each
-chunk is upcast to float32, scaled, reduced to ``[chunk]`` and dropped. With gradients on,
-every chunk runs under ``torch.utils.checkpoint``, so backward also holds one chunk's
-``[chunk, V]`` at a time (it is recomputed, costing one extra forward of the chunk).
+chunk is upcast to float32 (float64 inputs stay float64), scaled, reduced to ``[chunk]`` and dropped. Backward is chunked
+too, so only one chunk's ``[chunk, V]`` exists at a time in either direction:
+
+* from logits: every chunk runs under ``torch.utils.checkpoint`` (recomputed in backward);
+* from hidden states (:func:`chunked_logprobs_entropy`, what the learner uses): a custom
+  autograd function keeps only the inputs plus the per-token log-normaliser and entropy,
+  and in backward rebuilds each chunk's softmax from them and applies the closed-form
+  gradients ``dlogp_y/dz = onehot(y) - p`` and ``dH/dz = -p (log p + H)``
+  (one extra ``hidden @ W.T`` per chunk; no double backward).
 
 Temperature convention: the distribution is ``softmax(logits / temperature)``, the one the
 sampler drew from; ``temperature == 0`` (greedy decoding) is treated as 1.
@@ -21,6 +27,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """float32, or float64 when the inputs are float64 (for gradient checks)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _inv_temperature(temperature: float) -> float:
@@ -47,18 +58,7 @@ def _score(z: Tensor, labels: Tensor, with_logprobs: bool, with_entropy: bool) -
 def _from_logits_chunk(
     logits: Tensor, labels: Tensor, inv_t: float, with_logprobs: bool, with_entropy: bool
 ) -> Tensor:
-    return _score(logits.float() * inv_t, labels, with_logprobs, with_entropy)
-
-
-def _from_hidden_chunk(
-    hidden: Tensor,
-    labels: Tensor,
-    weight: Tensor,
-    inv_t: float,
-    with_logprobs: bool,
-    with_entropy: bool,
-) -> Tensor:
-    return _score((hidden @ weight.t()).float() * inv_t, labels, with_logprobs, with_entropy)
+    return _score(logits.to(_compute_dtype(logits)) * inv_t, labels, with_logprobs, with_entropy)
 
 
 def _run_chunks(
@@ -128,6 +128,86 @@ def entropy_from_logits(
     return _logits_pass(logits, labels, temperature, chunk, False, True)[0]
 
 
+class _LinearLogprobEntropy(torch.autograd.Function):
+    """(hidden [N, H], weight [V, H], labels [N]) -> (logprob [N], entropy [N]), chunked."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: Tensor,
+        weight: Tensor,
+        labels: Tensor,
+        inv_t: float,
+        chunk: int,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        N = hidden.shape[0]
+        dt = _compute_dtype(hidden)
+        lp = torch.zeros(N, dtype=dt, device=hidden.device)
+        ent = torch.zeros_like(lp)
+        lse = torch.zeros_like(lp)
+        valid = labels >= 0
+        safe = labels.clamp(min=0)
+        for s in range(0, N, chunk):
+            e = min(s + chunk, N)
+            z = (hidden[s:e] @ weight.t()).to(dt).mul_(inv_t)
+            lse_c = torch.logsumexp(z, dim=-1)
+            lse[s:e] = lse_c
+            lp[s:e] = z.gather(-1, safe[s:e, None]).squeeze(-1) - lse_c
+            if with_entropy:
+                p = torch.softmax(z, dim=-1)
+                ent[s:e] = lse_c - (p * z).sum(dim=-1)
+        lp = torch.where(valid, lp, torch.zeros_like(lp))
+        ent = torch.where(valid, ent, torch.zeros_like(ent))
+        ctx.save_for_backward(hidden, weight, labels, lse, ent)
+        ctx.inv_t, ctx.chunk, ctx.with_entropy = inv_t, chunk, with_entropy
+        return lp, ent
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, g_lp: Tensor | None, g_ent: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        hidden, weight, labels, lse, ent = ctx.saved_tensors  # type: ignore[attr-defined]
+        inv_t, chunk = ctx.inv_t, ctx.chunk  # type: ignore[attr-defined]
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
+        N = hidden.shape[0]
+        valid = (labels >= 0).to(lse.dtype)
+        g_lp = (g_lp if g_lp is not None else torch.zeros_like(lse)) * valid
+        use_ent = ctx.with_entropy and g_ent is not None  # type: ignore[attr-defined]
+        if use_ent:
+            g_ent = g_ent * valid  # type: ignore[operator]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = (
+            torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
+        )
+        rows = torch.arange(min(chunk, N), device=hidden.device)
+        safe = labels.clamp(min=0)
+        for s in range(0, N, chunk):
+            e = min(s + chunk, N)
+            h = hidden[s:e]
+            logp = (h @ weight.t()).to(lse.dtype).mul_(inv_t).sub_(lse[s:e, None])
+            p = logp.exp()
+            # dL/dz = g_lp * (onehot - p) - g_ent * p * (log p + H)
+            coef = g_lp[s:e, None].expand_as(logp)
+            if use_ent:
+                coef = logp.add_(ent[s:e, None]).mul_(g_ent[s:e, None]).add_(coef)  # type: ignore[index]
+            grad_z = p.mul_(coef).neg_()
+            grad_z[rows[: e - s], safe[s:e]] += g_lp[s:e]
+            grad_z = grad_z.mul_(inv_t).to(hidden.dtype)
+            if grad_h is not None:
+                grad_h[s:e] = grad_z @ weight
+            if grad_w is not None:
+                grad_w += (grad_z.t() @ h).to(grad_w.dtype)
+        return (
+            grad_h,
+            (grad_w.to(weight.dtype) if grad_w is not None else None),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
 def chunked_logprobs_entropy(
     hidden: Tensor,
     lm_head_weight: Tensor,
@@ -148,18 +228,13 @@ def chunked_logprobs_entropy(
             f"lm_head_weight must be [V, H] with H = {hidden.shape[-1]} "
             f"(got {tuple(lm_head_weight.shape)})"
         )
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 (got {chunk})")
     flat = hidden.reshape(-1, hidden.shape[-1])
-    out = _run_chunks(
-        _from_hidden_chunk,
-        [flat, labels.reshape(-1)],
-        [lm_head_weight],
-        chunk,
-        _inv_temperature(temperature),
-        True,
-        with_entropy,
+    lp, ent = _LinearLogprobEntropy.apply(
+        flat, lm_head_weight, labels.reshape(-1), _inv_temperature(temperature), chunk, with_entropy
     )
-    out = out.reshape(out.shape[0], *labels.shape)
-    return out[0], (out[1] if with_entropy else None)
+    return lp.reshape(labels.shape), (ent.reshape(labels.shape) if with_entropy else None)
 
 
 def sequence_logprobs_entropy(

@@ -106,3 +106,36 @@ def test_no_entropy_and_bad_inputs():
         logprobs_from_logits(torch.randn(2, 3), torch.tensor([0, 1]), temperature=-1.0)
     with pytest.raises(ValueError, match="chunk"):
         logprobs_from_logits(torch.randn(2, 3), torch.tensor([0, 1]), chunk=0)
+
+
+@pytest.mark.parametrize("which", ["both", "logprobs", "entropy"])
+def test_hidden_path_passes_gradcheck(which):
+    torch.manual_seed(5)
+    hidden = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([0, 6, -100, 3, 2])
+
+    def fn(h, w):
+        lp, ent = chunked_logprobs_entropy(h, w, labels, temperature=0.6, chunk=2)
+        if which == "logprobs":
+            return lp
+        if which == "entropy":
+            return ent
+        return lp + 0.5 * ent
+
+    assert torch.autograd.gradcheck(fn, (hidden, weight), eps=1e-6, atol=1e-5)
+
+
+def test_hidden_path_bf16_gradients_close_to_float32():
+    torch.manual_seed(6)
+    h32 = torch.randn(6, 8, requires_grad=True)
+    w32 = (torch.randn(20, 8) * 0.3).requires_grad_()
+    labels = torch.randint(0, 20, (6,))
+    h16 = h32.detach().bfloat16().requires_grad_()
+    w16 = w32.detach().bfloat16().requires_grad_()
+    for h, w in ((h32, w32), (h16, w16)):
+        lp, ent = chunked_logprobs_entropy(h, w, labels, chunk=4)
+        (lp.sum() + ent.sum()).backward()
+    assert h16.grad.dtype == torch.bfloat16 and w16.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(h16.grad.float(), h32.grad, atol=0.1, rtol=0.05)
+    torch.testing.assert_close(w16.grad.float(), w32.grad, atol=0.1, rtol=0.05)
