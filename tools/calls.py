@@ -16,7 +16,7 @@ into the rollout loop except cancellation.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,7 @@ class PreparedCalls:
     def __len__(self) -> int:
         return len(self.calls)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[PreparedCall]:
         return iter(self.calls)
 
 
@@ -150,7 +150,7 @@ async def run_tool_calls(
     singles: list[int] = []
     for i, call in enumerate(items):
         if not call.ok or call.tool is None or call.args is None:
-            results[i] = _error_result(call, call.error or "error: invalid tool call", 0.0)
+            results[i] = _error_result(call, call.error or "error: invalid tool call")
         elif call.tool.sequential:
             lanes.setdefault(call.name, []).append(i)
         else:
@@ -177,15 +177,17 @@ async def _run_one(call: PreparedCall, ctx: ToolContext, timeout: float | None) 
         with anyio.fail_after(limit):
             out = await tool.call(call.args, ctx)
     except TimeoutError:
-        res = _error_result(call, f"error: tool '{name}' timed out after {limit:g}s", start)
+        res = _error_result(call, f"error: tool '{name}' timed out after {limit:g}s", _since(start))
         res.record.timed_out = True
         return res
     except (InfraError, ToolError) as e:
-        res = _error_result(call, f"error: tool '{name}' is unavailable: {e}", start)
+        res = _error_result(call, f"error: tool '{name}' is unavailable: {e}", _since(start))
         res.record.infra_error = True
         return res
     except Exception as e:  # a tool bug is reported to the agent, not raised into the loop
-        return _error_result(call, f"error: tool '{name}' failed: {type(e).__name__}: {e}", start)
+        return _error_result(
+            call, f"error: tool '{name}' failed: {type(e).__name__}: {str(e)[:300]}", _since(start)
+        )
     latency = time.perf_counter() - start
     record = ToolCallRecord(
         name=name,
@@ -199,8 +201,11 @@ async def _run_one(call: PreparedCall, ctx: ToolContext, timeout: float | None) 
     return ToolResult(record, tool_message(name, out.text), out)
 
 
-def _error_result(call: PreparedCall, error: str, start: float) -> ToolResult:
-    latency = time.perf_counter() - start if start else 0.0
+def _since(start: float) -> float:
+    return time.perf_counter() - start
+
+
+def _error_result(call: PreparedCall, error: str, latency: float = 0.0) -> ToolResult:
     record = ToolCallRecord(
         name=call.name,
         arguments=call.arguments,

@@ -75,6 +75,15 @@ class PythonTool(Tool):
             raise ValueError(f"timeout must be > 0 seconds (got {timeout})")
         if max_output_chars < 100:
             raise ValueError(f"max_output_chars must be >= 100 (got {max_output_chars})")
+        if sandbox is None:  # bad limits are a config error now, not a failed call later
+            from agentrl.sandbox import SandboxLimits
+
+            SandboxLimits.build(**sandbox_limits)
+        elif sandbox_limits:
+            raise ValueError(
+                "pass sandbox limits to create_sandbox() when giving a sandbox "
+                f"(got {', '.join(sandbox_limits)})"
+            )
         self.sandbox = sandbox
         self.run_timeout = float(timeout)
         self.timeout = float(timeout) + startup_grace_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 
+import anyio
 import pytest
 
 from agentrl.sandbox import SandboxResult, create_sandbox
@@ -102,14 +103,19 @@ async def test_sandbox_failure_is_an_infra_error(sandbox):
 
 
 async def test_session_is_closed_when_the_episode_ends():
-    label = f"tooltest-{uuid.uuid4().hex[:8]}"
-    sb = create_sandbox(pool_size=0, label=label)
+    sb = create_sandbox(pool_size=0)  # no warm interpreters: only the session's runs
     try:
         tool = PythonTool(sb, timeout=5)
+        before = _live_descendants(os.getpid())
         async with ToolContext() as ctx:
             await py(tool, ctx, "print(1)")
-            assert _processes_with(label)
-        assert not _processes_with(label)
+            during = _live_descendants(os.getpid())
+            assert during - before  # the session's interpreter (and its bwrap parent)
+        for _ in range(50):  # reaped asynchronously
+            if not (_live_descendants(os.getpid()) & (during - before)):
+                break
+            await anyio.sleep(0.05)
+        assert not (_live_descendants(os.getpid()) & (during - before))
     finally:
         await sb.close()
 
@@ -125,16 +131,24 @@ async def test_lazily_created_sandbox_is_shared_and_closed():
     assert sb.closed
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
+def _live_descendants(root: int) -> set[int]:
+    """Pids of live (non-zombie) processes below `root`."""
+    children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(entry.name))
-            except OSError:
-                pass
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
     return found
 
 
@@ -163,3 +177,12 @@ def test_truncate_keeps_head_and_tail():
     n = int(cut.split("...[")[1].split(" ")[0])
     assert len(cut) - len(f"\n...[{n} characters truncated]...\n") + n == len(text)
     assert truncate("short", 300) == "short"
+
+
+def test_bad_limits_fail_at_construction(sandbox=None):
+    from agentrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="did you mean 'memory_mb'"):
+        PythonTool(memory_md=256)
+    with pytest.raises(ValueError, match="timeout must be > 0"):
+        PythonTool(timeout=0)
