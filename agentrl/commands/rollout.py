@@ -211,7 +211,7 @@ def show_trajectory(console: Console, group: TrajectoryGroup, traj: Trajectory) 
     for seg in traj.segments:
         start, pos = pos, pos + len(seg)
         shared = traj.branch_position is not None and start < traj.branch_position
-        tag = " [shared prefix]" if shared else ""
+        tag = " (shared prefix)" if shared else ""
         if seg.kind == "prompt":
             console.print(_segment_panel(seg, f"prompt · {len(seg)} tokens{tag}", PROMPT))
         elif seg.kind == "model":
