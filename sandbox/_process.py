@@ -29,6 +29,7 @@ from agentrl.sandbox.limits import SandboxLimits
 
 if TYPE_CHECKING:
     from agentrl.sandbox.backends import Backend
+    from agentrl.sandbox.cgroups import SandboxCgroup
 
 _KERNEL_SOURCE: str | None = None
 _READ_CHUNK = 1 << 16
@@ -162,6 +163,7 @@ class KernelProcess:
         self.rusage_cpu: float | None = None
         self._cleanup_paths: list[str] = []
         self.in_use = False  # owned by a session (which releases the pipes)
+        self.cgroup: SandboxCgroup | None = None
         self._spawn()
 
     # --- life cycle ---------------------------------------------------------------------
@@ -185,6 +187,7 @@ class KernelProcess:
         try:
             launch = self.backend.launch(python_args, info_w, self.limits)
             self._cleanup_paths = launch.cleanup_paths
+            self.cgroup = launch.cgroup
             self._popen = subprocess.Popen(
                 launch.argv,
                 stdin=subprocess.DEVNULL,
@@ -312,6 +315,9 @@ class KernelProcess:
     def _remove_paths(self) -> None:
         import shutil
 
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
         for path in self._cleanup_paths:
             shutil.rmtree(path, ignore_errors=True)
         self._cleanup_paths = []
@@ -365,6 +371,7 @@ class KernelProcess:
         reply: dict[str, Any] | None = None
         flooded = False
         timed_out = True
+        oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
         t0 = time.perf_counter()
         try:
             with anyio.move_on_after(timeout):
@@ -410,6 +417,11 @@ class KernelProcess:
             cpu = float(reply.get("cpu_s", 0.0))
             self._cpu_reported += cpu
             status = str(reply.get("status", "error"))
+            oom = self.cgroup is not None and self.cgroup.oom_kills() > oom_before
+            if oom and status in ("ok", "error"):
+                # a process of the snippet was OOM-killed by the sandbox's memory cgroup
+                status = "memory"
+                err.kept += b"\n[a process was killed: the sandbox memory limit was reached]\n"
             return CallOutcome(
                 out.text(),
                 err.text(),
@@ -428,6 +440,7 @@ class KernelProcess:
                 await self._wait_exit()
         natural_rc = self.returncode
         tree_cpu = _tree_cpu(self.backend.tree_root(self)) if natural_rc is None else None
+        oom = self.cgroup is not None and self.cgroup.oom_kills() > oom_before
         await self.kill()
         for cap, key in ((out, "out"), (err, "err")):
             if not cap.found and key in self._fds:
@@ -443,6 +456,8 @@ class KernelProcess:
             status, exit_code = "sandbox_error", -1
         else:
             status, exit_code = self.backend.classify_exit(natural_rc)
+            if status == "killed" and oom:
+                status = "memory"  # the sandbox's memory cgroup killed it
         return CallOutcome(
             out.text(),
             err.text(),

@@ -14,6 +14,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from agentrl.sandbox import cgroups
+from agentrl.sandbox.cgroups import SandboxCgroup
 from agentrl.sandbox.limits import SandboxLimits
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ class Launch:
     env: dict[str, str]
     cwd: str | None = None
     cleanup_paths: list[str] = field(default_factory=list)
+    cgroup: SandboxCgroup | None = None
 
 
 class Backend:
@@ -159,7 +162,23 @@ class BwrapBackend(Backend):
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
         argv += ["--remount-ro", "/", "--chdir", "/tmp", "--info-fd", str(info_fd), "--"]
-        return Launch(argv + python_args, env={})
+        argv += python_args
+        cgroup = None
+        if limits.cgroups and cgroups.roots():
+            mb = 1024 * 1024
+            # the whole sandbox: its processes' memory plus its RAM-backed /tmp; bwrap's
+            # two own processes count against pids.max too
+            try:
+                cgroup = SandboxCgroup(
+                    (limits.memory_mb + limits.tmp_mb) * mb, limits.max_processes + 2
+                )
+            except OSError:
+                cgroup = None
+        if cgroup is not None:
+            # enter the cgroups before anything else runs, then become setpriv -> bwrap
+            script = 'echo $$ > "$1" && echo $$ > "$2" && shift 2 && exec "$@"'
+            argv = ["/bin/sh", "-c", script, "agentrl-cgroup", *cgroup.procs_files(), *argv]
+        return Launch(argv, env={}, cgroup=cgroup)
 
     def inner_pidfd(self, kernel: KernelProcess) -> int | None:
         """A pidfd of the pid namespace's init (verified to be bwrap's child), or None."""

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agentrl.sandbox import SandboxResult, create_sandbox
+from agentrl.sandbox import SandboxResult, cgroups, create_sandbox
 from agentrl.sandbox.limits import RESTART_STATUSES
 
 from .conftest import descendants, needs_bwrap
@@ -246,3 +246,21 @@ async def test_raising_own_rlimits_is_refused(marker: str) -> None:
     )
     res = await hostile(code, "memory", marker, memory_mb=256)
     assert "raised" not in res.stdout
+
+
+@pytest.mark.skipif(cgroups.problem() is not None, reason="no writable cgroups here")
+async def test_memory_bomb_across_processes_hits_the_sandbox_cgroup(marker: str) -> None:
+    # each process stays under its own 256 MiB address-space limit; together they do not
+    code = (
+        "import os\n"
+        "kids = []\n"
+        "for _ in range(6):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        block = bytearray(150 * 1024**2)\n"
+        "        os._exit(0)\n"
+        "    kids.append(pid)\n"
+        "print([os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids])"
+    )
+    res = await hostile(code, "memory", marker, limit=10.0, memory_mb=256, tmp_mb=16)
+    assert "-9" in res.stdout  # some were OOM-killed

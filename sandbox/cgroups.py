@@ -1,0 +1,119 @@
+"""Per-sandbox cgroups (v1 memory + pids) where this process may create them.
+
+rlimits bound each process; a cgroup bounds the sandbox as a whole: total memory (with
+its /tmp, which lives in RAM) and the exact number of processes. Used by the bwrap backend
+when the controllers' directories are writable (typically as root); otherwise skipped and
+reported by `agentrl sandbox check`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from pathlib import Path
+
+_PREFIX = "agentrl-"
+_counter = itertools.count()
+_roots: dict[str, Path] | None = None
+
+
+def _own_dirs() -> dict[str, Path]:
+    """{controller: the directory of our own cgroup} for writable v1 memory and pids."""
+    mounts: dict[str, Path] = {}
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 4 and parts[2] == "cgroup":
+                for ctl in ("memory", "pids"):
+                    if ctl in parts[3].split(","):
+                        mounts[ctl] = Path(parts[1])
+    found: dict[str, Path] = {}
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctls, path = line.rstrip("\n").split(":", 2)
+            for ctl in ctls.split(","):
+                if ctl in mounts:
+                    here = mounts[ctl] / path.lstrip("/")
+                    if here.is_dir() and os.access(here, os.W_OK):
+                        found[ctl] = here
+    return found
+
+
+def roots() -> dict[str, Path]:
+    """Cached: both controllers or nothing, after sweeping cgroups of dead owners."""
+    global _roots
+    if _roots is None:
+        found = _own_dirs()
+        _roots = found if set(found) == {"memory", "pids"} else {}
+        for root in _roots.values():
+            _sweep(root)
+    return _roots
+
+
+def problem() -> str | None:
+    if roots():
+        return None
+    return "no writable cgroup v1 memory+pids hierarchy (memory is bounded per process only)"
+
+
+def _sweep(root: Path) -> None:
+    """Remove empty sandbox cgroups whose owning process is gone (we were killed)."""
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            if entry.name.startswith(_PREFIX) and entry.is_dir():
+                owner = entry.name[len(_PREFIX) :].split("-", 1)[0]
+                if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                    with contextlib.suppress(OSError):
+                        entry.rmdir()
+
+
+class SandboxCgroup:
+    """One sandbox's memory and pids cgroups."""
+
+    def __init__(self, memory_bytes: int, max_pids: int) -> None:
+        name = f"{_PREFIX}{os.getpid()}-{next(_counter)}"
+        self.dirs: dict[str, Path] = {}
+        try:
+            for ctl, root in roots().items():
+                path = root / name
+                path.mkdir()
+                self.dirs[ctl] = path
+            mem = self.dirs["memory"]
+            (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
+            swap = mem / "memory.memsw.limit_in_bytes"
+            if swap.exists():
+                with contextlib.suppress(OSError):
+                    swap.write_text(str(memory_bytes))
+            (self.dirs["pids"] / "pids.max").write_text(str(max_pids))
+        except OSError:
+            self.remove()
+            raise
+
+    def procs_files(self) -> list[str]:
+        return [str(path / "cgroup.procs") for path in self.dirs.values()]
+
+    def oom_kills(self) -> int:
+        """How many processes the memory cgroup's OOM killer has killed so far."""
+        mem = self.dirs.get("memory")
+        if mem is None:
+            return 0
+        with contextlib.suppress(OSError, ValueError):
+            for line in (mem / "memory.oom_control").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        return 0
+
+    def remove(self) -> None:
+        for path in self.dirs.values():
+            for _ in range(50):  # the last processes may still be on their way out
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.002)
+        self.dirs = {}
