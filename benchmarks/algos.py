@@ -1,7 +1,7 @@
 """Benchmark of agentrl.algos: vectorised group advantages, and chunked loss + entropy.
 
     python benchmarks/algos.py                 # CPU defaults (see --rows)
-    python benchmarks/algos.py --rows 64       # the full [64 x 2048] slice (GPU-sized)
+    python benchmarks/algos.py --rows 64       # the issue's full [64 x 2048] (GPU-sized)
 
 1. GRPO and RLOO advantages for 65,536 samples in 4,096 groups, against a straightforward
    per-sample Python loop over the grouping (the vectorised version must be >= 50x faster).
@@ -10,7 +10,8 @@
    ``chunked_logprobs_entropy`` vs the naive full-softmax version that materialises the
    ``[rows, 2048, V]`` float32 logits. The issue's size is rows = 64; its float32 logits
    alone are 25.8 GB, more than a 24 GiB CPU box holds, so on CPU both versions run on a
-   smaller slice of rows (default 1, i.e. 2,048 tokens) and the JSON records which.
+   smaller slices (default 1 and 2 rows, i.e. 2,048 and 4,096 tokens: naive memory grows
+   with tokens, chunked memory does not) and the JSON records which.
    Each variant runs in a fresh subprocess; peak memory is the rise of the process's peak
    RSS (CPU) or of torch.cuda.max_memory_allocated (GPU) above the inputs.
 
@@ -159,22 +160,23 @@ def worker(variant: str, rows: int, chunk: int, device: str) -> dict:
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_bytes()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = step()
     if dev.type == "cuda":
         torch.cuda.synchronize()
-    first = time.perf_counter() - t0
+    first, cpu_first = time.perf_counter() - t0, time.process_time() - c0
     peak = (torch.cuda.max_memory_allocated() if dev.type == "cuda" else _peak_rss_bytes()) - base
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     step()
     if dev.type == "cuda":
         torch.cuda.synchronize()
-    second = time.perf_counter() - t0
+    second, cpu_second = time.perf_counter() - t0, time.process_time() - c0
     return {
         "variant": variant,
         "rows": rows,
         "tokens": rows * SEQ,
         "seconds": min(first, second),
+        "cpu_seconds": min(cpu_first, cpu_second),
         "tokens_per_s": rows * SEQ / min(first, second),
         "peak_mem_mb": peak / 2**20,
         "loss": loss,
@@ -193,8 +195,9 @@ def main() -> None:
     ap.add_argument(
         "--rows",
         type=int,
+        nargs="+",
         default=None,
-        help="sequences of 2048 tokens (default: 64 on GPU, 1 on CPU)",
+        help="sequences of 2048 tokens, one run per value (default: 64 on GPU, 1 2 on CPU)",
     )
     ap.add_argument(
         "--chunk", type=int, default=512, help="tokens per chunk of the chunked version"
@@ -203,15 +206,16 @@ def main() -> None:
     ap.add_argument("--skip-loss", action="store_true", help="only the advantage benchmark")
     ap.add_argument("--worker", choices=["chunked", "naive"], help=argparse.SUPPRESS)
     args = ap.parse_args()
-    rows = args.rows or (64 if args.device.startswith("cuda") else 1)
+    sizes = args.rows or ([64] if args.device.startswith("cuda") else [1, 2])
     if args.worker:
-        print(json.dumps(worker(args.worker, rows, args.chunk, args.device)))
+        print(json.dumps(worker(args.worker, sizes[0], args.chunk, args.device)))
         return
 
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
+    load_at_start = os.getloadavg()[0]
     adv_rows = bench_advantages()
     t = Table(title=f"Group advantages: {N_SAMPLES:,} samples in {N_GROUPS:,} groups")
     for col in ("estimator", "vectorised", "python loop", "speedup", ">= 50x"):
@@ -228,49 +232,55 @@ def main() -> None:
 
     loss_rows = []
     if not args.skip_loss:
-        for variant in ("chunked", "naive"):
-            loss_rows.append(run_worker(variant, rows, args.chunk, args.device))
+        for rows in sizes:
+            for variant in ("chunked", "naive"):
+                loss_rows.append(run_worker(variant, rows, args.chunk, args.device))
         t = Table(
-            title=f"PPO loss + entropy, fwd+bwd, [{rows} x {SEQ}] tokens, H={HIDDEN}, "
-            f"V={VOCAB:,} ({args.device}; issue size is [64 x {SEQ}])"
+            title=f"PPO loss + entropy, fwd+bwd, H={HIDDEN}, V={VOCAB:,}, {args.device} "
+            f"(issue size: [64 x {SEQ}])"
         )
-        for col in ("version", "tokens", "time", "tokens/s", "peak memory"):
+        for col in ("version", "tokens", "wall", "CPU time", "tokens/s", "peak memory"):
             t.add_column(col, justify="right")
         for r in loss_rows:
-            name = (
-                f"chunked ({args.chunk} tok)" if r["variant"] == "chunked" else "naive full softmax"
-            )
+            name = f"chunked ({args.chunk})" if r["variant"] == "chunked" else "naive"
             t.add_row(
                 name,
-                f"{r['tokens']:,}",
+                f"[{r['rows']} x {SEQ}]",
                 f"{r['seconds']:.2f} s",
+                f"{r['cpu_seconds']:.2f} s",
                 f"{r['tokens_per_s']:,.0f}",
                 f"{r['peak_mem_mb']:,.0f} MB",
             )
         console.print(t)
-        ratio = loss_rows[1]["peak_mem_mb"] / max(loss_rows[0]["peak_mem_mb"], 1e-9)
-        console.print(f"naive / chunked peak memory: {ratio:.1f}x")
+        for i in range(0, len(loss_rows), 2):
+            ratio = loss_rows[i + 1]["peak_mem_mb"] / max(loss_rows[i]["peak_mem_mb"], 1e-9)
+            console.print(
+                f"[{loss_rows[i]['rows']} x {SEQ}]: naive / chunked peak memory {ratio:.1f}x"
+            )
 
     result = {
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),
             "cpus": os.cpu_count(),
-            "load_avg_1m_at_start": os.getloadavg()[0],
+            "load_avg_1m_at_start": load_at_start,
+            "load_avg_1m_at_end": os.getloadavg()[0],
             "torch": torch.__version__,
             "device": args.device,
         },
         "advantages": adv_rows,
         "loss_entropy": {
             "shape_issue": [64, SEQ, VOCAB],
-            "rows_measured": rows,
+            "rows_measured": sizes,
             "hidden": HIDDEN,
             "chunk": args.chunk,
             "note": (
                 "full [64 x 2048] size measured"
-                if rows == 64
-                else f"measured on [{rows} x {SEQ}] tokens: the naive version at [64 x {SEQ}] "
-                f"needs {64 * SEQ * VOCAB * 4 / 1e9:.1f} GB per float32 [B,T,V] tensor"
+                if sizes == [64]
+                else f"measured on {sizes} x {SEQ} tokens, not [64 x {SEQ}]: one float32 "
+                f"[64, {SEQ}, {VOCAB}] tensor is {64 * SEQ * VOCAB * 4 / 1e9:.1f} GB, more than "
+                "this machine holds, and the chunked version takes minutes per 2,048 tokens "
+                "on 2 shared CPU cores"
             ),
             "results": loss_rows,
         },
