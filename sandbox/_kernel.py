@@ -48,7 +48,12 @@ def _read_exact(fd, n):
 def _write_all(fd, data):
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:  # the code made a shared stream non-blocking
+            import select
+
+            select.select([], [fd], [])
 
 
 def _cpu_seconds():

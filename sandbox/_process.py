@@ -20,7 +20,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -144,6 +144,25 @@ class CallOutcome:
     cpu_s: float
     truncated: bool
     kernel_dead: bool  # the interpreter is gone (killed or exited): state is lost
+
+
+class Kernel(Protocol):
+    """What the pool needs of an interpreter (KernelProcess, or DockerKernel)."""
+
+    in_use: bool
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def wait_ready(self, timeout: float) -> None: ...
+
+    async def execute(self, code: str, timeout: float) -> CallOutcome: ...
+
+    def _signal_kill(self) -> None: ...
+
+    async def kill(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 class KernelProcess:

@@ -19,7 +19,7 @@ from agentrl.sandbox.cgroups import SandboxCgroup
 from agentrl.sandbox.limits import SandboxLimits
 
 if TYPE_CHECKING:
-    from agentrl.sandbox._process import KernelProcess
+    from agentrl.sandbox._process import Kernel, KernelProcess
 
 INSECURE_WARNING = (
     "the 'subprocess' sandbox backend is NOT isolated: the code can read every world-readable "
@@ -53,7 +53,7 @@ class Backend:
     def launch(self, python_args: list[str], info_fd: int, limits: SandboxLimits) -> Launch:
         raise NotImplementedError
 
-    def make_kernel(self, limits: SandboxLimits) -> KernelProcess:
+    def make_kernel(self, limits: SandboxLimits) -> Kernel:
         """A new interpreter, launched now (not awaited)."""
         from agentrl.sandbox._process import KernelProcess
 

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 
 from agentrl.errors import SandboxError, SandboxUnavailableError
-from agentrl.sandbox._process import KernelProcess
+from agentrl.sandbox._process import Kernel
 from agentrl.sandbox.backends import BACKENDS, INSECURE_WARNING, Backend
 from agentrl.sandbox.limits import RESTART_STATUSES, SandboxLimits, SandboxResult
 
@@ -33,10 +33,10 @@ from agentrl.sandbox.limits import RESTART_STATUSES, SandboxLimits, SandboxResul
 class Session:
     """One sandboxed interpreter for one episode. Calls are serialised."""
 
-    def __init__(self, sandbox: Sandbox, kernel: KernelProcess) -> None:
+    def __init__(self, sandbox: Sandbox, kernel: Kernel) -> None:
         self._sandbox = sandbox
         kernel.in_use = True
-        self._kernel: KernelProcess | None = kernel
+        self._kernel: Kernel | None = kernel
         self._lock = anyio.Lock()
         self._state_lost = False
         self._closed = False
@@ -110,8 +110,8 @@ class Sandbox:
     def __init__(self, backend: Backend, limits: SandboxLimits) -> None:
         self.backend = backend
         self.limits = limits
-        self._idle: list[KernelProcess] = []
-        self._live: set[KernelProcess] = set()
+        self._idle: list[Kernel] = []
+        self._live: set[Kernel] = set()
         self._slots: anyio.Semaphore | None = None
         self.closed = False
 
@@ -126,15 +126,15 @@ class Sandbox:
 
     # --- pool ---------------------------------------------------------------------------
 
-    def _spawn(self) -> KernelProcess:
+    def _spawn(self) -> Kernel:
         kernel = self.backend.make_kernel(self.limits)
         self._live.add(kernel)
         return kernel
 
-    def _forget(self, kernel: KernelProcess) -> None:
+    def _forget(self, kernel: Kernel) -> None:
         self._live.discard(kernel)
 
-    async def _discard(self, kernel: KernelProcess) -> None:
+    async def _discard(self, kernel: Kernel) -> None:
         self._live.discard(kernel)
         with anyio.CancelScope(shield=True):
             await kernel.aclose()
@@ -144,7 +144,7 @@ class Sandbox:
         while len(self._idle) < self.limits.pool_size and len(self._live) < ceiling:
             self._idle.append(self._spawn())
 
-    async def _take_kernel(self) -> KernelProcess:
+    async def _take_kernel(self) -> Kernel:
         for attempt in range(2):
             kernel = None
             while self._idle and kernel is None:

@@ -54,6 +54,11 @@ async def _probe(backend: str) -> tuple[bool, str]:
             await s.run("x = 1")
             warm = (await s.run("x += 1")).wall_s
         note = f"cold start {cold * 1000:.0f} ms, warm call {warm * 1000:.2f} ms"
+        if backend == "bwrap":
+            from agentrl.sandbox import cgroups
+
+            why = cgroups.problem()
+            note += "; per-sandbox memory+pids cgroup" + (f": no, {why}" if why else ": yes")
         if backend == "subprocess":
             note += "; NOT isolated, needs allow_insecure=True"
         return True, note

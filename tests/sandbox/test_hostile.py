@@ -264,3 +264,10 @@ async def test_memory_bomb_across_processes_hits_the_sandbox_cgroup(marker: str)
     )
     res = await hostile(code, "memory", marker, limit=10.0, memory_mb=256, tmp_mb=16)
     assert "-9" in res.stdout  # some were OOM-killed
+
+
+async def test_nonblocking_stdout_flood_still_ends_cleanly(marker: str) -> None:
+    code = "import os\nos.set_blocking(1, False)\nprint('z' * 300_000)\nprint('done')"
+    # the code's own write may fail (its choice); the kernel's end marker still gets through
+    res = await hostile(code, "error", marker, limit=5.0, max_output_bytes=1000)
+    assert "BlockingIOError" in res.stderr
