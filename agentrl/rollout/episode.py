@@ -311,9 +311,10 @@ class EpisodeRunner:
             cap = min(cap, lim.context_length - state.traj.num_tokens)
         if cap < 1:
             raise _Truncated("token budget exhausted")
-        seed = self.params.seed
-        if state.seed is not None:
-            seed = (state.seed * 1_000_003 + len(state.traj.turns)) % (2**31)
+        seed = None
+        if self.params.seed is not None:  # seeded runs: a distinct stream per episode and turn
+            seed = self.params.seed * 1_000_003 + (state.seed or 0) * 7919 + len(state.traj.turns)
+            seed %= 2**31
         return self.params.with_(
             max_new_tokens=cap,
             seed=seed,

@@ -226,3 +226,33 @@ def test_tree_tensors_rejects_a_missing_parent():
     t = Trajectory([Segment("prompt", [1])], traj_id="x", parent_id="gone", branch_position=1)
     with pytest.raises(ValueError, match="keep whole trees together"):
         tree_tensors([TrajectoryGroup("task", [t], group_id="g")])
+
+
+async def test_branches_of_a_stateful_python_session_replay_the_prefix(sampler, renderer):
+    from .scripted import SandboxPythonEnv
+
+    cfg = RolloutConfig(
+        concurrency=8,
+        max_turns=5,
+        max_tokens=400,
+        branching={
+            "enabled": True,
+            "budget": 5,
+            "initial": 1,
+            "branches": 2,
+            "mode": "threshold",
+            "alpha": 1.0,
+            "entropy_window": K,
+        },
+    )
+    env = SandboxPythonEnv(tool_turns=3)
+    engine = RolloutEngine(env, sampler, renderer, cfg, sampler_cfg=SamplerConfig(max_new_tokens=6))
+    (g,) = await engine.collect(1)
+    assert len(g.trajectories) == 5 and g.is_tree
+    for t in g.trajectories:
+        assert t.status == "ok", t.error
+        # x = 1, then x + 1 twice: a branch sees x from the replayed session, not a fresh one
+        assert [c.result for turn in t.turns for c in turn.tool_calls] == ["1", "2", "3"]
+        if t.parent_id is not None:
+            assert t.metadata["replay_mismatches"] == 0
+    check_shared_prefixes(g)

@@ -71,6 +71,14 @@ async def test_token_exact_across_many_multiturn_episodes(sampler, renderer, tin
         assert all(lp == 0.0 for lp, m in zip(lps, mask, strict=True) if m == 0)
         assert all(lp < 0.0 for lp, m in zip(lps, mask, strict=True) if m == 1)
         assert t.metadata["exact_tokens"] in (True, False)  # the renderer's prefix proof ran
+        # an independent prefix proof: rebuild the conversation from the trace alone
+        messages = list(first)
+        for turn, seg in zip(t.turns, [s for s in t.segments if s.kind == "model"], strict=True):
+            messages.append({"role": "assistant", "content": renderer.decode(seg.token_ids)})
+            messages += [
+                {"role": "tool", "name": c.name, "content": c.result} for c in turn.tool_calls
+            ]
+        assert renderer.check_prefix(messages, t.segments, raise_on_mismatch=True).ok
         assert [len(turn.tool_calls) for turn in t.turns] == [2, 2, 2, 0]
         assert t.reward == float(len(t.segments[-1]) % 2)  # the env's final step reward
     assert seen_versions == {0, 1}
