@@ -212,7 +212,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
     ref = results["reference_python_c_pass_ms"]["p50"]
     cold = [results["backends"][n]["cold_start_ms"]["p50"] for n in names]
-    axes[0].bar(["python -c pass", *names], [ref, *cold], color=["grey"] + ["C0"] * len(names))
+    axes[0].bar(["bare python", *names], [ref, *cold], color=["grey"] + ["C0"] * len(names))
     axes[0].set_title("cold start p50 (ms)")
     warm = [results["backends"][n]["warm_call_ms"]["p50"] for n in names]
     axes[1].bar(names, warm, color="C1")
