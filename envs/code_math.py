@@ -54,33 +54,54 @@ DIFFICULTY: dict[str, dict[str, dict[str, Any]]] = {
 
 EVAL_SEED_OFFSET = 1_000_003  # eval tasks never coincide with train tasks of any seed < this
 
-SYSTEM_PROMPT = """\
+INSTRUCTIONS = """\
 You solve math problems by running Python code. To run code, call the python tool:
 <tool_call>
 {"name": "python", "arguments": {"code": "print(...)"}}
 </tool_call>
 The printed output comes back in <tool_response>. Always print() the result.
-When you have the result, reply with only the final answer in \\boxed{}.
+When you have the result, reply with only the final answer in \\boxed{}."""
 
-Example 1
-user: Calculate 482 * 37 - 915.
-assistant: <tool_call>
-{"name": "python", "arguments": {"code": "print(482 * 37 - 915)"}}
-</tool_call>
-tool: <tool_response>
-16919
-</tool_response>
-assistant: \\boxed{16919}
+# Two worked examples: (question, code, printed output).
+FEWSHOT = (
+    ("Calculate 482 * 37 - 915.", "print(482 * 37 - 915)", "16919"),
+    (
+        "A shop sells 14 boxes with 23 pens each. 57 pens are sold. How many pens are left?",
+        "print(14 * 23 - 57)",
+        "265",
+    ),
+)
 
-Example 2
-user: A shop sells 14 boxes with 23 pens each. 57 pens are sold. How many pens are left?
-assistant: <tool_call>
-{"name": "python", "arguments": {"code": "print(14 * 23 - 57)"}}
-</tool_call>
-tool: <tool_response>
-265
-</tool_response>
-assistant: \\boxed{265}"""
+
+def _call_text(code: str) -> str:
+    return '<tool_call>\n{"name": "python", "arguments": {"code": "' + code + '"}}\n</tool_call>'
+
+
+def fewshot_text() -> str:
+    """The examples written out inside the system prompt."""
+    parts = []
+    for i, (question, code, output) in enumerate(FEWSHOT, 1):
+        parts.append(
+            f"Example {i}\nuser: {question}\nassistant: {_call_text(code)}\n"
+            f"tool: <tool_response>\n{output}\n</tool_response>\nassistant: \\boxed{{{output}}}"
+        )
+    return "\n\n".join(parts)
+
+
+def fewshot_messages() -> list[dict[str, Any]]:
+    """The examples as earlier turns of the conversation."""
+    out: list[dict[str, Any]] = []
+    for question, code, output in FEWSHOT:
+        out += [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": _call_text(code)},
+            {"role": "tool", "name": "python", "content": output},
+            {"role": "assistant", "content": f"\\boxed{{{output}}}"},
+        ]
+    return out
+
+
+SYSTEM_PROMPT = INSTRUCTIONS + "\n\n" + fewshot_text()
 
 
 class CodeMathOptions(EnvOptions):
@@ -90,7 +111,9 @@ class CodeMathOptions(EnvOptions):
     size: int = Field(1000, ge=1, description="tasks per split (generators)")
     dataset_path: str | None = None  # JSONL/parquet of {question, answer}; replaces generators
     python_timeout_s: float = Field(10.0, gt=0)
-    system_prompt: str | None = None  # replaces SYSTEM_PROMPT (keep the tool-call format)
+    system_prompt: str | None = None  # replaces INSTRUCTIONS (keep the tool-call format)
+    # where the two worked examples go: written into the system prompt, or as earlier turns
+    fewshot: Literal["system", "messages", "none"] = "system"
 
     @field_validator("generators")
     @classmethod
@@ -131,7 +154,16 @@ class CodeMathEnv(ToolEnvironment):
         )
 
     def system_prompt(self) -> str:
-        return self.config.system_prompt or SYSTEM_PROMPT
+        instructions = self.config.system_prompt or INSTRUCTIONS
+        if self.config.fewshot == "system":
+            return instructions + "\n\n" + fewshot_text()
+        return instructions
+
+    async def reset(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        system, user = await super().reset(task)
+        if self.config.fewshot == "messages":
+            return [system, *fewshot_messages(), user]
+        return [system, user]
 
     def generator_settings(self, generator: str) -> dict[str, Any]:
         preset = DIFFICULTY.get(self.config.difficulty, {}).get(generator, {})

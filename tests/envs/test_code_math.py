@@ -136,3 +136,19 @@ async def test_wrong_final_answer_scores_zero() -> None:
         assert final.done and final.reward == 0.0
     finally:
         await env.close()
+
+
+@pytest.mark.anyio
+async def test_fewshot_as_messages() -> None:
+    env = make_env("code_math", generators=["chain_sum"], size=1, fewshot="messages").spawn()
+    task = next(env.tasks())
+    messages = await env.reset(task)
+    await env.close()
+    roles = [m["role"] for m in messages]
+    assert roles == ["system"] + ["user", "assistant", "tool", "assistant"] * 2 + ["user"]
+    assert "Example" not in messages[0]["content"] and messages[-1]["content"] == task["question"]
+    # the worked examples are themselves valid calls and correct final answers
+    for call, result, final in zip(messages[2::4], messages[3::4], messages[4::4], strict=True):
+        code = json.loads(call["content"].split("<tool_call>")[1].split("</tool_call>")[0])
+        assert str(eval(code["arguments"]["code"][len("print(") : -1])) == result["content"]
+        assert final["content"] == f"\\boxed{{{result['content']}}}"
