@@ -50,8 +50,12 @@ def kernel_config(limits: SandboxLimits) -> dict[str, Any]:
         "fsize": limits.max_file_mb * mb,
         "nofile": limits.max_open_files,
         "cpu_hard": limits.session_cpu_s,
-        "tag": f"agentrl-sandbox {limits.label}".strip(),  # shows in ps / /proc cmdline
     }
+
+
+def kernel_tag(limits: SandboxLimits) -> str:
+    """A plain-text argument naming the kernel in ps and /proc/*/cmdline (it is ignored)."""
+    return f"agentrl-sandbox:{limits.label}" if limits.label else "agentrl-sandbox"
 
 
 def encode_config(cfg: dict[str, Any]) -> str:
@@ -202,6 +206,7 @@ class KernelProcess:
             str(in_r),
             str(out_w),
             encode_config(kernel_config(self.limits)),
+            kernel_tag(self.limits),
         ]
         try:
             launch = self.backend.launch(python_args, info_w, self.limits)

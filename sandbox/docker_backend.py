@@ -34,6 +34,7 @@ from agentrl.sandbox._process import (
     encode_config,
     kernel_config,
     kernel_source,
+    kernel_tag,
 )
 from agentrl.sandbox.backends import Backend
 from agentrl.sandbox.limits import SandboxLimits
@@ -239,7 +240,16 @@ class DockerKernel:
         uid = str(self.limits.sandbox_uid)
         ex = api.exec_create(
             self._container.id,
-            [_PYTHON, "-I", "-c", kernel_source(), "0", "1", encode_config(cfg)],
+            [
+                _PYTHON,
+                "-I",
+                "-c",
+                kernel_source(),
+                "0",
+                "1",
+                encode_config(cfg),
+                kernel_tag(self.limits),
+            ],
             stdin=True,
             stdout=True,
             stderr=True,
