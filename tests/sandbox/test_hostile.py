@@ -53,14 +53,14 @@ async def test_cpu_spin_hits_wall_timeout(marker: str) -> None:
 
 async def test_cpu_limit_below_wall_limit(marker: str) -> None:
     # the CPU limit fires before the (generous) wall limit: SIGPROF, or SIGXCPU as backstop
-    res = await hostile("while True: pass", "timeout", marker, limit=6.0, cpu_s=0.5)
+    # (a generous wall limit: on a loaded shared machine 0.5 CPU-s can take seconds)
+    res = await hostile("while True: pass", "timeout", marker, limit=20.0, cpu_s=0.5)
     assert res.exit_code in (-signal.SIGPROF, -signal.SIGXCPU)
-    assert res.wall_s < 5.5
 
 
 async def test_cpu_limit_survives_disarming_the_timer(marker: str) -> None:
     code = "import signal\nsignal.setitimer(signal.ITIMER_PROF, 0)\nwhile True: pass"
-    res = await hostile(code, "timeout", marker, limit=6.0, cpu_s=0.5)
+    res = await hostile(code, "timeout", marker, limit=20.0, cpu_s=0.5)
     assert res.exit_code == -signal.SIGXCPU  # RLIMIT_CPU, rounded up to whole seconds
 
 
