@@ -282,6 +282,7 @@ class Orchestrator:
         assert self._permits is not None
         cfg = self.cfg
         while self.step < cfg.orchestrator.max_steps:
+            t_wait = time.time()
             groups = await self.buffer.get_batch(
                 cfg.learner.batch_groups, learner_version=self.learner.version
             )
@@ -291,6 +292,7 @@ class Orchestrator:
                 t0 = time.time()
                 metrics = await anyio.to_thread.run_sync(self.learner.step, groups)
                 metrics["train_seconds"] = time.time() - t0
+                metrics["learner_wait_seconds"] = t0 - t_wait
                 self.step += 1
                 await self._publish()
                 # groups that went stale while buffered give their permits back too
