@@ -1,9 +1,10 @@
 """Tokens/s of the vllm sampler beside raw ``vllm.LLM.generate``, and weight-reload time.
 
-Run in .venv-vllm (``make bench-vllm`` or ``.venv-vllm/bin/python benchmarks/samplers_vllm.py``).
+Run in .venv-vllm: ``.venv-vllm/bin/python benchmarks/samplers_vllm.py``.
 Both engines get the same engine arguments and the same work: a fixed prompt, fixed-length
-outputs (ignore_eos), temperature 1, the sampled token's log-prob. They run one after the
-other (2 cores cannot host both fairly). Prints a table, writes JSON, and prints ONE final
+outputs (ignore_eos), temperature 1, the sampled token's log-prob. Both engines stay up
+and the measurements alternate (raw, ours; best of --repeats), so a change in machine load
+hits both alike. Prints a table, writes JSON, and prints ONE final
 JSON line (merged by benchmarks/samplers.py).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -18,27 +20,10 @@ from pathlib import Path
 CONCURRENCY = (1, 8, 32)
 
 
-def raw_engine(args, engine_args, prompt):
-    """Tokens/s of vllm.LLM.generate with a batch of `c` identical requests."""
+def start_raw_engine(engine_args):
     from vllm import LLM
-    from vllm import SamplingParams as VParams
-    from vllm.inputs import TokensPrompt
 
-    llm = LLM(**{k: getattr(engine_args, k) for k in _LLM_KEYS})
-    params = VParams(
-        temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True, logprobs=0, seed=0
-    )
-    llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)  # warm-up
-    out = {}
-    for c in CONCURRENCY:
-        t0 = time.perf_counter()
-        res = llm.generate([TokensPrompt(prompt_token_ids=prompt)] * c, params, use_tqdm=False)
-        dt = time.perf_counter() - t0
-        out[c] = sum(len(r.outputs[0].token_ids) for r in res) / dt
-        print(f"  raw LLM.generate  c={c:<3} {out[c]:8.1f} tok/s", flush=True)
-    llm.llm_engine.engine_core.shutdown()
-    del llm
-    return out
+    return LLM(**{k: getattr(engine_args, k) for k in _LLM_KEYS})
 
 
 _LLM_KEYS = (
@@ -47,31 +32,64 @@ _LLM_KEYS = (
 )  # fmt: skip
 
 
-async def ours(args, sampler, prompt):
+def raw_once(llm, prompt, c, new_tokens):
+    """Tokens/s of vllm.LLM.generate on a batch of `c` identical requests."""
+    from vllm import SamplingParams as VParams
+    from vllm.inputs import TokensPrompt
+
+    params = VParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, logprobs=0, seed=0)
+    t0 = time.perf_counter()
+    res = llm.generate([TokensPrompt(prompt_token_ids=prompt)] * c, params, use_tqdm=False)
+    return sum(len(r.outputs[0].token_ids) for r in res) / (time.perf_counter() - t0)
+
+
+async def ours_once(sampler, prompt, c, new_tokens):
+    """Tokens/s of `c` concurrent VLLMSampler.generate callers."""
     import anyio
-    from safetensors.torch import load_file
 
     from agentrl.samplers.base import SamplingParams
 
-    params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
+    counts = []
+
+    async def one(i):
+        counts.append(len(await sampler.generate(prompt, params.with_(seed=i))))
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for i in range(c):
+            tg.start_soon(one, i)
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+async def run(args, sampler, prompt):
+    """Both engines alive; measurements interleaved (raw, ours) so load drift hits both."""
+    import anyio
+    from safetensors.torch import load_file
+
     await sampler.start()
     sampler.ignore_eos = True
-    await sampler.generate(prompt, params)  # warm-up
-    out = {}
+    llm = (
+        None
+        if args.skip_raw
+        else await anyio.to_thread.run_sync(start_raw_engine, sampler.engine_args())
+    )
+    raw: dict[int, float] = {}
+    mine: dict[int, float] = {}
+    if llm is not None:
+        await anyio.to_thread.run_sync(raw_once, llm, prompt, 1, 8)  # warm-up
+    await ours_once(sampler, prompt, 1, 8)
     for c in CONCURRENCY:
-        counts = []
-
-        async def one(i, counts=counts):
-            g = await sampler.generate(prompt, params.with_(seed=i))
-            counts.append(len(g))
-
-        t0 = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for i in range(c):
-                tg.start_soon(one, i)
-        dt = time.perf_counter() - t0
-        out[c] = sum(counts) / dt
-        print(f"  VLLMSampler       c={c:<3} {out[c]:8.1f} tok/s", flush=True)
+        for _ in range(args.repeats):
+            if llm is not None:
+                r = await anyio.to_thread.run_sync(raw_once, llm, prompt, c, args.new_tokens)
+                raw[c] = max(raw.get(c, 0.0), r)
+            m = await ours_once(sampler, prompt, c, args.new_tokens)
+            mine[c] = max(mine.get(c, 0.0), m)
+        print(f"  c={c:<3} raw {raw.get(c, float('nan')):8.1f} tok/s   ours {mine[c]:8.1f} tok/s",
+              flush=True)  # fmt: skip
+    if llm is not None:
+        llm.llm_engine.engine_core.shutdown()
 
     weights = load_file(str(sampler.model_dir / "model.safetensors"))
     nbytes = sum(t.numel() * t.element_size() for t in weights.values())
@@ -80,16 +98,21 @@ async def ours(args, sampler, prompt):
         await sampler.update_weights(weights, sampler.version + 1)
         reloads.append(sampler.last_update_seconds)
         t0 = time.perf_counter()
-        _ = {k: v.clone() for k, v in weights.items()}
+        for v in weights.values():
+            v.clone()
         copies.append(time.perf_counter() - t0)
         print(f"  reload {i}: {reloads[-1]:.2f}s (memcpy floor {copies[-1]:.3f}s)", flush=True)
     await sampler.close()
-    return out, {
-        "reload_s_median": statistics.median(reloads),
-        "reload_s_all": reloads,
-        "memcpy_floor_s": statistics.median(copies),
-        "weights_mb": nbytes / 2**20,
-    }
+    return (
+        raw,
+        mine,
+        {
+            "reload_s_median": statistics.median(reloads),
+            "reload_s_all": reloads,
+            "memcpy_floor_s": statistics.median(copies),
+            "weights_mb": nbytes / 2**20,
+        },
+    )
 
 
 def main() -> None:
@@ -100,6 +123,7 @@ def main() -> None:
     parser.add_argument("--reloads", type=int, default=3)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--out", default="benchmarks/results/samplers_vllm.json")
+    parser.add_argument("--repeats", type=int, default=2, help="best of N per concurrency")
     parser.add_argument("--skip-raw", action="store_true")
     args = parser.parse_args()
 
@@ -113,15 +137,12 @@ def main() -> None:
         "input_ids"
     ]
     prompt = (prompt * (args.prompt_tokens // len(prompt) + 1))[: args.prompt_tokens]
-    import os
-
     print(
         f"vllm benchmark: {args.model}, {args.prompt_tokens} prompt + {args.new_tokens} new "
         f"tokens, OMP bind {os.environ.get('VLLM_CPU_OMP_THREADS_BIND')}",
         flush=True,
     )
-    raw = {} if args.skip_raw else raw_engine(args, sampler.engine_args(), prompt)
-    mine, reload = anyio.run(ours, args, sampler, prompt)
+    raw, mine, reload = anyio.run(run, args, sampler, prompt)
 
     print(f"\n{'concurrency':>11} | {'raw LLM tok/s':>13} | {'VLLMSampler tok/s':>17} | ratio")
     for c in CONCURRENCY:
@@ -138,6 +159,7 @@ def main() -> None:
         "new_tokens": args.new_tokens,
         "prompt_tokens": args.prompt_tokens,
         "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+        "load_average_1min": os.getloadavg()[0],
         "vllm": {
             str(c): {
                 "raw_tok_s": raw.get(c),

@@ -84,6 +84,7 @@ class OpenAISampler(Sampler):
         self.server_url = root[: -len("/v1")] if root.endswith("/v1") else root
         self.api_url = self.server_url + "/v1"
         self.model = model
+        self._model_checked = False
         self.max_retries = max_retries
         self.backoff = backoff
         self.entropy_top_k = entropy_top_k
@@ -158,13 +159,33 @@ class OpenAISampler(Sampler):
         )
 
     async def served_model(self) -> str:
-        if self.model is None:
-            data = (await self._request("GET", f"{self.api_url}/models")).json()
-            models = [m["id"] for m in data.get("data", [])]
-            if not models:
-                raise SamplerError(f"{self.api_url}/models lists no model")
-            self.model = models[0]
-        return self.model
+        """The served model name: `model` if the server lists it, else its only model.
+
+        `model` may also be our alias or a local folder (what ``create_sampler`` passes by
+        default): the server's model is used and the folder gives the tokenizer.
+        """
+        if self._model_checked:
+            return str(self.model)
+        data = (await self._request("GET", f"{self.api_url}/models")).json()
+        served = [m["id"] for m in data.get("data", [])]
+        if not served:
+            raise SamplerError(f"{self.api_url}/models lists no model")
+        if self.model not in served:
+            local = self.model is not None and (
+                self.model == "smollm2-135m-instruct" or Path(self.model).expanduser().exists()
+            )
+            if self.model is not None and not (local and len(served) == 1):
+                raise SamplerError(
+                    f"the server at {self.api_url} does not serve model {self.model!r}; "
+                    f"it serves {', '.join(served)} (set the sampler's model to one of them)"
+                )
+            if local and self.model_dir is None:
+                from agentrl.samplers.vllm import resolve_model_dir
+
+                self.model_dir = resolve_model_dir(self.model)
+            self.model = served[0]
+        self._model_checked = True
+        return str(self.model)
 
     # -- generation -----------------------------------------------------------------------
 

@@ -83,6 +83,27 @@ def test_generate_returns_tokens_logprobs_and_versions(sampler, portal, tokenize
     assert again.token_ids == gen.token_ids
 
 
+def test_concurrent_callers_all_finish_and_match_solo_greedy(sampler, portal, tokenizer):
+    params = GREEDY.with_(max_new_tokens=8)
+    prompts = [_ids(tokenizer, p) for p in PROMPTS]
+    solo = [portal.call(sampler.generate, p, params).token_ids for p in prompts]
+
+    async def many():
+        out = {}
+
+        async def one(i):
+            out[i] = (await sampler.generate(prompts[i % len(prompts)], params)).token_ids
+
+        async with anyio.create_task_group() as tg:
+            for i in range(24):
+                tg.start_soon(one, i)
+        return out
+
+    out = portal.call(many)
+    assert len(out) == 24
+    assert all(out[i] == solo[i % len(prompts)] for i in range(24))
+
+
 def test_logprob_gap_vs_teacher_forced_hf(sampler, portal, tokenizer, model_dir):
     """Measure (and report) the behaviour-logprob gap vs an fp32 HF forward pass."""
     from transformers import AutoModelForCausalLM
@@ -186,18 +207,23 @@ def test_update_changes_outputs_and_versions(sampler, portal, tokenizer, origina
 def test_tokens_across_an_update_carry_both_versions(sampler, portal, tokenizer, original_weights):
     params = SamplingParams(temperature=1.0, max_new_tokens=200, seed=5)
     v0 = sampler.version
+    prompt = _ids(tokenizer, PROMPTS[3])
 
     async def generate_across_update():
         result = {}
 
         async def gen():
-            result["gen"] = await sampler.generate(_ids(tokenizer, PROMPTS[3]), params)
+            result["gen"] = await sampler.generate(prompt, params)
 
         sampler.ignore_eos = True
         try:
+            # time 32 tokens so the update lands roughly 60 tokens into the 200
+            t0 = time.perf_counter()
+            await sampler.generate(prompt, params.with_(max_new_tokens=32))
+            per_token = (time.perf_counter() - t0) / 32
             async with anyio.create_task_group() as tg:
                 tg.start_soon(gen)
-                await anyio.sleep(1.5)
+                await anyio.sleep(60 * per_token)
                 await sampler.update_weights(original_weights, v0 + 1)
         finally:
             sampler.ignore_eos = False
