@@ -75,6 +75,7 @@ class SandboxCgroup:
     def __init__(self, memory_bytes: int, max_pids: int) -> None:
         name = f"{_PREFIX}{os.getpid()}-{next(_counter)}"
         self.dirs: dict[str, Path] = {}
+        self._oom_fd: int | None = None
         try:
             for ctl, root in roots().items():
                 path = root / name
@@ -99,14 +100,24 @@ class SandboxCgroup:
         mem = self.dirs.get("memory")
         if mem is None:
             return 0
-        with contextlib.suppress(OSError, ValueError):
-            for line in (mem / "memory.oom_control").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
+        try:
+            if self._oom_fd is None:  # kept open: read twice per call, cheaply
+                self._oom_fd = os.open(mem / "memory.oom_control", os.O_RDONLY | os.O_CLOEXEC)
+            text = os.pread(self._oom_fd, 4096, 0)
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(b" ")
+            if key == b"oom_kill":
+                with contextlib.suppress(ValueError):
                     return int(value)
         return 0
 
     def remove(self) -> None:
+        if self._oom_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._oom_fd)
+            self._oom_fd = None
         for path in self.dirs.values():
             for _ in range(50):  # the last processes may still be on their way out
                 try:
