@@ -1,0 +1,42 @@
+"""The environments' first messages render with the real SmolLM2 tokenizer and the
+Hermes tool template, and leave room in a small model's context."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentrl.envs import make_env
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from agentrl.models import load_tokenizer
+
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("code_math", {"fewshot": "system"}),
+        ("code_math", {"fewshot": "messages"}),
+        ("search_qa", {}),
+    ],
+)
+async def test_prompt_renders_with_tools(tokenizer: Any, name: str, options: dict) -> None:
+    from agentrl.chat import ChatRenderer
+
+    env = make_env(name, size=1, **options).spawn()
+    task = next(env.tasks())
+    messages = await env.reset(task)
+    await env.close()
+    renderer = ChatRenderer(tokenizer, tools=env.tool_schemas())
+    ids = renderer.prompt_ids(messages)
+    text = tokenizer.decode(ids)
+    assert f'"name": "{env.tools[0].name}"' in text  # the tool list is in the system turn
+    assert text.rstrip().endswith("<|im_start|>assistant")
+    assert task["question"] in text
+    assert len(ids) < 900, len(ids)  # room left for turns in a 2048-token context
