@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import anyio
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agentrl._suggest import suggest
@@ -208,7 +209,8 @@ class ToolEnvironment(Environment):
             raise EnvError(f"{type(self).__name__}.step called before reset")
         prepared = prepare_calls(turn.text, self.tools, parser=self.tool_parser)
         if not prepared.attempted:  # no call at all, not even a malformed one: the answer
-            reward, info = self.verifier.score(turn.text, self.task)
+            # scorers may parse expressions (sympy): keep them off the event loop
+            reward, info = await anyio.to_thread.run_sync(self.verifier.score, turn.text, self.task)
             self.final = (float(reward), info)
             return StepResult(reward=float(reward), done=True, info=info)
         results = await run_tool_calls(prepared, self.ctx)
