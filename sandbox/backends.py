@@ -166,18 +166,16 @@ class BwrapBackend(Backend):
         cgroup = None
         if limits.cgroups and cgroups.roots():
             mb = 1024 * 1024
-            # the whole sandbox: its processes' memory plus its RAM-backed /tmp; bwrap's
-            # two own processes count against pids.max too
+            # the whole sandbox: its processes' memory plus its RAM-backed /tmp
             try:
-                cgroup = SandboxCgroup(
-                    (limits.memory_mb + limits.tmp_mb) * mb, limits.max_processes + 2
-                )
+                cgroup = SandboxCgroup((limits.memory_mb + limits.tmp_mb) * mb)
             except OSError:
                 cgroup = None
         if cgroup is not None:
-            # enter the cgroups before anything else runs, then become setpriv -> bwrap
-            script = 'echo $$ > "$1" && echo $$ > "$2" && shift 2 && exec "$@"'
-            argv = ["/bin/sh", "-c", script, "agentrl-cgroup", *cgroup.procs_files(), *argv]
+            # enter the cgroup before anything else runs, then become setpriv -> bwrap
+            (procs,) = cgroup.procs_files()
+            script = 'echo $$ > "$1" && shift && exec "$@"'
+            argv = ["/bin/sh", "-c", script, "agentrl-cgroup", procs, *argv]
         return Launch(argv, env={}, cgroup=cgroup)
 
     def inner_pidfd(self, kernel: KernelProcess) -> int | None:

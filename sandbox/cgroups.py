@@ -1,9 +1,10 @@
-"""Per-sandbox cgroups (v1 memory + pids) where this process may create them.
+"""Per-sandbox memory cgroups (v1) where this process may create them.
 
-rlimits bound each process; a cgroup bounds the sandbox as a whole: total memory (with
-its /tmp, which lives in RAM) and the exact number of processes. Used by the bwrap backend
-when the controllers' directories are writable (typically as root); otherwise skipped and
-reported by `agentrl sandbox check`.
+rlimits bound each process; a memory cgroup bounds the sandbox as a whole, its RAM-backed
+/tmp included. Used by the bwrap backend when the controller's directory is writable
+(typically as root); otherwise skipped and reported by `agentrl sandbox check`. Processes
+need no cgroup: RLIMIT_NPROC already counts per sandbox (each has its own user namespace),
+and every cgroup a new process joins costs an RCU grace period (~5 ms) on cgroup v1.
 """
 
 from __future__ import annotations
@@ -20,15 +21,13 @@ _roots: dict[str, Path] | None = None
 
 
 def _own_dirs() -> dict[str, Path]:
-    """{controller: the directory of our own cgroup} for writable v1 memory and pids."""
+    """{controller: the directory of our own cgroup} for a writable v1 memory controller."""
     mounts: dict[str, Path] = {}
     with contextlib.suppress(OSError), open("/proc/self/mounts") as f:
         for line in f:
             parts = line.split()
-            if len(parts) >= 4 and parts[2] == "cgroup":
-                for ctl in ("memory", "pids"):
-                    if ctl in parts[3].split(","):
-                        mounts[ctl] = Path(parts[1])
+            if len(parts) >= 4 and parts[2] == "cgroup" and "memory" in parts[3].split(","):
+                mounts["memory"] = Path(parts[1])
     found: dict[str, Path] = {}
     with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
         for line in f:
@@ -42,11 +41,10 @@ def _own_dirs() -> dict[str, Path]:
 
 
 def roots() -> dict[str, Path]:
-    """Cached: both controllers or nothing, after sweeping cgroups of dead owners."""
+    """Cached: the memory controller or nothing, after sweeping cgroups of dead owners."""
     global _roots
     if _roots is None:
-        found = _own_dirs()
-        _roots = found if set(found) == {"memory", "pids"} else {}
+        _roots = _own_dirs()
         for root in _roots.values():
             _sweep(root)
     return _roots
@@ -55,7 +53,7 @@ def roots() -> dict[str, Path]:
 def problem() -> str | None:
     if roots():
         return None
-    return "no writable cgroup v1 memory+pids hierarchy (memory is bounded per process only)"
+    return "no writable cgroup v1 memory hierarchy (memory is bounded per process only)"
 
 
 def _sweep(root: Path) -> None:
@@ -70,9 +68,9 @@ def _sweep(root: Path) -> None:
 
 
 class SandboxCgroup:
-    """One sandbox's memory and pids cgroups."""
+    """One sandbox's memory cgroup."""
 
-    def __init__(self, memory_bytes: int, max_pids: int) -> None:
+    def __init__(self, memory_bytes: int) -> None:
         name = f"{_PREFIX}{os.getpid()}-{next(_counter)}"
         self.dirs: dict[str, Path] = {}
         self._oom_fd: int | None = None
@@ -87,7 +85,6 @@ class SandboxCgroup:
             if swap.exists():
                 with contextlib.suppress(OSError):
                     swap.write_text(str(memory_bytes))
-            (self.dirs["pids"] / "pids.max").write_text(str(max_pids))
         except OSError:
             self.remove()
             raise

@@ -36,7 +36,7 @@ class SandboxLimits(BaseModel):
     output_kill_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="total output of one run that kills it"
     )
-    cgroups: bool = Field(True, description="bwrap: per-sandbox memory+pids cgroup if possible")
+    cgroups: bool = Field(True, description="bwrap: a per-sandbox memory cgroup if possible")
     network: bool = Field(False, description="share the host network (bwrap/docker)")
     python: str = Field("/usr/bin/python3", description="interpreter inside the sandbox")
     ro_binds: tuple[str, ...] = Field((), description="extra host paths visible read-only")

@@ -58,7 +58,7 @@ async def _probe(backend: str) -> tuple[bool, str]:
             from agentrl.sandbox import cgroups
 
             why = cgroups.problem()
-            note += "; per-sandbox memory+pids cgroup" + (f": no, {why}" if why else ": yes")
+            note += "; per-sandbox memory cgroup" + (f": no, {why}" if why else ": yes")
         if backend == "subprocess":
             note += "; NOT isolated, needs allow_insecure=True"
         return True, note
