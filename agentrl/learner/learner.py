@@ -26,6 +26,7 @@ import contextlib
 import copy
 import json
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -412,7 +413,10 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 sums["loss/total"] += step_loss
                 weights["loss/total"] += 1.0
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # a step with nothing to train skips optimizer.step(); the schedule still advances
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            self.scheduler.step()
         self.model.eval()
         self.version += 1
         self.step_count += 1
@@ -556,6 +560,11 @@ class Learner:
             gap = (batch.behavior_logprobs - learner_lp).abs()[m]
             out["logprob_gap/mean"] = float(gap.mean())
             out["logprob_gap/max"] = float(gap.max())
+            # importance ratio pi_learner / pi_behavior at the start of the step
+            ratio = torch.exp((learner_lp - batch.behavior_logprobs)[m].clamp(-20, 20))
+            out["is_ratio/mean"] = float(ratio.mean())
+            out["is_ratio/max"] = float(ratio.max())
+            out["is_ratio/min"] = float(ratio.min())
             for s in torch.unique(st):
                 out[f"logprob_gap/staleness_{int(s)}"] = float(gap[st == s].mean())
         return out

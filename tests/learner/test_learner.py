@@ -22,6 +22,7 @@ CORE_METRICS = (
     "pg/approx_kl",
     "grad_norm",
     "logprob_gap/mean",
+    "is_ratio/mean",
     "staleness/mean",
     "response_length/mean",
     "reward/mean",
@@ -290,3 +291,21 @@ def test_config_errors_name_the_field(fresh_model: Callable[[], torch.nn.Module]
         Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "grpoo"}))
     with pytest.raises(ValueError, match="at least one TrajectoryGroup"):
         Learner(fresh_model(), None, make_cfg()).step([])
+
+
+def test_step_without_trainable_tokens_still_advances(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    broken = [
+        TrajectoryGroup(
+            g.task_id,
+            [Trajectory(t.segments, reward=t.reward, status="infra_error") for t in g.trajectories],
+        )
+        for g in groups
+    ]
+    learner = Learner(fresh_model(), None, make_cfg())
+    before = _flat(learner.model)
+    metrics = learner.step(broken)
+    assert learner.version == 1
+    assert metrics["tokens/trained"] == 0 and metrics["optimizer_steps"] == 0
+    assert torch.equal(before, _flat(learner.model))
