@@ -167,7 +167,11 @@ class ChatRenderer:
     def _probe_structure(self) -> None:
         """Learn the assistant turn suffix and check the template is prefix-stable."""
         base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-        opened = self.render_text(base, add_generation_prompt=True)
+        try:
+            opened = self.render_text(base, add_generation_prompt=True)
+        except Exception:  # some templates refuse a system role
+            base = base[1:]
+            opened = self.render_text(base, add_generation_prompt=True)
         closed = self.render_text(
             [*base, {"role": "assistant", "content": _SENTINEL}], add_generation_prompt=False
         )

@@ -350,6 +350,19 @@ def test_check_prefix_detects_non_canonical_ids(renderer, tok):
         renderer.check_prefix(tr.messages, segs)
 
 
+def test_template_without_system_role(tok):
+    template = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    r = ChatRenderer(tok, None, template=template)
+    tr = ChatTranscript(r, [USER])
+    tr.add_model(r.encode("hi") + r.end_of_turn_ids)
+    tr.add_observation([{"role": "user", "content": "more"}])
+    assert tr.check().exact_tokens
+
+
 def test_bad_calls(renderer):
     with pytest.raises(ValueError, match="empty"):
         renderer.prompt_ids([])
@@ -357,3 +370,61 @@ def test_bad_calls(renderer):
         renderer.prompt_ids([USER, {"role": "assistant", "content": "x"}])
     with pytest.raises(ValueError, match="end with the assistant message"):
         renderer.observation_ids([USER], [{"role": "tool", "content": "x"}])
+
+
+# --- the real model's sampled tokens (slow) -------------------------------------------------
+
+
+@pytest.mark.integration
+def test_real_smollm2_episode_tokens_pass_the_check(tok):
+    """SmolLM2-135M samples several turns with the python tool on the real sandbox."""
+    import anyio
+
+    from agentrl.samplers import SamplingParams, create_sampler
+    from agentrl.tools import (
+        PythonTool,
+        ToolContext,
+        close_shared_sandboxes,
+        prepare_calls,
+        run_tool_calls,
+    )
+
+    tool = PythonTool(timeout=5)
+    renderer = ChatRenderer(tok, [tool])
+    system = (
+        "Use the python tool to compute. Example:\n<tool_call>\n"
+        '{"name": "python", "arguments": {"code": "print(2 + 3)"}}\n</tool_call>'
+    )
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "What is 17 * 23?"},
+    ]
+
+    async def episode(seed: int) -> ChatTranscript:
+        sampler = create_sampler("hf", model="smollm2-135m-instruct")
+        params = SamplingParams(
+            temperature=1.0, max_new_tokens=40, stop_token_ids=renderer.stop_token_ids, seed=seed
+        )
+        tr = ChatTranscript(renderer, messages)
+        try:
+            async with ToolContext() as ctx:
+                for _ in range(2):
+                    gen = await sampler.generate(tr.input_ids, params)
+                    text = tr.add_model(gen.token_ids, gen.logprobs, gen.versions)
+                    prepared = prepare_calls(text, [tool])
+                    if prepared.attempted:
+                        results = await run_tool_calls(prepared, ctx)
+                        tr.add_observation([r.message for r in results])
+                    else:
+                        tr.add_observation([{"role": "user", "content": "Check it with python."}])
+                    assert tr.check().ok
+        finally:
+            await sampler.close()
+            await close_shared_sandboxes()
+        return tr
+
+    for seed in (1,):
+        tr = anyio.run(episode, seed)
+        assert tr.check().ok
+        model = [t for s in tr.segments if s.kind == "model" for t in s.token_ids]
+        assert [t for t, m in zip(tr.input_ids, tr.loss_mask, strict=True) if m] == model
