@@ -72,6 +72,7 @@ _PROBE_TOOL = {
     },
 }
 _SENTINEL = "AGENTRL_SENTINEL_7f3a"
+_END_OF_TEXT = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<|eot_id|>", "<|im_end|>")
 
 
 def load_template(template: str) -> tuple[str, str]:
@@ -210,11 +211,15 @@ class ChatRenderer:
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
-        """Token ids a sampler should stop at: the end-of-turn token and the eos token."""
+        """Token ids a sampler should stop at: the end-of-turn token, the eos token and the
+        usual end-of-document tokens that are special in this vocabulary."""
         ids = [self.end_of_turn_ids[-1]] if self.end_of_turn_ids else []
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        if isinstance(eos, int) and eos not in ids:
-            ids.append(eos)
+        candidates = [getattr(self.tokenizer, "eos_token_id", None)]
+        vocab = self.tokenizer.get_vocab()
+        candidates += [vocab.get(name) for name in _END_OF_TEXT]
+        for tid in candidates:
+            if isinstance(tid, int) and tid in self.special_ids and tid not in ids:
+                ids.append(tid)
         return tuple(ids)
 
     # --- token in, token out ---------------------------------------------------------

@@ -99,7 +99,9 @@ def test_unknown_template_name_suggests(tok):
 def test_structure_of_chatml(renderer, tok):
     assert renderer.turn_suffix == "<|im_end|>\n"
     assert renderer.end_of_turn_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
-    assert tok.convert_tokens_to_ids("<|im_end|>") in renderer.stop_token_ids
+    assert renderer.stop_token_ids == tuple(
+        tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")
+    )
 
 
 # --- random conversations: concatenation == full render, loss mask == assistant tokens ----
