@@ -69,7 +69,6 @@ async def evaluate(
 
     from agentrl.chat import ChatRenderer
     from agentrl.envs import make_env
-    from agentrl.learner.checkpoint import load_model_weights
     from agentrl.models import load_model
     from agentrl.rollout import RolloutEngine
     from agentrl.samplers import create_sampler
@@ -81,7 +80,7 @@ async def evaluate(
     version = 0
     if checkpoint is not None:
         ckpt = resolve_checkpoint(checkpoint)
-        version = load_model_weights(model, ckpt / "learner")
+        version = load_policy_weights(model, ckpt / "learner")
     sampler = create_sampler(
         cfg.sampler.backend, model=(model, tokenizer), max_batch_size=cfg.sampler.max_batch_size
     )
@@ -89,18 +88,23 @@ async def evaluate(
     rollout_cfg = cfg.rollout.model_copy(update={"group_size": samples})
     rollout_cfg.branching = rollout_cfg.branching.model_copy(update={"enabled": False})
     engine = RolloutEngine(
-        env, sampler, renderer, rollout_cfg, sampling_params(cfg), seed=cfg.orchestrator.seed
+        env, sampler, renderer, rollout_cfg, sampler_cfg=cfg.sampler, seed=cfg.orchestrator.seed
     )
     tasks = env.tasks(split="test", seed=cfg.orchestrator.seed + 1_000_000)
     groups: list[TrajectoryGroup] = []
     t0 = time.time()
-    async with sampler, anyio.create_task_group() as tg:
-        for i, task in zip(range(n_tasks), tasks, strict=False):
+    try:
+        async with sampler, anyio.create_task_group() as tg:
+            for i, task in zip(range(n_tasks), tasks, strict=False):
 
-            async def one(task: dict[str, Any] = task, i: int = i) -> None:
-                groups.append(await engine.run_task(task, index=i))
+                async def one(task: dict[str, Any] = task, i: int = i) -> None:
+                    groups.append(await engine.run_task(task, index=i))
 
-            tg.start_soon(one)
+                tg.start_soon(one)
+    finally:
+        from agentrl.tools.python import close_shared_sandboxes
+
+        await close_shared_sandboxes()
     ks = sorted({1, samples} | ({k for k in (2, 4, 8) if k < samples}))
     per_task = [group_scores(g, ks) for g in groups]
     keys = sorted({k for row in per_task for k in row})
@@ -117,13 +121,18 @@ async def evaluate(
     }
 
 
-def sampling_params(cfg: Config) -> Any:
-    from agentrl.samplers import SamplingParams
+def load_policy_weights(model: Any, learner_dir: Path) -> int:
+    """Load the policy saved by the learner into `model`; returns the weight version."""
+    import json
 
-    s = cfg.sampler
-    return SamplingParams(
-        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens
-    )
+    from safetensors.torch import load_model as load_safetensors
+
+    weights = learner_dir / "model.safetensors"
+    if not weights.is_file():
+        raise CheckpointError(f"{learner_dir} has no model.safetensors: not a learner checkpoint")
+    load_safetensors(model, str(weights))
+    meta = learner_dir / "learner.json"
+    return int(json.loads(meta.read_text()).get("version", 0)) if meta.is_file() else 0
 
 
 def print_eval(result: dict[str, Any]) -> None:

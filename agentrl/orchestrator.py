@@ -221,6 +221,9 @@ class Orchestrator:
                 if self._stop_reason == "interrupted" and self.step > self._saved_step:
                     await anyio.to_thread.run_sync(self.save_checkpoint)
                 await self.sampler.close()
+                from agentrl.tools.python import close_shared_sandboxes
+
+                await close_shared_sandboxes()  # no sandbox process outlives the run
                 self.events.publish(
                     RunFinished(
                         step=self.step,

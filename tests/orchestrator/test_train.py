@@ -192,3 +192,17 @@ def test_resume_after_sigkill(tmp_path):
 def test_config_error_names_the_field(tmp_path):
     with pytest.raises(ConfigError, match=r"learner\.batch_groups"):
         load_config(overrides=[*BASE, "learner.batch_groups=0"])
+
+
+def test_eval_reports_pass_and_maj_at_k(tmp_path):
+    from agentrl.evaluation import evaluate
+
+    _run(tmp_path, "orchestrator.max_steps=1", "orchestrator.checkpoint_every=1")
+    cfg = load_config(overrides=BASE)
+    result = anyio.run(evaluate, cfg, tmp_path / "run", 3, 4)
+    assert result["version"] == 1 and result["tasks"] == 3
+    m = result["metrics"]
+    assert 0.0 <= m["pass@1"] <= m["pass@2"] <= m["pass@4"] <= 1.0
+    assert "maj@4" in m
+    with pytest.raises(Exception, match="neither a checkpoint"):
+        anyio.run(evaluate, cfg, tmp_path / "nowhere", 1, 2)
