@@ -349,7 +349,7 @@ class HFSampler(Sampler):
                     params = self._model.state_dict()
                     for name, tensor in update.state.items():
                         target = params[name]
-                        target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+                        target.copy_(tensor)  # converts dtype and device in one pass
                 with self._cond:
                     self._version = update.version
                 _resolve(update.future, update.loop, None)
