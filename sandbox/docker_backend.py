@@ -176,12 +176,16 @@ class DockerBackend(Backend):
 
     def scrub(self, container: Any, limits: SandboxLimits) -> bool:
         """Kill the sandbox uid's processes and wipe /tmp; False if that failed."""
-        try:
-            uid = str(limits.sandbox_uid)
-            res = container.exec_run([_PYTHON, "-I", "-c", _SCRUB], user=f"{uid}:{uid}")
-            return res.exit_code == 0
-        except Exception:
-            return False
+        uid = str(limits.sandbox_uid)
+        for attempt in range(3):  # a process flood can leave no pid free for a moment
+            try:
+                res = container.exec_run([_PYTHON, "-I", "-c", _SCRUB], user=f"{uid}:{uid}")
+                if res.exit_code == 0:
+                    return True
+            except Exception:
+                pass
+            time.sleep(0.2 * (attempt + 1))
+        return False
 
     def give_back(self, container: Any) -> None:
         self._idle.append(container)
