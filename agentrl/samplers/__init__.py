@@ -68,4 +68,21 @@ def create_sampler(
         hf_model, tokenizer = load_model(
             model, dtype=dtype, device=device, seed=options.get("seed") or 0
         )
+    _check_options(cls, options)
     return cls(hf_model, tokenizer, **options)
+
+
+def _check_options(cls: type, options: dict[str, Any]) -> None:
+    import inspect
+
+    known = [
+        name
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    for name in options:
+        if name not in known:
+            raise TypeError(
+                f"unknown option {name!r} for the {cls.backend} sampler; known: {', '.join(known)}"
+                + suggest(name, known)
+            )

@@ -330,7 +330,12 @@ class HFSampler(Sampler):
                 not chunk or len(newcomers[0].prompt) * (len(chunk) + 1) <= budget
             ):
                 chunk.append(newcomers.pop(0))
-            self._prefill(chunk)
+            try:
+                self._prefill(chunk)
+            except Exception as e:  # these callers are not in the batch yet: fail them here
+                error = SamplerError(f"hf sampler prefill failed: {type(e).__name__}: {e}")
+                for r in chunk:
+                    _resolve(r.future, r.loop, error)
         if self._active:
             self._decode_step()
         elif not self._waiting and self._updates:

@@ -298,6 +298,8 @@ async def test_create_sampler_from_name_and_pair(pair):
     assert a.token_ids == b.token_ids  # seeded tiny-llama: same weights from the name
     many = await sampler.generate_many(prompt, SamplingParams(n=3, max_new_tokens=4, seed=1))
     assert len(many) == 3
+    with pytest.raises(TypeError, match="did you mean 'max_batch_size'"):
+        create_sampler("hf", model=pair, max_batch=3)
     with pytest.raises(UnknownNameError, match="did you mean 'hf'"):
         create_sampler("hff", model="tiny-llama")
     await sampler.close()
