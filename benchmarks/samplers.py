@@ -172,9 +172,13 @@ def run_vllm(args) -> dict[str, object] | None:
         str(args.repeats),
     ]
     print("vllm:", " ".join(command[1:]), flush=True)
-    proc = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=args.vllm_timeout
-    )
+    try:
+        proc = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=args.vllm_timeout
+        )
+    except subprocess.TimeoutExpired:
+        print(f"  vllm benchmark timed out after {args.vllm_timeout:.0f}s", flush=True)
+        return {"error": f"timed out after {args.vllm_timeout:.0f}s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout)[-2000:]

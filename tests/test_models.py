@@ -83,3 +83,13 @@ def test_smollm2_converts_once_and_generates(tmp_path, monkeypatch):
     gen = anyio.run(run)
     assert gen.finish_reason == "stop" and gen.token_ids[-1] == tokenizer.eos_token_id
     assert "Paris" in gen.text
+
+
+def test_local_folder_loads_like_the_original(tmp_path):
+    model, tokenizer = load_model("tiny-llama")
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    again, tok = load_model(str(tmp_path), dtype="float32")
+    assert type(again).__name__ == "LlamaForCausalLM" and not again.training
+    assert torch.equal(again.state_dict()["lm_head.weight"], model.state_dict()["lm_head.weight"])
+    assert tok("hello")["input_ids"] == tokenizer("hello")["input_ids"]
