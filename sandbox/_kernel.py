@@ -187,6 +187,8 @@ def main():
         os.dup2(saved_in, 0)
         os.dup2(saved_out, 1)
         os.dup2(saved_err, 2)
+        os.set_blocking(saved_out, True)  # shared with fd 1: undo a previous O_NONBLOCK
+        os.set_blocking(saved_err, True)
         for name, fd in (("stdout", 1), ("stderr", 2)):
             stream = getattr(sys, name, None)
             if stream is None or getattr(stream, "closed", True) or stream.fileno() != fd:

@@ -238,7 +238,9 @@ class KernelProcess:
             self._fds["info"] = info_r
         for fd in self._fds.values():
             os.set_blocking(fd, False)
-        self._fds["pidfd"] = os.pidfd_open(self._popen.pid)
+        if hasattr(os, "pidfd_open"):  # Linux >= 5.3: wait for exit without polling
+            with contextlib.suppress(OSError):
+                self._fds["pidfd"] = os.pidfd_open(self._popen.pid)
 
     @property
     def pid(self) -> int:
@@ -271,7 +273,10 @@ class KernelProcess:
         while self.returncode is None:
             self._poll()
             if self.returncode is None:
-                await anyio.wait_readable(self._fds["pidfd"])
+                if "pidfd" in self._fds:
+                    await anyio.wait_readable(self._fds["pidfd"])
+                else:
+                    await anyio.sleep(0.005)
 
     async def wait_ready(self, timeout: float) -> None:
         """Wait for the kernel's hello; SandboxError (with the sandbox's stderr) if none."""

@@ -189,7 +189,7 @@ class BwrapBackend(Backend):
             return None
         try:
             pidfd = os.pidfd_open(child)
-        except OSError:
+        except (OSError, AttributeError):
             return None
         try:  # the pidfd pins the process; check it is still the one bwrap started
             with open(f"/proc/{child}/stat", "rb") as f:
