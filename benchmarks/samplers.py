@@ -11,8 +11,8 @@
    log-prob of every token; ``generate`` does not.
 2. Weight publish: ``WeightBus.publish`` of a float32 learner state dict until the sampler
    reports the new version, idle and while 8 callers are generating (the swap waits for the
-   current decode step), beside the memcpy floor: copying the same bytes into preallocated
-   tensors of the same dtype.
+   current decode step), beside the memcpy floor: copying the same bytes into preallocated,
+   already-touched tensors of the same dtype (best of two passes).
 3. vLLM (hook): when ``.venv-vllm/bin/python`` exists, ``benchmarks/samplers_vllm.py`` runs
    in that environment as a subprocess with the same workload; its final JSON line is
    merged into the table and the JSON.
@@ -101,10 +101,14 @@ def memcpy_floor(state: dict[str, torch.Tensor]) -> tuple[float, int]:
         unique.setdefault((t.untyped_storage().data_ptr(), t.storage_offset()), (name, t))
     tensors = [t for _, t in unique.values()]
     buffers = [torch.empty_like(t) for t in tensors]
-    t0 = time.perf_counter()
-    for dst, src in zip(buffers, tensors, strict=True):
-        dst.copy_(src)
-    return time.perf_counter() - t0, sum(t.numel() * t.element_size() for t in tensors)
+    best = float("inf")
+    for attempt in range(3):  # the first pass faults the pages in, like a sampler's warm params
+        t0 = time.perf_counter()
+        for dst, src in zip(buffers, tensors, strict=True):
+            dst.copy_(src)
+        if attempt:
+            best = min(best, time.perf_counter() - t0)
+    return best, sum(t.numel() * t.element_size() for t in tensors)
 
 
 async def publish(args, sampler, prompt) -> dict[str, object]:
@@ -159,6 +163,8 @@ async def publish(args, sampler, prompt) -> dict[str, object]:
 def run_vllm(args) -> dict[str, object] | None:
     python = ROOT / ".venv-vllm" / "bin" / "python"
     script = ROOT / "benchmarks" / "samplers_vllm.py"
+    if args.vllm_json:  # merge an earlier run of samplers_vllm.py instead of running it again
+        return json.loads(Path(args.vllm_json).read_text())
     if args.no_vllm or not python.exists() or not script.exists():
         return None
     command = [
@@ -201,6 +207,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the .venv-vllm subprocess")
     parser.add_argument("--vllm-timeout", type=float, default=1800)
+    parser.add_argument(
+        "--vllm-json", help="merge this samplers_vllm.py result instead of running it"
+    )
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     if args.threads:

@@ -346,22 +346,30 @@ class HFSampler(Sampler):
             if not self._updates or (self.drain_on_update and self._active):
                 return
             updates, self._updates = list(self._updates), deque()
-        for update in updates:
-            if update.cancelled:
-                continue
-            try:
-                with torch.no_grad():
-                    params = self._model.state_dict()
-                    for name, tensor in update.state.items():
-                        target = params[name]
-                        target.copy_(tensor)  # converts dtype and device in one pass
-                with self._cond:
-                    self._version = update.version
-                _resolve(update.future, update.loop, None)
-            except Exception as e:
-                _resolve(
-                    update.future, update.loop, WeightUpdateError(f"applying weights failed: {e}")
-                )
+        live = [u for u in updates if not u.cancelled]
+        if not live:
+            return
+        # only the newest queued version is copied in; no token was produced by the others
+        update = live[-1]
+        try:
+            with torch.no_grad():
+                params = self._model.state_dict()
+                written: set[tuple[int, int]] = set()
+                for name, tensor in update.state.items():
+                    target = params[name]
+                    key = (target.untyped_storage().data_ptr(), target.storage_offset())
+                    if key in written:  # tied weights: one copy is enough
+                        continue
+                    written.add(key)
+                    target.copy_(tensor)  # converts dtype and device in one pass
+            with self._cond:
+                self._version = update.version
+            for done in live:
+                _resolve(done.future, done.loop, None)
+        except Exception as e:
+            error = WeightUpdateError(f"applying weights failed: {e}")
+            for done in live:
+                _resolve(done.future, done.loop, error)
 
     def _admit(self) -> list[_Request]:
         with self._cond:
