@@ -4,15 +4,17 @@
     bus.register(sampler)                       # any Sampler
     report = await bus.publish(3, model)        # a module or a state dict
 
-Each sampler declares how it wants weights through its ``weight_transport`` attribute
+Each sampler declares how it wants weights through its ``weight_payload`` attribute
 (default ``"state_dict"``). The bus prepares each transport's payload once per version and
 delivers to all samplers concurrently through ``sampler.update_weights(payload, version)``:
 
-- ``state_dict``: the tensors themselves (in-process copy; the hf sampler copies them into
-  its own parameters between two decode steps).
+- ``state_dict``: the tensors themselves. The hf sampler copies them into its own
+  parameters between two decode steps; the vllm sampler (which has no ``weight_payload``)
+  stages or broadcasts them itself (shared-memory folder on CPU, NCCL on GPU).
 - ``safetensors_dir``: a safetensors folder written once under ``/dev/shm/agentrl-weights/
-  v<N>`` (a temp folder where /dev/shm is missing); older versions are removed after
-  delivery. vLLM on CPU reloads from it.
+  v<N>`` (a temp folder where /dev/shm is missing) and shared by every sampler that asks
+  for it (e.g. several vLLM-CPU engines: set ``sampler.weight_payload = "safetensors_dir"``);
+  older versions are removed after delivery.
 
 A new transport (NCCL broadcast, Ray object store) is a class with ``prepare`` and
 ``release`` registered with :func:`register_transport`; samplers and the learner stay
@@ -118,7 +120,7 @@ _TRANSPORTS: dict[str, Callable[[], WeightTransport]] = {
 
 
 def register_transport(name: str, factory: Callable[[], WeightTransport]) -> None:
-    """Make a transport available to samplers declaring ``weight_transport = name``."""
+    """Make a transport available to samplers declaring ``weight_payload = name``."""
     _TRANSPORTS[name] = factory
 
 
@@ -152,7 +154,7 @@ class WeightBus:
         return list(self._samplers)
 
     def register(self, sampler: Any) -> None:
-        kind = getattr(sampler, "weight_transport", "state_dict")
+        kind = getattr(sampler, "weight_payload", "state_dict")
         self._transport(kind)  # fail early on an unknown transport
         if sampler not in self._samplers:
             self._samplers.append(sampler)
@@ -166,8 +168,7 @@ class WeightBus:
             if kind not in _TRANSPORTS:
                 raise UnknownNameError(
                     f"unknown weight transport {kind!r} (declared by a sampler's "
-                    f"weight_transport); known: {', '.join(_TRANSPORTS)}"
-                    + suggest(kind, _TRANSPORTS)
+                    f"weight_payload); known: {', '.join(_TRANSPORTS)}" + suggest(kind, _TRANSPORTS)
                 )
             self._transports[kind] = _TRANSPORTS[kind]()
         return self._transports[kind]
@@ -192,7 +193,7 @@ class WeightBus:
 
             payloads: dict[str, Any] = {}
             for kind in dict.fromkeys(
-                getattr(s, "weight_transport", "state_dict") for s in self._samplers
+                getattr(s, "weight_payload", "state_dict") for s in self._samplers
             ):
                 t0 = time.perf_counter()
                 payloads[kind] = await self._transport(kind).prepare(version, state)
@@ -201,7 +202,7 @@ class WeightBus:
             errors: list[str] = []
 
             async def deliver(index: int, sampler: Any) -> None:
-                kind = getattr(sampler, "weight_transport", "state_dict")
+                kind = getattr(sampler, "weight_payload", "state_dict")
                 label = f"{getattr(sampler, 'backend', type(sampler).__name__)}#{index}"
                 t0 = time.perf_counter()
                 try:

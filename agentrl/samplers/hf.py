@@ -89,7 +89,7 @@ class HFSampler(Sampler):
     """
 
     backend = "hf"
-    weight_transport = "state_dict"  # what the WeightBus hands to update_weights
+    weight_payload = "state_dict"  # what the WeightBus hands to update_weights
 
     def __init__(
         self,

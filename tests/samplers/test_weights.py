@@ -33,7 +33,7 @@ async def test_publish_reaches_every_sampler_through_its_transport(tmp_path):
     learner = trained_copy()
     in_process = HFSampler(*load_model("tiny-llama"))
     from_folder = HFSampler(*load_model("tiny-llama"))
-    from_folder.weight_transport = "safetensors_dir"  # reloads from a safetensors folder
+    from_folder.weight_payload = "safetensors_dir"  # reloads from a safetensors folder
     transport = SafetensorsDirTransport(tmp_path)
     bus = WeightBus(transports={"safetensors_dir": transport})
     bus.register(in_process)
