@@ -150,12 +150,16 @@ def _symbolic_equal(a: str, b: str) -> bool:
 
 def answers_equivalent(answer: str, expected: str, rel_tol: float = 1e-6) -> bool:
     """True when two answers denote the same value: numbers equal within ``rel_tol``
-    (fractions, decimals, ``1,234``), equal expressions (with sympy), or equal strings
-    ignoring whitespace and case."""
+    (fractions, decimals, ``1,234``); when ``expected`` is not a number, equal expressions
+    (with sympy); or equal strings ignoring whitespace and case."""
     if _clean(answer).lower().replace(" ", "") == _clean(expected).lower().replace(" ", ""):
         return True
     x, y = parse_number(answer), parse_number(expected)
-    if x is not None and y is not None:
+    if y is not None:
+        # a number is expected: the answer must be a number too, so boxing the question's
+        # own expression ("12 + -97 - 75") earns nothing
+        if x is None:
+            return False
         # float noise (0.30000000000000004, 0.333333333 for 1/3) counts as equal
         return x == y or math.isclose(float(x), float(y), rel_tol=rel_tol, abs_tol=1e-12)
     return _symbolic_equal(answer, expected)
