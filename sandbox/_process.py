@@ -187,6 +187,8 @@ class KernelProcess:
         self._cleanup_paths: list[str] = []
         self.in_use = False  # owned by a session (which releases the pipes)
         self.cgroup: SandboxCgroup | None = None
+        self._info = bytearray()  # bwrap's --info-fd JSON, as it arrives
+        self._ns_init: int | None = None
         self._spawn()
 
     # --- life cycle ---------------------------------------------------------------------
@@ -298,9 +300,11 @@ class KernelProcess:
         self._ready = True
         self._cpu_reported = float(frame.get("cpu", 0.0))
 
-    def _signal_kill(self) -> None:
+    def _signal_kill(self, force: bool = False) -> None:
         if self._popen is None or not self.alive:
             return
+        if not force and self.backend.uses_info_fd and self.ns_init_pid() is None:
+            return  # still starting: kill() waits until it can take down the whole tree
         target_pidfd = self.backend.inner_pidfd(self)
         try:
             if target_pidfd is not None:
@@ -319,7 +323,13 @@ class KernelProcess:
         """Kill every process of this sandbox and reap it. Safe to call twice; shielded."""
         with anyio.CancelScope(shield=True):
             if self._popen is not None and self.returncode is None:
-                self._signal_kill()
+                # Still starting (bwrap has not said which pid is the namespace's init)?
+                # Give it a moment: killing only the outer bwrap before its child has armed
+                # its parent-death signal could orphan the child.
+                with anyio.move_on_after(1.0):
+                    while self.backend.uses_info_fd and self.ns_init_pid() is None and self.alive:
+                        await anyio.sleep(0.005)
+                self._signal_kill(force=True)
                 with anyio.move_on_after(2.0):
                     await self._wait_exit()
                 if self.returncode is None:
@@ -328,6 +338,9 @@ class KernelProcess:
                             os.killpg(self._popen.pid, signal.SIGKILL)
                         os.kill(self._popen.pid, signal.SIGKILL)
                     await self._wait_exit()
+            if self.cgroup is not None:
+                # belt and braces: nothing that ever joined the sandbox's cgroup survives
+                self.cgroup.kill_all()
             self._remove_paths()
 
     async def aclose(self) -> None:
@@ -351,9 +364,14 @@ class KernelProcess:
             shutil.rmtree(path, ignore_errors=True)
         self._cleanup_paths = []
 
-    def read_info(self) -> bytes:
-        fd = self._fds.get("info", -1)
-        return _read_now(fd, 1 << 14) if fd >= 0 else b""
+    def ns_init_pid(self) -> int | None:
+        """The host pid of bwrap's child (init of the sandbox's pid namespace), once known."""
+        if self._ns_init is None:
+            fd = self._fds.get("info", -1)
+            if fd >= 0:
+                self._info += _read_now(fd, 1 << 14)
+                self._ns_init = parse_child_pid(bytes(self._info))
+        return self._ns_init
 
     # --- framing ------------------------------------------------------------------------
 

@@ -180,11 +180,7 @@ class BwrapBackend(Backend):
 
     def inner_pidfd(self, kernel: KernelProcess) -> int | None:
         """A pidfd of the pid namespace's init (verified to be bwrap's child), or None."""
-        from agentrl.sandbox._process import parse_child_pid
-
-        if not hasattr(kernel, "_ns_init_pid"):
-            kernel._ns_init_pid = parse_child_pid(kernel.read_info())  # type: ignore[attr-defined]
-        child = kernel._ns_init_pid  # type: ignore[attr-defined]
+        child = kernel.ns_init_pid()
         if child is None:
             return None
         try:
@@ -206,7 +202,7 @@ class BwrapBackend(Backend):
         if pidfd is None:
             return None
         os.close(pidfd)
-        return kernel._ns_init_pid  # type: ignore[attr-defined]
+        return kernel.ns_init_pid()
 
     def classify_exit(self, rc: int | None) -> tuple[str, int]:
         if rc is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -109,6 +110,39 @@ class SandboxCgroup:
                 with contextlib.suppress(ValueError):
                     return int(value)
         return 0
+
+    def kill_all(self, timeout: float = 2.0) -> None:
+        """SIGKILL every process still in the cgroup until it is empty (or `timeout`)."""
+        mem = self.dirs.get("memory")
+        if mem is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                pids = [int(p) for p in (mem / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                return
+            if not pids:
+                return
+            for pid in pids:
+                self._kill_member(pid, mem.name)
+            time.sleep(0.002)
+
+    @staticmethod
+    def _kill_member(pid: int, name: str) -> None:
+        """SIGKILL `pid` only if it is still in our cgroup (a pidfd pins its identity)."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            return
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                if f"/{name}\n" in f.read():
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
 
     def remove(self) -> None:
         if self._oom_fd is not None:

@@ -22,7 +22,7 @@ PY = "/usr/bin/python3"
 
 
 async def hostile(
-    code: str, status: str, marker: str, limit: float = 2.0, **limits
+    code: str, status: str, marker: str, limit: float = 5.0, **limits
 ) -> SandboxResult:
     """Run `code` in a warm session after defining a variable; check time, status, reuse."""
     sb = create_sandbox("bwrap", label=marker, pool_size=0, **limits)

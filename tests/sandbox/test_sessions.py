@@ -220,3 +220,21 @@ def test_create_sandbox_returns_quickly() -> None:
     sb = create_sandbox()
     assert time.perf_counter() - t0 < 0.05
     assert sb.live_processes == 0  # nothing started yet
+
+
+@pytest.mark.parametrize("cgroups", [True, False])
+async def test_cancel_and_close_while_interpreters_are_still_starting(
+    marker: str, cgroups: bool
+) -> None:
+    """Kills that land before bwrap has reported its namespace's init leave nothing behind."""
+    sb = create_sandbox(label=marker, pool_size=2, cgroups=cgroups)
+    try:
+        for i in range(20):
+            with anyio.move_on_after(0.002 * i):
+                async with sb.session() as s:
+                    await s.run("pass")
+        sb._top_up()  # warm interpreters launched but never awaited
+    finally:
+        await sb.close()
+    assert sb.live_processes == 0
+    assert wait_gone(marker) == []
