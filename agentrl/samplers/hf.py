@@ -422,6 +422,8 @@ class HFSampler(Sampler):
         )
         mask = _mask(pads, longest, self._device)
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)
+        if not any(pads):
+            mask = None  # no padding: the model's plain causal path is faster
         cache = DynamicCache()
         with torch.inference_mode():
             out = self._model(
@@ -459,7 +461,7 @@ class HFSampler(Sampler):
 
     def _decode_step(self) -> None:
         ids = torch.tensor(self._pending, device=self._device).unsqueeze(-1)
-        mask = _mask(self._pads, self._cache_len + 1, self._device)
+        mask = _mask(self._pads, self._cache_len + 1, self._device) if any(self._pads) else None
         positions = torch.tensor(
             [self._cache_len - p for p in self._pads], device=self._device
         ).unsqueeze(-1)
