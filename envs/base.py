@@ -158,7 +158,7 @@ class ToolEnvironment(Environment):
     """
 
     tool_types: ClassVar[Sequence[type[Tool]]] = ()
-    tool_parser: ClassVar[str] = "hermes"  # a name from agentrl.tools.parser_names()
+    tool_parser: str = "hermes"  # a name from agentrl.tools.parser_names()
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -21,7 +21,8 @@ from agentrl.envs.base import EnvOptions, ToolEnvironment
 from agentrl.envs.datasets import load_task_file
 from agentrl.envs.verifiers import MathVerifier, ReasoningGymVerifier, Verifier
 from agentrl.errors import ConfigError
-from agentrl.tools import PythonTool
+from agentrl.tools import PythonTool, register_parser
+from agentrl.tools.parsers import parse_hermes, parse_python_fence
 
 # Generator settings per difficulty; generator_options override them key by key.
 DIFFICULTY: dict[str, dict[str, dict[str, Any]]] = {
@@ -104,6 +105,12 @@ def fewshot_messages() -> list[dict[str, Any]]:
 SYSTEM_PROMPT = INSTRUCTIONS + "\n\n" + fewshot_text()
 
 
+@register_parser("hermes_or_fence")
+def parse_hermes_or_fence(text: str) -> list[Any]:
+    """Hermes ``<tool_call>`` blocks; if there are none, ```python code blocks."""
+    return parse_hermes(text) or parse_python_fence(text)
+
+
 class CodeMathOptions(EnvOptions):
     generators: list[str] = Field(default_factory=lambda: ["chain_sum", "basic_arithmetic"])
     difficulty: Literal["easy", "medium", "hard", "default"] = "easy"
@@ -114,6 +121,19 @@ class CodeMathOptions(EnvOptions):
     system_prompt: str | None = None  # replaces INSTRUCTIONS (keep the tool-call format)
     # where the two worked examples go: written into the system prompt, or as earlier turns
     fewshot: Literal["system", "messages", "none"] = "system"
+    # "hermes_or_fence" also runs ```python blocks, which small models often write instead
+    tool_parser: str = "hermes"
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        from agentrl.tools import get_parser
+
+        try:
+            get_parser(name)
+        except KeyError as e:  # UnknownNameError: names the registered parsers
+            raise ValueError(str(e)) from None
+        return name
 
     @field_validator("generators")
     @classmethod
@@ -144,6 +164,7 @@ class CodeMathEnv(ToolEnvironment):
     config: CodeMathOptions
 
     def make_tools(self) -> list[Any]:
+        self.tool_parser = self.config.tool_parser
         return [PythonTool(timeout=self.config.python_timeout_s)]
 
     def make_verifier(self) -> Verifier:

@@ -152,3 +152,20 @@ async def test_fewshot_as_messages() -> None:
         code = json.loads(call["content"].split("<tool_call>")[1].split("</tool_call>")[0])
         assert str(eval(code["arguments"]["code"][len("print(") : -1])) == result["content"]
         assert final["content"] == f"\\boxed{{{result['content']}}}"
+
+
+@pytest.mark.anyio
+async def test_fenced_code_runs_with_the_fence_parser() -> None:
+    with pytest.raises(ConfigError, match=r"option 'tool_parser'.*did you mean 'hermes'"):
+        make_env("code_math", tool_parser="hermess")
+    env = make_env(
+        "code_math", generators=["chain_sum"], size=1, tool_parser="hermes_or_fence"
+    ).spawn()
+    await env.reset(next(env.tasks()))
+    try:
+        result = await env.step(AssistantTurn("Let me compute.\n```python\nprint(6 * 7)\n```", []))
+        assert not result.done and result.observations[0]["content"].strip() == "42"
+        result = await env.step(AssistantTurn(python_call("print(6 * 8)"), []))
+        assert result.observations[0]["content"].strip() == "48"
+    finally:
+        await env.close()
