@@ -22,9 +22,8 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -32,9 +31,8 @@ import torch
 
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.samplers.hf_weights import WeightSpec
 from agentrl.samplers.sampling import sample_next
-
-_STRIP_PREFIXES = ("module.", "_orig_mod.")
 
 
 @dataclass(eq=False)
@@ -123,10 +121,8 @@ class HFSampler(Sampler):
         self._requested_version = version
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
-        # expected weight names -> shapes; tied names share one tensor and may stand in for each other
-        state = model.state_dict()
-        self._shapes = {name: tuple(t.shape) for name, t in state.items()}
-        self._ties = _tied_groups(state)
+        # names and shapes new weights must have (checked before anything is copied)
+        self._spec = WeightSpec.from_model(model)
 
         self._cond = threading.Condition()
         self._waiting: deque[_Request] = deque()
@@ -202,7 +198,7 @@ class HFSampler(Sampler):
                     f"weight versions only go up: got {version}, sampler is at "
                     f"{self._requested_version}; publish version {self._requested_version + 1} or later"
                 )
-        state = await anyio.to_thread.run_sync(self._validated_state, weights)
+        state = await anyio.to_thread.run_sync(self._spec.validate, weights, self._version)
         loop = asyncio.get_running_loop()
         update = _Update(state=state, version=version, loop=loop, future=loop.create_future())
         with self._cond:
@@ -247,37 +243,6 @@ class HFSampler(Sampler):
                 f"prompt_ids contains ids outside the vocabulary [0, {self._vocab}): {bad[:5]}"
             )
         return prompt
-
-    def _validated_state(self, weights: WeightsLike) -> dict[str, torch.Tensor]:
-        state = _load_weights(weights)
-        state = {_strip(name): tensor for name, tensor in state.items()}
-        extra = sorted(set(state) - set(self._shapes))
-        missing = sorted(
-            name
-            for name in self._shapes
-            if name not in state and not any(alias in state for alias in self._ties.get(name, ()))
-        )
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append(f"missing keys {_preview(missing)}")
-            if extra:
-                parts.append(f"unexpected keys {_preview(extra)}")
-            raise WeightUpdateError(
-                "new weights do not match the sampler's model: "
-                + "; ".join(parts)
-                + f". Publish the full state_dict of the same architecture (kept version {self._version})"
-            )
-        wrong = [
-            f"{name}: {tuple(t.shape)} != {self._shapes[name]}"
-            for name, t in state.items()
-            if tuple(t.shape) != self._shapes[name]
-        ]
-        if wrong:
-            raise WeightUpdateError(
-                f"new weights have wrong shapes ({_preview(wrong)}); kept version {self._version}"
-            )
-        return state
 
     # --- worker ---------------------------------------------------------------------
 
@@ -592,51 +557,3 @@ def _default_stop_ids(tokenizer: Any, model: Any) -> set[int]:
         if isinstance(im_end, int) and im_end != getattr(tokenizer, "unk_token_id", None):
             ids.add(im_end)
     return ids
-
-
-def _tied_groups(state: Mapping[str, torch.Tensor]) -> dict[str, tuple[str, ...]]:
-    """name -> other names backed by the same storage (tied embeddings)."""
-    by_storage: dict[tuple[int, int], list[str]] = {}
-    for name, t in state.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        by_storage.setdefault(key, []).append(name)
-    return {n: tuple(m for m in names if m != n) for names in by_storage.values() for n in names}
-
-
-def _strip(name: str) -> str:
-    for prefix in _STRIP_PREFIXES:
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-    return name
-
-
-def _preview(names: list[str], n: int = 5) -> str:
-    shown = ", ".join(names[:n])
-    return f"[{shown}{', ...' if len(names) > n else ''}] ({len(names)})"
-
-
-def _load_weights(weights: WeightsLike) -> dict[str, torch.Tensor]:
-    if isinstance(weights, Mapping):
-        out = {}
-        for name, t in weights.items():
-            if not isinstance(t, torch.Tensor):
-                raise WeightUpdateError(
-                    f"weight {name!r} is a {type(t).__name__}, expected a torch.Tensor"
-                )
-            out[str(name)] = t
-        return out
-    from safetensors.torch import load_file
-
-    path = Path(weights)
-    if path.is_file() and path.suffix == ".safetensors":
-        return load_file(str(path))
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else []
-    if not files:
-        raise WeightUpdateError(
-            f"weights path {str(path)!r} is neither a .safetensors file nor a folder with "
-            "*.safetensors files; pass a state dict or such a path"
-        )
-    state: dict[str, torch.Tensor] = {}
-    for file in files:
-        state.update(load_file(str(file)))
-    return state
