@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -52,6 +53,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the plain HF step")
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -101,6 +103,9 @@ def main() -> None:
         "no_grad_pass_s": m["time/no_grad_pass_s"],
         "state_dict_for_sampler_s": publish_s,
         "plain_hf_step_s": baseline_s,
+        # this machine is shared: 1-minute load average (cores: os.cpu_count())
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m_before_after": [load_before, os.getloadavg()[0]],
     }
     print(f"{'config':<40}{'best step (s)':>15}{'all steps (s)':>30}")
     label = f"bf16={learner.bf16} micro={args.micro} corr={args.correction}"
