@@ -22,7 +22,7 @@ from agentrl.envs.datasets import load_task_file
 from agentrl.envs.verifiers import MathVerifier, ReasoningGymVerifier, Verifier
 from agentrl.errors import ConfigError
 from agentrl.tools import PythonTool, register_parser
-from agentrl.tools.parsers import parse_hermes, parse_python_fence
+from agentrl.tools.parsers import call_from_object, parse_hermes, parse_python_fence
 
 # Generator settings per difficulty; generator_options override them key by key.
 DIFFICULTY: dict[str, dict[str, dict[str, Any]]] = {
@@ -105,10 +105,29 @@ def fewshot_messages() -> list[dict[str, Any]]:
 SYSTEM_PROMPT = INSTRUCTIONS + "\n\n" + fewshot_text()
 
 
-@register_parser("hermes_or_fence")
-def parse_hermes_or_fence(text: str) -> list[Any]:
-    """Hermes ``<tool_call>`` blocks; if there are none, ```python code blocks."""
-    return parse_hermes(text) or parse_python_fence(text)
+_DECODER = json.JSONDecoder()
+
+
+def _bare_json_calls(text: str) -> list[Any]:
+    """Every top-level ``{"name": ..., "arguments": {...}}`` object in ``text``."""
+    calls, pos = [], 0
+    while (start := text.find("{", pos)) != -1:
+        try:
+            obj, end = _DECODER.raw_decode(text, start)
+        except json.JSONDecodeError:
+            pos = start + 1
+            continue
+        if isinstance(obj, dict) and "name" in obj and "arguments" in obj:
+            calls.append(call_from_object(obj, text[start:end]))
+        pos = end
+    return calls
+
+
+@register_parser("lenient")
+def parse_lenient(text: str) -> list[Any]:
+    """For small models: ``<tool_call>`` blocks; else bare call objects (small models wrap
+    them in the wrong tags, e.g. ``<tool_response>``); else ```python code blocks."""
+    return parse_hermes(text) or _bare_json_calls(text) or parse_python_fence(text)
 
 
 class CodeMathOptions(EnvOptions):
@@ -121,7 +140,7 @@ class CodeMathOptions(EnvOptions):
     system_prompt: str | None = None  # replaces INSTRUCTIONS (keep the tool-call format)
     # where the two worked examples go: written into the system prompt, or as earlier turns
     fewshot: Literal["system", "messages", "none"] = "system"
-    # "hermes_or_fence" also runs ```python blocks, which small models often write instead
+    # "lenient" also reads call objects in the wrong tags and ```python blocks (small models)
     tool_parser: str = "hermes"
 
     @field_validator("tool_parser")

@@ -158,14 +158,15 @@ async def test_fewshot_as_messages() -> None:
 async def test_fenced_code_runs_with_the_fence_parser() -> None:
     with pytest.raises(ConfigError, match=r"option 'tool_parser'.*did you mean 'hermes'"):
         make_env("code_math", tool_parser="hermess")
-    env = make_env(
-        "code_math", generators=["chain_sum"], size=1, tool_parser="hermes_or_fence"
-    ).spawn()
+    env = make_env("code_math", generators=["chain_sum"], size=1, tool_parser="lenient").spawn()
     await env.reset(next(env.tasks()))
     try:
         result = await env.step(AssistantTurn("Let me compute.\n```python\nprint(6 * 7)\n```", []))
         assert not result.done and result.observations[0]["content"].strip() == "42"
         result = await env.step(AssistantTurn(python_call("print(6 * 8)"), []))
         assert result.observations[0]["content"].strip() == "48"
+        wrong_tags = python_call("print(6 * 9)").replace("tool_call>", "tool_response>")
+        result = await env.step(AssistantTurn(wrong_tags, []))
+        assert result.observations[0]["content"].strip() == "54"
     finally:
         await env.close()
