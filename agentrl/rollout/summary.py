@@ -21,7 +21,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def is_success(t: Trajectory) -> bool:
     """The verifier's verdict when it gives one, else a reward of at least 1."""
-    for key in ("success", "correct"):
+    for key in ("success", "correct", "exact_match"):
         if key in t.reward_info:
             return bool(t.reward_info[key])
     return t.reward >= 1.0
