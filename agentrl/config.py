@@ -139,6 +139,10 @@ class OrchestratorConfig(_Section):
     backend: Literal["local"] = "local"  # a Ray backend is planned, not built yet
     checkpoint_every: int = Field(5, ge=0, description="0 disables periodic checkpoints")
     eval_every: int = Field(0, ge=0)
+    # torch intra-op threads on CPU. None: every core in sync mode; half the cores in async
+    # mode, where the sampler and the learner compute at the same time (oversubscribing
+    # OpenMP threads made both several times slower on 2 cores)
+    cpu_threads: int | None = Field(None, ge=1)
     run_dir: str | None = None
 
 

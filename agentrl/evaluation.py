@@ -90,7 +90,7 @@ async def evaluate(
     engine = RolloutEngine(
         env, sampler, renderer, rollout_cfg, sampler_cfg=cfg.sampler, seed=cfg.orchestrator.seed
     )
-    tasks = env.tasks(split="test", seed=cfg.orchestrator.seed + 1_000_000)
+    tasks = env.tasks(split="eval", seed=cfg.orchestrator.seed)  # never overlaps train
     groups: list[TrajectoryGroup] = []
     t0 = time.time()
     try:

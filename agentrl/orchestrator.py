@@ -128,6 +128,7 @@ class Orchestrator:
 
         cfg = self.cfg
         _seed_everything(cfg.orchestrator.seed)
+        _set_cpu_threads(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
 
@@ -408,6 +409,16 @@ def _is_interrupt(e: BaseException) -> bool:
         return True
     nested = getattr(e, "exceptions", None)  # BaseExceptionGroup (3.11+ or the backport)
     return bool(nested) and any(_is_interrupt(x) for x in nested)
+
+
+def _set_cpu_threads(cfg: Config) -> None:
+    import torch
+
+    threads = cfg.orchestrator.cpu_threads
+    if threads is None:
+        cores = os.cpu_count() or 1
+        threads = cores if cfg.orchestrator.max_staleness == 0 else max(1, cores // 2)
+    torch.set_num_threads(threads)
 
 
 def _seed_everything(seed: int) -> None:
