@@ -139,9 +139,11 @@ class CodeMathOptions(EnvOptions):
     python_timeout_s: float = Field(10.0, gt=0)
     system_prompt: str | None = None  # replaces INSTRUCTIONS (keep the tool-call format)
     # where the two worked examples go: written into the system prompt, or as earlier turns
-    fewshot: Literal["system", "messages", "none"] = "system"
+    # measured on SmolLM2-135M-Instruct: "messages" + "lenient" is the only setting with
+    # any tool use (see envs/README.md)
+    fewshot: Literal["system", "messages", "none"] = "messages"
     # "lenient" also reads call objects in the wrong tags and ```python blocks (small models)
-    tool_parser: str = "hermes"
+    tool_parser: str = "lenient"
 
     @field_validator("tool_parser")
     @classmethod

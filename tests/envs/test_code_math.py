@@ -92,7 +92,9 @@ def test_system_prompt_has_two_fewshot_examples() -> None:
 
 @pytest.mark.anyio
 async def test_full_episode_scripted_turns() -> None:
-    env = make_env("code_math", generators=["chain_sum"], size=1, python_timeout_s=3).spawn()
+    env = make_env(
+        "code_math", generators=["chain_sum"], size=1, python_timeout_s=3, fewshot="system"
+    ).spawn()
     task = next(env.tasks(seed=5))
     expression = task["question"].split(":")[-1].strip().rstrip("=").strip()
     try:
