@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import weakref
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -33,8 +32,10 @@ RESTART_STATUSES = frozenset({"timeout", "memory", "output_limit", "killed"})
 TRACEBACK_LINES = 6  # lines of a traceback shown (the last ones: where and what)
 _SESSION_KEY = "python.session"
 
-# event loop -> {limits key -> sandbox}: a sandbox's processes belong to one event loop
-_shared: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+# event loop -> {limits key -> sandbox}: a sandbox's processes belong to one event loop.
+# Strong references: a loop that ended without close_shared_sandboxes() must still be found
+# so kill_orphaned_sandboxes() can end its processes.
+_shared: dict[Any, dict[str, Any]] = {}
 _shared_lock = threading.Lock()
 
 
@@ -206,3 +207,19 @@ async def close_shared_sandboxes() -> None:
         sandboxes = list(_shared.pop(loop, {}).values())
     for sb in sandboxes:
         await sb.close()
+
+
+def kill_orphaned_sandboxes() -> int:
+    """Kill the interpreters of shared sandboxes whose event loop has closed (synchronous).
+
+    For code that runs many short event loops (tests, notebooks) without calling
+    :func:`close_shared_sandboxes`; returns how many sandboxes were ended.
+    """
+    with _shared_lock:
+        dead = [loop for loop in _shared if loop.is_closed()]
+        sandboxes = [sb for loop in dead for sb in _shared.pop(loop).values()]
+    for sb in sandboxes:
+        sb.closed = True
+        for kernel in list(getattr(sb, "_live", ())):
+            kernel._signal_kill(force=True)
+    return len(sandboxes)
