@@ -329,13 +329,17 @@ class ChatRenderer:
         full = self.render_text(messages, add_generation_prompt=gen)
         assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
         n_model = sum(1 for s in segments if s.kind == "model")
-        if n_model != len(assistant):
+        if n_model > len(assistant):
             return PrefixCheck(
                 False,
                 False,
                 message=f"{n_model} model segments but {len(assistant)} assistant messages: "
                 "append the assistant message for every model segment",
             )
+        # assistant messages before the model's turns are part of the prompt (few-shot
+        # examples); model segment k is the k-th of the last n_model assistant messages, and
+        # a stray extra assistant message later on misaligns the walk and fails below
+        assistant = assistant[len(assistant) - n_model :]
         pos, turn = 0, 0
         for i, seg in enumerate(segments):
             # an observation belongs to the turn it answers; the prompt to turn 0

@@ -134,6 +134,9 @@ class LearnerConfig(_Section):
 class OrchestratorConfig(_Section):
     max_steps: int = Field(20, ge=1)
     max_staleness: int = Field(1, ge=0, description="0 = synchronous on-policy")
+    time_limit_s: float | None = Field(
+        None, gt=0, description="stop after the step that crosses this wall time (checkpointed)"
+    )
     partial_rollouts: bool = True
     seed: int = 0
     backend: Literal["local"] = "local"  # a Ray backend is planned, not built yet

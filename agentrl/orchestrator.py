@@ -285,7 +285,16 @@ class Orchestrator:
     async def _learner_loop(self) -> None:
         assert self._permits is not None
         cfg = self.cfg
+        limit = cfg.orchestrator.time_limit_s
+        started = time.time()
         while self.step < cfg.orchestrator.max_steps:
+            if limit is not None and time.time() - started > limit:
+                log.warning("time limit of %.0f s reached after step %d", limit, self.step)
+                self._stop_reason = "time_limit"
+                if self.step > self._saved_step:
+                    await anyio.to_thread.run_sync(self.save_checkpoint)
+                    self._saved_step = self.step
+                return
             t_wait = time.time()
             groups = await self.buffer.get_batch(
                 cfg.learner.batch_groups, learner_version=self.learner.version

@@ -430,3 +430,16 @@ def test_real_smollm2_episode_tokens_pass_the_check(tok):
         assert tr.check().ok
         model = [t for s in tr.segments if s.kind == "model" for t in s.token_ids]
         assert [t for t, m in zip(tr.input_ids, tr.loss_mask, strict=True) if m] == model
+
+
+def test_few_shot_assistant_messages_in_the_prompt_are_not_model_turns(renderer, tok):
+    shots = [
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "\\boxed{4}"},
+    ]
+    tr = ChatTranscript(renderer, [SYSTEM, *shots, USER])
+    tr.add_model([*renderer.encode("\\boxed{391}"), tok.convert_tokens_to_ids("<|im_end|>")])
+    assert tr.check().ok
+    # an assistant message appended after the prompt without a model segment is still caught
+    tr.messages.append({"role": "assistant", "content": "forged"})
+    assert not renderer.check_prefix(tr.messages, tr.segments, raise_on_mismatch=False).ok
