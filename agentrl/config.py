@@ -128,6 +128,9 @@ class LearnerConfig(_Section):
     bf16: Literal["auto", "on", "off"] = "auto"
     device: str = "auto"
     logprob_chunk: int = Field(512, ge=1, description="sequence chunk for log-softmax")
+    # forward a group's shared prompt once (its KV cache repeated for the group's rows):
+    # identical values and gradients, a fraction of the compute when prompts dominate
+    share_prompt: bool = True
     critic_lr: float | None = None
 
 

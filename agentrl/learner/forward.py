@@ -80,3 +80,61 @@ def token_logprobs(
     if ent_sel is not None:
         ent = torch.nn.functional.pad(zeros.masked_scatter(sel, ent_sel), (1, 0))
     return TokenOutputs(lp, ent, hidden if keep_hidden else None)
+
+
+def shared_prefix_logprobs(
+    model: Any,
+    input_ids: Tensor,
+    mask: Tensor,
+    prefix_len: int,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 512,
+    with_entropy: bool = False,
+    keep_hidden: bool = False,
+) -> TokenOutputs:
+    """:func:`token_logprobs` for rows that share their first `prefix_len` tokens exactly.
+
+    The shared prefix (a group's prompt) runs through the decoder once; its KV cache is
+    repeated for every row and only the suffixes are forwarded. Gradients flow back through
+    the repeated cache into the single prefix pass, so this is the same function of the
+    weights as the plain path (same values, same gradients up to float rounding) at a
+    fraction of the compute when the prompt dominates the sequence, as in GRPO groups.
+    """
+    from agentrl.algos import chunked_logprobs_entropy
+
+    B, T = input_ids.shape
+    P = prefix_len
+    if not 0 < P < T:
+        raise ValueError(f"prefix_len must be in (0, {T}) for rows of length {T} (got {P})")
+    base = getattr(model, "base_model", None)
+    if base is None or base is model:
+        raise ValueError("shared-prefix forwarding needs a *ForCausalLM with a base_model")
+    prefix = base(input_ids=input_ids[:1, :P], use_cache=True)
+    cache = prefix.past_key_values
+    cache.batch_repeat_interleave(B)
+    positions = torch.arange(P, T, device=input_ids.device).unsqueeze(0).expand(B, -1)
+    suffix = base(
+        input_ids=input_ids[:, P:], past_key_values=cache, position_ids=positions, use_cache=True
+    ).last_hidden_state  # [B, T-P, H]
+    prefix_hidden = prefix.last_hidden_state  # [1, P, H]
+    # position t-1 predicts token t: the prefix's last state predicts the first suffix token
+    pred = torch.cat([prefix_hidden[:, -1:].expand(B, -1, -1), suffix[:, :-1]], dim=1)
+    sel = mask[:, P:] > 0
+    lp_sel, ent_sel = chunked_logprobs_entropy(
+        pred[sel],
+        lm_head_weight(model),
+        input_ids[:, P:][sel],
+        temperature=temperature,
+        chunk=chunk,
+        with_entropy=with_entropy,
+    )
+    zeros = torch.zeros(B, T - P, dtype=lp_sel.dtype, device=lp_sel.device)
+    lp = torch.nn.functional.pad(zeros.masked_scatter(sel, lp_sel), (P, 0))
+    ent = None
+    if ent_sel is not None:
+        ent = torch.nn.functional.pad(zeros.masked_scatter(sel, ent_sel), (P, 0))
+    hidden = None
+    if keep_hidden:
+        hidden = torch.cat([prefix_hidden.expand(B, -1, -1), suffix], dim=1)
+    return TokenOutputs(lp, ent, hidden)

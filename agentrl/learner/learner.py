@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import time
 import warnings
@@ -44,7 +45,7 @@ from agentrl.learner.checkpoint import (
     restore_rng_state,
 )
 from agentrl.learner.critic import ValueHead, ValueModel, shift_values
-from agentrl.learner.forward import token_logprobs
+from agentrl.learner.forward import shared_prefix_logprobs, token_logprobs
 from agentrl.learner.schedule import lr_lambda
 from agentrl.types import Batch, TrajectoryGroup
 
@@ -141,6 +142,8 @@ class Learner:
         )
         self.version = 0
         self.step_count = 0
+        self._prefix: Tensor | None = None  # per-row shared prompt length (see _set_prefixes)
+        self._row_group: Tensor | None = None
 
     # --- setup helpers --------------------------------------------------------------
 
@@ -184,13 +187,55 @@ class Learner:
 
     # --- forward passes ---------------------------------------------------------------
 
-    def _micro_batches(self, rows: Tensor, lengths: Tensor) -> Iterator[tuple[Tensor, int]]:
-        """Rows sorted by length, cut into micro-batches, each with its trimmed length."""
-        order = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
+    def _micro_batches(self, rows: Tensor, lengths: Tensor) -> Iterator[tuple[Tensor, int, int]]:
+        """Micro-batches ``(rows, trimmed length, shared prefix length)``.
+
+        With ``learner.share_prompt`` the rows of one group that share their prompt go
+        together, so the prompt is forwarded once per micro-batch (see
+        :func:`~agentrl.learner.forward.shared_prefix_logprobs`); other rows are sorted by
+        length to minimise padding.
+        """
         mbs = self.lcfg.micro_batch_size
-        for i in range(0, len(order), mbs):
-            idx = order[i : i + mbs]
-            yield idx, int(lengths[idx].max())
+        prefix = self._prefix
+        buckets: dict[tuple[int, int], list[int]] = {}
+        loose: list[int] = []
+        for r in rows.tolist():
+            key = (int(self._row_group[r]), int(prefix[r])) if prefix is not None else None
+            if key is not None and key[1] > 0:
+                buckets.setdefault(key, []).append(r)
+            else:
+                loose.append(r)
+        for (_, P), members in buckets.items():
+            members.sort(key=lambda r: -int(lengths[r]))
+            for i in range(0, len(members), mbs):
+                idx = torch.tensor(members[i : i + mbs], dtype=torch.long)
+                L = int(lengths[idx].max())
+                yield idx, L, (P if len(idx) > 1 and P < L else 0)
+        if loose:
+            order = torch.tensor(loose, dtype=torch.long)
+            order = order[torch.argsort(lengths[order], descending=True, stable=True)]
+            for i in range(0, len(order), mbs):
+                idx = order[i : i + mbs]
+                yield idx, int(lengths[idx].max()), 0
+
+    def _set_prefixes(self, batch: Batch) -> None:
+        """Per row, the length of the prompt it shares with the rest of its group (0: none)."""
+        B = batch.size
+        self._row_group = batch.group_index
+        if not self.lcfg.share_prompt or not batch.trajectories:
+            self._prefix = None
+            return
+        prefix = torch.zeros(B, dtype=torch.long)
+        first: dict[tuple[int, int], int] = {}
+        for r, traj in enumerate(batch.trajectories):
+            P = traj.prompt_length
+            key = (int(batch.group_index[r]), P)
+            if P <= 0:
+                continue
+            ref = first.setdefault(key, r)
+            if ref == r or torch.equal(batch.input_ids[r, :P], batch.input_ids[ref, :P]):
+                prefix[r] = P
+        self._prefix = prefix
 
     def _forward(
         self,
@@ -200,10 +245,16 @@ class Learner:
         *,
         with_entropy: bool,
         with_values: bool,
+        prefix_len: int = 0,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """(logprobs, entropy, values) for one micro-batch, all float32 ``[b, L]``."""
+        """(logprobs, entropy, values) for one micro-batch, all float32 ``[b, L]``.
+
+        ``prefix_len > 0``: the rows share that many leading tokens (forwarded once)."""
+        forward = token_logprobs
+        if prefix_len > 0:
+            forward = functools.partial(shared_prefix_logprobs, prefix_len=prefix_len)
         with self._autocast():
-            out = token_logprobs(
+            out = forward(
                 model,
                 input_ids,
                 mask,
@@ -239,11 +290,11 @@ class Learner:
         lp = torch.zeros(B, T)
         ent = torch.zeros(B, T) if with_entropy else None
         values = torch.zeros(B, T) if with_values else None
-        for idx, L in self._micro_batches(rows, lengths):
+        for idx, L, P in self._micro_batches(rows, lengths):
             ids = batch.input_ids[idx, :L].to(self.device)
             m = batch.loss_mask[idx, :L].to(self.device)
             lp_mb, ent_mb, v_mb = self._forward(
-                model, ids, m, with_entropy=with_entropy, with_values=with_values
+                model, ids, m, with_entropy=with_entropy, with_values=with_values, prefix_len=P
             )
             lp[idx, :L] = lp_mb.cpu()
             if ent is not None and ent_mb is not None:
@@ -260,6 +311,7 @@ class Learner:
             if isinstance(groups_or_batch, Batch)
             else Batch.from_groups(groups_or_batch, pad_token_id=self.pad_token_id)
         )
+        self._set_prefixes(batch)
         lengths = batch.attention_mask.sum(dim=1)
         rows = torch.nonzero(batch.loss_mask.sum(dim=1) > 0).flatten()
         self.model.eval()
@@ -325,6 +377,7 @@ class Learner:
         t0 = time.perf_counter()
         alg, lcfg = self.alg, self.lcfg
         batch = Batch.from_groups(groups, pad_token_id=self.pad_token_id)
+        self._set_prefixes(batch)
         B, T = batch.input_ids.shape
         lengths = batch.attention_mask.sum(dim=1)
         loss_mask = batch.loss_mask
@@ -388,9 +441,9 @@ class Learner:
                 step_loss = 0.0
                 # entropy through the graph only when it is in the loss or not yet measured
                 with_entropy = bool(alg.entropy_coef) or (start_entropy is None and _epoch == 0)
-                for idx, L in self._micro_batches(mb_rows, lengths):
+                for idx, L, P in self._micro_batches(mb_rows, lengths):
                     loss, mb_metrics, lp_mb = self._micro_loss(
-                        batch, idx, L, loss_mask, advantages, old_lp, ref_lp,
+                        batch, idx, L, P, loss_mask, advantages, old_lp, ref_lp,
                         old_values, returns, denom, with_entropy,
                     )  # fmt: skip
                     if not torch.isfinite(loss):
@@ -447,6 +500,7 @@ class Learner:
         batch: Batch,
         idx: Tensor,
         L: int,
+        P: int,
         loss_mask: Tensor,
         advantages: Tensor,
         old_lp: Tensor,
@@ -465,7 +519,7 @@ class Learner:
         m = loss_mask[idx, :L].to(dev)
         agg_kw = {"norm_length": self.norm_length, "denominator": denom}
         lp, ent, values = self._forward(
-            self.model, ids, m, with_entropy=with_entropy, with_values=self.use_critic
+            self.model, ids, m, with_entropy=with_entropy, with_values=self.use_critic, prefix_len=P
         )
         pg, pg_metrics = policy_loss(
             alg.policy_loss,

@@ -309,3 +309,44 @@ def test_step_without_trainable_tokens_still_advances(
     assert learner.version == 1
     assert metrics["tokens/trained"] == 0 and metrics["optimizer_steps"] == 0
     assert torch.equal(before, _flat(learner.model))
+
+
+def _shared_prompt_groups(model: torch.nn.Module, seed: int = 3) -> list[TrajectoryGroup]:
+    """Groups whose samples share one prompt per group, as real GRPO groups do."""
+    groups = make_groups(model, n_groups=2, group_size=4, seed=seed)
+    for g in groups:
+        prompt = g.trajectories[0].segments[0]
+        for t in g.trajectories:
+            t.segments[0] = Segment("prompt", list(prompt.token_ids))
+            ids = t.input_ids
+            lps = hf_logprobs(model, ids)
+            pos = 0
+            for s in t.segments:
+                if s.kind == "model":
+                    s.logprobs = lps[pos : pos + len(s)]
+                pos += len(s)
+    return groups
+
+
+@pytest.mark.parametrize("alg", [{"off_policy": "tis"}, {"advantage": "gae", "critic": True}])
+def test_shared_prompt_forward_equals_the_plain_path(
+    fresh_model: Callable[[], torch.nn.Module], base_model: torch.nn.Module, alg: dict
+) -> None:
+    """Forwarding a group's prompt once gives the same step as forwarding every row."""
+    groups = _shared_prompt_groups(base_model)
+    results, models, learners = [], [], []
+    for share in (True, False):
+        cfg = make_cfg(algorithm=alg, learner={"micro_batch_size": 4, "share_prompt": share})
+        torch.manual_seed(0)  # the same value-head initialisation for both learners
+        learner = Learner(fresh_model(), None, cfg)
+        results.append(learner.step(groups))
+        models.append(learner.model)
+        learners.append(learner)
+    assert learners[0]._prefix is not None and int(learners[0]._prefix.min()) > 0
+    assert learners[1]._prefix is None
+    assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-4)
+    assert results[0]["loss/total"] == pytest.approx(results[1]["loss/total"], rel=1e-4, abs=1e-6)
+    assert torch.allclose(_flat(models[0]), _flat(models[1]), atol=1e-5)
+    lp_shared = learners[0].compute_logprobs(groups)
+    lp_plain = learners[1].compute_logprobs(groups)
+    assert torch.allclose(lp_shared, lp_plain, atol=1e-4)
