@@ -10,7 +10,7 @@ import torch
 
 from agentrl.errors import ConfigError, UnknownNameError
 from agentrl.learner import Learner, ValueModel
-from agentrl.types import Segment, Trajectory, TrajectoryGroup
+from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup
 from tests.learner.conftest import hf_logprobs, make_cfg, make_groups, make_traj
 
 CORE_METRICS = (
@@ -346,7 +346,26 @@ def test_shared_prompt_forward_equals_the_plain_path(
     assert learners[1]._prefix is None
     assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-4)
     assert results[0]["loss/total"] == pytest.approx(results[1]["loss/total"], rel=1e-4, abs=1e-6)
-    assert torch.allclose(_flat(models[0]), _flat(models[1]), atol=1e-5)
+    # Adam's first update is about lr * sign(grad), which flips on near-zero gradients'
+    # rounding, so compare the gradients of the two forward paths, not the updated weights
+    learner = learners[1]
+    batch = Batch.from_groups(groups[:1])
+    learners[0]._set_prefixes(batch)
+    prefix_len = int(learners[0]._prefix[0])
+    learner.model.train()
+    grads = []
+    for P in (0, prefix_len):
+        learner.optimizer.zero_grad()
+        lp, ent, values = learner._forward(
+            learner.model, batch.input_ids, batch.loss_mask,
+            with_entropy=True, with_values=learner.use_critic, prefix_len=P,
+        )  # fmt: skip
+        loss = (lp * batch.loss_mask).sum() + (ent * batch.loss_mask).sum()
+        if values is not None:
+            loss = loss + (values * batch.loss_mask).sum()
+        loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in learner._params() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5)
     lp_shared = learners[0].compute_logprobs(groups)
     lp_plain = learners[1].compute_logprobs(groups)
     assert torch.allclose(lp_shared, lp_plain, atol=1e-4)
