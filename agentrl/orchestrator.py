@@ -110,6 +110,7 @@ class Orchestrator:
         self._permits: anyio.Semaphore | None = None
         self._stop_reason = "completed"
         self._rollout_tokens = 0
+        self._finished: list[dict[str, float]] = []  # every group finished since the last step
         self._rollout_t0 = time.time()
         self._saved_step = 0
 
@@ -273,6 +274,7 @@ class Orchestrator:
             group = await self.rollout.run_task(task, index=index)
             group.metadata["task_index"] = index
             self._rollout_tokens += sum(t.num_model_tokens for t in group.trajectories)
+            self._finished.append(summarize_group(group))
             self.events.publish(GroupFinished(group=group, step=self.step))
             reason = self.buffer.check(group) or "dropped_stale"
             admitted = await self.buffer.put(group)
@@ -332,8 +334,19 @@ class Orchestrator:
         )
 
     def _rollout_metrics(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
-        rows = [summarize_group(g) for g in groups]
-        out = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]} if rows else {}
+        """Rollout numbers over every group that finished since the last step (also the ones
+        the buffer dropped, so dynamic sampling cannot inflate the reward curve), plus the
+        same numbers over the groups actually trained (``batch/*``)."""
+        out: dict[str, float] = {}
+        window = self._finished or [summarize_group(g) for g in groups]
+        self._finished = []
+        for k in window[0]:
+            out[k] = sum(r[k] for r in window) / len(window)
+        out["groups_finished"] = float(len(window))
+        trained = [summarize_group(g) for g in groups]
+        if trained:
+            for k in ("reward_mean", "success_rate"):
+                out[f"batch/{k}"] = sum(r[k] for r in trained) / len(trained)
         elapsed = max(time.time() - self._rollout_t0, 1e-6)
         out["rollout_tokens_per_s"] = self._rollout_tokens / elapsed
         self._rollout_tokens = 0

@@ -53,18 +53,28 @@ def _last_boxed(text: str) -> str | None:
 
 def extract_answer(text: str) -> str | None:
     """The final answer in a model's text: the last ``\\boxed{}``, else the last ``Answer:``
-    line; None when neither is present."""
+    line; None when neither is present. An equation (``9 + 9 = 18``) answers with its
+    right-hand side; an expression without ``=`` is kept whole (and is not a number)."""
     boxed = _last_boxed(text)
     if boxed is not None:
-        return boxed
+        return _right_hand_side(boxed)
     for line in reversed(text.strip().splitlines()):
         m = _ANSWER_LINE.match(line)
         if m:
             answer = m.group(1).strip().strip("*").strip()
             if answer.startswith("$") and answer.endswith("$") and len(answer) > 1:
                 answer = answer[1:-1].strip()
-            return answer.rstrip(".").strip() or None
+            return _right_hand_side(answer.rstrip(".").strip()) or None
     return None
+
+
+def _right_hand_side(answer: str) -> str:
+    # "a = b" states b; "==", "<=", ">=" and "!=" are comparisons, not a statement of value
+    parts = re.split(r"(?<![=<>!])=(?!=)", answer)
+    if len(parts) < 2:
+        return answer
+    rhs = parts[-1].strip()
+    return rhs or answer
 
 
 # --- numeric / symbolic equivalence ----------------------------------------------------

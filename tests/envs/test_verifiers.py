@@ -26,6 +26,10 @@ from agentrl.envs.verifiers import (
         ("answer: Paris\nsome trailing words", "Paris"),
         ("no marker here, 17", None),
         ("\\boxed{unclosed", None),
+        ("\\boxed{9 + 9 = 18}", "18"),
+        ("Answer: x = -3", "-3"),
+        ("\\boxed{12 + -97 - 75}", "12 + -97 - 75"),
+        ("\\boxed{a == b}", "a == b"),
     ],
 )
 def test_extract_answer(text: str, expected: str | None) -> None:
