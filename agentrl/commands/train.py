@@ -62,19 +62,19 @@ def _print_summary(run_dir: Path) -> None:
     if not steps:
         return
     table = Table(title=f"training summary: {run_dir}")
-    cols = [
-        "step",
-        "reward_mean",
-        "success_rate",
-        "entropy",
-        "pg/clip_frac",
-        "staleness/mean",
-        "tool_calls_per_episode",
-        "rollout_tokens_per_s",
-        "train_seconds",
-    ]
-    for c in cols:
-        table.add_column(c.replace("_", " "), justify="right")
+    cols = {
+        "step": "step",
+        "reward_mean": "reward",
+        "success_rate": "success",
+        "entropy": "entropy",
+        "pg/clip_frac": "clip",
+        "staleness/mean": "stale",
+        "tool_calls_per_episode": "tools/ep",
+        "rollout_tokens_per_s": "tok/s",
+        "train_seconds": "train s",
+    }
+    for label in cols.values():
+        table.add_column(label, justify="right")
     for s in steps:
         table.add_row(*[_fmt(s.get(c)) for c in cols])
     console = Console()
