@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -49,6 +50,7 @@ def run_mode(args: argparse.Namespace, staleness: int, run_dir: Path) -> dict[st
             "orchestrator.checkpoint_every=0",
             "logging.progress=false",
             "logging.trace=false",
+            f"orchestrator.cpu_threads={args.threads}",
         ]
     )
     orch = Orchestrator(cfg, run_dir)
@@ -102,10 +104,16 @@ def main() -> None:
     ap.add_argument(
         "--epochs",
         type=int,
-        default=4,
+        default=1,
         help="PPO epochs: makes a learner step cost about a rollout",
     )
     ap.add_argument("--staleness", type=int, default=2)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch threads in both modes (the sampler mostly waits on the tool here)",
+    )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "async_vs_sync.json"))
     args = ap.parse_args()
 
