@@ -19,6 +19,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
+
 @app.command()
 def version() -> None:
     """Print the agentrl version."""

@@ -50,7 +50,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("learner: [1, 2")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
-    with pytest.raises(ConfigError, match="section.key=value"):
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
         load_config(overrides=["learner.lr"])
 
 

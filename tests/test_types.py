@@ -7,9 +7,9 @@ from agentrl.types import (
     NO_VERSION,
     Batch,
     Segment,
+    ToolCallRecord,
     Trajectory,
     TrajectoryGroup,
-    ToolCallRecord,
     Turn,
 )
 

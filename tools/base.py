@@ -43,7 +43,9 @@ class ToolContext:
         self._stack = AsyncExitStack()
         self._resources: dict[str, Any] = {}
 
-    async def get_or_create(self, key: str, factory: Callable[[AsyncExitStack], Awaitable[Any]]) -> Any:
+    async def get_or_create(
+        self, key: str, factory: Callable[[AsyncExitStack], Awaitable[Any]]
+    ) -> Any:
         """Return the resource under `key`, creating it with `factory(exit_stack)` once."""
         if key not in self._resources:
             self._resources[key] = await factory(self._stack)

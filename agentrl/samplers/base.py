@@ -108,7 +108,7 @@ class Sampler(abc.ABC):
         :class:`agentrl.errors.WeightUpdateError` and keep the previous weights and version.
         """
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release engine resources."""
 
     async def __aenter__(self) -> Sampler:
