@@ -201,7 +201,8 @@ class Orchestrator:
             )
         )
         ahead = (cfg.orchestrator.max_staleness + 1) * cfg.learner.batch_groups
-        self._permits = anyio.Semaphore(ahead)
+        # groups restored into the buffer by a resume hold permits already
+        self._permits = anyio.Semaphore(max(ahead - len(self.buffer), 0))
         error: BaseException | None = None
         try:
             # samplers start from the learner's weights: the same initial weights on a fresh
