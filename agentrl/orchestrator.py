@@ -358,15 +358,14 @@ class Orchestrator:
     # --- checkpoints ---------------------------------------------------------------
 
     def save_checkpoint(self) -> Path:
-        """Atomic: write into a temp folder, rename, then repoint `latest`."""
+        """Atomic: the checkpoint folder appears whole (or not at all), then `latest` moves.
+
+        RNG states travel in the learner's part of the checkpoint."""
+        from agentrl.learner.checkpoint import atomic_directory
+
         t0 = time.time()
         root = self.run_dir / CHECKPOINTS
-        root.mkdir(parents=True, exist_ok=True)
         final = root / f"step_{self.step:06d}"
-        tmp = root / f".tmp_step_{self.step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        self.learner.save_checkpoint(tmp / "learner")
         cursor = DataCursor(
             next_index=self.cursor.next_index,
             reissue=sorted(set(self.cursor.reissue) | self._inflight),
@@ -376,11 +375,10 @@ class Orchestrator:
             "version": self.learner.version,
             "cursor": cursor.to_dict(),
             "buffer": self.buffer.state_dict(),
-            "rng": _rng_state(),
         }
-        (tmp / "orchestrator.json").write_text(json.dumps(state))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        with atomic_directory(final) as tmp:
+            self.learner.save_checkpoint(tmp / "learner")
+            (tmp / "orchestrator.json").write_text(json.dumps(state))
         pointer_tmp = root / ".latest.tmp"
         pointer_tmp.write_text(final.name)
         os.replace(pointer_tmp, root / LATEST)
@@ -415,7 +413,6 @@ class Orchestrator:
         self.cursor = DataCursor.from_dict(state["cursor"])
         self.buffer.load_state_dict(state["buffer"])
         self.buffer.learner_version = self.learner.version
-        _set_rng_state(state.get("rng"))
         log.info("resumed from %s (step %d, version %d)", ckpt, self.step, self.learner.version)
 
 
@@ -451,25 +448,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _rng_state() -> dict[str, Any]:
-    import numpy as np
-
-    st = np.random.get_state()
-    return {"python": repr(random.getstate()), "numpy": [st[0], st[1].tolist(), *st[2:]]}
-
-
-def _set_rng_state(state: dict[str, Any] | None) -> None:
-    import ast
-
-    import numpy as np
-
-    if not state:
-        return
-    random.setstate(ast.literal_eval(state["python"]))
-    n = state["numpy"]
-    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), *n[2:]))
 
 
 async def train(cfg: Config, run_dir: str | Path, resume: bool = False) -> Orchestrator:

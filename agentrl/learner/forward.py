@@ -59,27 +59,45 @@ def token_logprobs(
 
     ``mask[:, 0]`` is ignored (the first token has no context to be predicted from).
     """
+    hidden = decoder_hidden(model, input_ids)
+    lp, ent = _predicted_logprobs(
+        model, hidden[:, :-1], input_ids, mask, 1, temperature, chunk, with_entropy
+    )
+    return TokenOutputs(lp, ent, hidden if keep_hidden else None)
+
+
+def _predicted_logprobs(
+    model: Any,
+    pred: Tensor,
+    input_ids: Tensor,
+    mask: Tensor,
+    start: int,
+    temperature: float,
+    chunk: int,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropy) ``[B, T]`` of tokens ``start:`` where ``mask`` is set.
+
+    ``pred[:, j]`` is the decoder state that predicts ``input_ids[:, start + j]``; only the
+    masked positions reach the LM head (chunked), the rest are 0.
+    """
     from agentrl.algos import chunked_logprobs_entropy
 
-    hidden = decoder_hidden(model, input_ids)
-    B, T = input_ids.shape
-    sel = mask[:, 1:] > 0
-    h = hidden[:, :-1][sel]  # [N, H]
-    labels = input_ids[:, 1:][sel]  # [N]
+    sel = mask[:, start:] > 0
     lp_sel, ent_sel = chunked_logprobs_entropy(
-        h,
+        pred[sel],
         lm_head_weight(model),
-        labels,
+        input_ids[:, start:][sel],
         temperature=temperature,
         chunk=chunk,
         with_entropy=with_entropy,
     )
-    zeros = torch.zeros(B, T - 1, dtype=lp_sel.dtype, device=lp_sel.device)
-    lp = torch.nn.functional.pad(zeros.masked_scatter(sel, lp_sel), (1, 0))
+    zeros = torch.zeros(sel.shape, dtype=lp_sel.dtype, device=lp_sel.device)
+    lp = torch.nn.functional.pad(zeros.masked_scatter(sel, lp_sel), (start, 0))
     ent = None
     if ent_sel is not None:
-        ent = torch.nn.functional.pad(zeros.masked_scatter(sel, ent_sel), (1, 0))
-    return TokenOutputs(lp, ent, hidden if keep_hidden else None)
+        ent = torch.nn.functional.pad(zeros.masked_scatter(sel, ent_sel), (start, 0))
+    return lp, ent
 
 
 def shared_prefix_logprobs(
@@ -101,8 +119,6 @@ def shared_prefix_logprobs(
     weights as the plain path (same values, same gradients up to float rounding) at a
     fraction of the compute when the prompt dominates the sequence, as in GRPO groups.
     """
-    from agentrl.algos import chunked_logprobs_entropy
-
     B, T = input_ids.shape
     P = prefix_len
     if not 0 < P < T:
@@ -120,20 +136,7 @@ def shared_prefix_logprobs(
     prefix_hidden = prefix.last_hidden_state  # [1, P, H]
     # position t-1 predicts token t: the prefix's last state predicts the first suffix token
     pred = torch.cat([prefix_hidden[:, -1:].expand(B, -1, -1), suffix[:, :-1]], dim=1)
-    sel = mask[:, P:] > 0
-    lp_sel, ent_sel = chunked_logprobs_entropy(
-        pred[sel],
-        lm_head_weight(model),
-        input_ids[:, P:][sel],
-        temperature=temperature,
-        chunk=chunk,
-        with_entropy=with_entropy,
-    )
-    zeros = torch.zeros(B, T - P, dtype=lp_sel.dtype, device=lp_sel.device)
-    lp = torch.nn.functional.pad(zeros.masked_scatter(sel, lp_sel), (P, 0))
-    ent = None
-    if ent_sel is not None:
-        ent = torch.nn.functional.pad(zeros.masked_scatter(sel, ent_sel), (P, 0))
+    lp, ent = _predicted_logprobs(model, pred, input_ids, mask, P, temperature, chunk, with_entropy)
     hidden = None
     if keep_hidden:
         hidden = torch.cat([prefix_hidden.expand(B, -1, -1), suffix], dim=1)

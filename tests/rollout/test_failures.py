@@ -3,9 +3,7 @@ cancellation closes every environment and leaves no process behind."""
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 import anyio
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from agentrl.config import RolloutConfig, SamplerConfig
 from agentrl.rollout import JsonlSink, RolloutEngine
 from agentrl.types import TrajectoryGroup, read_jsonl_groups
+from tests.procs import live_descendants
 
 from .scripted import (
     HangingToolEnv,
@@ -23,30 +22,6 @@ from .scripted import (
 )
 
 pytestmark = pytest.mark.anyio
-
-
-def descendants(pid: int | None = None) -> set[int]:
-    """Every live process below `pid` (default: this test process)."""
-    root = pid or os.getpid()
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] == "Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    out: set[int] = set()
-    todo = [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.add(c)
-            todo.append(c)
-    return out
 
 
 def _engine(env, sampler, renderer, tasks, **rollout):
@@ -122,7 +97,7 @@ async def test_sandbox_that_dies_is_infra_error_and_leaves_no_process(sampler, r
                 # the python session kept its state across the episode's calls
                 outputs = [c.result for turn in t.turns for c in turn.tool_calls]
                 assert outputs == ["1", "2", "3"]
-    assert descendants() == set()
+    assert live_descendants() == set()
 
 
 async def test_cancellation_closes_everything_and_leaves_no_process(sampler, renderer, tmp_path):
@@ -143,7 +118,7 @@ async def test_cancellation_closes_everything_and_leaves_no_process(sampler, ren
                     break
     assert len(ProcessSessionEnv.pids) > 8
     assert ScriptedToolEnv.open_instances == set()
-    assert descendants() == set()
+    assert live_descendants() == set()
     assert engine.data_cursor <= engine.tasks_started
     groups = read_jsonl_groups((tmp_path / "t.jsonl").read_text().splitlines())
     assert [g.group_id for g in groups] == [g.group_id for g in received]

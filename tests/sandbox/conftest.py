@@ -11,6 +11,7 @@ import pytest
 
 from agentrl.sandbox.backends import BwrapBackend
 from agentrl.sandbox.limits import SandboxLimits
+from tests.procs import live_descendants
 
 BWRAP_PROBLEM = BwrapBackend().problem(SandboxLimits())
 needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"bwrap: {BWRAP_PROBLEM}")
@@ -38,24 +39,8 @@ def processes_with(marker: str) -> list[int]:
 
 
 def descendants(root: int) -> list[int]:
-    """Live (non-zombie) descendants of `root`."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != b"Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    out, stack = [], [root]
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            out.append(child)
-            stack.append(child)
-    return out
+    """Live (non-zombie) descendants of `root`, sorted."""
+    return sorted(live_descendants(root))
 
 
 def wait_gone(marker: str, timeout: float = 2.0) -> list[int]:

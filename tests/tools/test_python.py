@@ -19,6 +19,7 @@ from agentrl.tools import (
     run_tool_calls,
 )
 from agentrl.tools.python import format_result, truncate
+from tests.procs import live_descendants
 
 BWRAP_PROBLEM = BwrapBackend().problem(SandboxLimits())
 pytestmark = [
@@ -106,16 +107,16 @@ async def test_session_is_closed_when_the_episode_ends():
     sb = create_sandbox(pool_size=0)  # no warm interpreters: only the session's runs
     try:
         tool = PythonTool(sb, timeout=5)
-        before = _live_descendants(os.getpid())
+        before = live_descendants(os.getpid())
         async with ToolContext() as ctx:
             await py(tool, ctx, "print(1)")
-            during = _live_descendants(os.getpid())
+            during = live_descendants(os.getpid())
             assert during - before  # the session's interpreter (and its bwrap parent)
         for _ in range(50):  # reaped asynchronously
-            if not (_live_descendants(os.getpid()) & (during - before)):
+            if not (live_descendants(os.getpid()) & (during - before)):
                 break
             await anyio.sleep(0.05)
-        assert not (_live_descendants(os.getpid()) & (during - before))
+        assert not (live_descendants(os.getpid()) & (during - before))
     finally:
         await sb.close()
 
@@ -129,27 +130,6 @@ async def test_lazily_created_sandbox_is_shared_and_closed():
     sb = await a._get_sandbox()
     await close_shared_sandboxes()
     assert sb.closed
-
-
-def _live_descendants(root: int) -> set[int]:
-    """Pids of live (non-zombie) processes below `root`."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != b"Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
 
 
 # --- formatting (pure functions over sandbox results) ---------------------------------------
