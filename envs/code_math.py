@@ -2,7 +2,8 @@
 
 Tasks come from reasoning-gym generators (procedural, seeded, each with its own scorer)
 or from a user's ``{question, answer}`` file (JSONL or parquet; scored by numeric /
-symbolic equivalence). The model calls ``python`` and ends with ``\\boxed{answer}``.
+symbolic equivalence). The model runs ``python`` (a ```python block, or a Hermes
+``<tool_call>`` with ``call_format="tool_call"``) and ends with ``\\boxed{answer}``.
 
     env = make_env("code_math", generators=["chain_sum"], difficulty="easy", size=200)
     env = make_env("code_math", dataset_path="my_tasks.jsonl")
@@ -55,54 +56,92 @@ DIFFICULTY: dict[str, dict[str, dict[str, Any]]] = {
 
 EVAL_SEED_OFFSET = 1_000_003  # eval tasks never coincide with train tasks of any seed < this
 
-INSTRUCTIONS = """\
+# How the model calls the python tool. "code": a ```python block (the code-interpreter
+# format of ToRL/rStar; small instruct models write code blocks readily); "tool_call":
+# Hermes ``<tool_call>`` JSON with the tool's schema in the system turn.
+CallFormat = Literal["code", "tool_call"]
+
+INSTRUCTIONS: dict[str, str] = {
+    "code": """\
+You solve math problems by running Python code. Write the code in a ```python block and \
+print() the result; the printed output comes back to you. When you have the result, reply \
+with only the final answer in \\boxed{}.""",
+    "tool_call": """\
 You solve math problems by running Python code. To run code, call the python tool:
 <tool_call>
 {"name": "python", "arguments": {"code": "print(...)"}}
 </tool_call>
 The printed output comes back in <tool_response>. Always print() the result.
-When you have the result, reply with only the final answer in \\boxed{}."""
+When you have the result, reply with only the final answer in \\boxed{}.""",
+}
 
-# Two worked examples: (question, code, printed output).
-FEWSHOT = (
-    ("Calculate 482 * 37 - 915.", "print(482 * 37 - 915)", "16919"),
-    (
-        "A shop sells 14 boxes with 23 pens each. 57 pens are sold. How many pens are left?",
-        "print(14 * 23 - 57)",
-        "265",
+# Two worked examples (question, code, printed output) per generator, phrased the way that
+# generator phrases its questions. Measured on SmolLM2-135M-Instruct at temperature 1
+# (envs/README.md): it copies the call format from examples that look like its task
+# (chain_sum: 8/16 used the tool) and ignores generic ones (0/16).
+_CHAIN = "State the final answer to the following arithmetic problem: "
+_PRODUCT = "Solve the following multiplication: {}. Give only the result as your final answer."
+FEWSHOT: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "chain_sum": (
+        (_CHAIN + "482 + 37 - 915 =", "print(482 + 37 - 915)", "-396"),
+        (_CHAIN + "67 - 13 =", "print(67 - 13)", "54"),
     ),
-)
+    "basic_arithmetic": (
+        ("Calculate 482 * 37 - 915.", "print(482 * 37 - 915)", "16919"),
+        ("Calculate ( 56 + -33 ) * 4.", "print(( 56 + -33 ) * 4)", "92"),
+    ),
+    "products": (
+        (_PRODUCT.format("482 * 37"), "print(482 * 37)", "17834"),
+        (_PRODUCT.format("67 * 13"), "print(67 * 13)", "871"),
+    ),
+    "default": (  # any other generator, and task files
+        ("Calculate 482 * 37 - 915.", "print(482 * 37 - 915)", "16919"),
+        (
+            "A shop sells 14 boxes with 23 pens each. 57 pens are sold. How many pens are left?",
+            "print(14 * 23 - 57)",
+            "265",
+        ),
+    ),
+}
 
 
-def _call_text(code: str) -> str:
-    return '<tool_call>\n{"name": "python", "arguments": {"code": "' + code + '"}}\n</tool_call>'
+def examples_for(task: dict[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    return FEWSHOT.get(str(task.get("generator")), FEWSHOT["default"])
 
 
-def fewshot_text() -> str:
+def call_text(code: str, call_format: CallFormat = "code") -> str:
+    """How the model writes a python call in ``call_format``."""
+    if call_format == "code":
+        return f"```python\n{code}\n```"
+    return (
+        '<tool_call>\n{"name": "python", "arguments": '
+        + json.dumps({"code": code})
+        + "}\n</tool_call>"
+    )
+
+
+def fewshot_text(examples: Any, call_format: CallFormat = "code") -> str:
     """The examples written out inside the system prompt."""
     parts = []
-    for i, (question, code, output) in enumerate(FEWSHOT, 1):
+    for i, (question, code, output) in enumerate(examples, 1):
         parts.append(
-            f"Example {i}\nuser: {question}\nassistant: {_call_text(code)}\n"
+            f"Example {i}\nuser: {question}\nassistant: {call_text(code, call_format)}\n"
             f"tool: <tool_response>\n{output}\n</tool_response>\nassistant: \\boxed{{{output}}}"
         )
     return "\n\n".join(parts)
 
 
-def fewshot_messages() -> list[dict[str, Any]]:
+def fewshot_messages(examples: Any, call_format: CallFormat = "code") -> list[dict[str, Any]]:
     """The examples as earlier turns of the conversation."""
     out: list[dict[str, Any]] = []
-    for question, code, output in FEWSHOT:
+    for question, code, output in examples:
         out += [
             {"role": "user", "content": question},
-            {"role": "assistant", "content": _call_text(code)},
+            {"role": "assistant", "content": call_text(code, call_format)},
             {"role": "tool", "name": "python", "content": output},
             {"role": "assistant", "content": f"\\boxed{{{output}}}"},
         ]
     return out
-
-
-SYSTEM_PROMPT = INSTRUCTIONS + "\n\n" + fewshot_text()
 
 
 _DECODER = json.JSONDecoder()
@@ -137,19 +176,22 @@ class CodeMathOptions(EnvOptions):
     size: int = Field(1000, ge=1, description="tasks per split (generators)")
     dataset_path: str | None = None  # JSONL/parquet of {question, answer}; replaces generators
     python_timeout_s: float = Field(10.0, gt=0)
-    system_prompt: str | None = None  # replaces INSTRUCTIONS (keep the tool-call format)
-    # where the two worked examples go: written into the system prompt, or as earlier turns
-    # measured on SmolLM2-135M-Instruct: "messages" + "lenient" is the only setting with
-    # any tool use (see envs/README.md)
+    call_format: CallFormat = "code"
+    system_prompt: str | None = None  # replaces INSTRUCTIONS[call_format] (keep its format)
+    # where the two worked examples go: as earlier turns (measured best on SmolLM2-135M,
+    # see envs/README.md), written into the system prompt, or nowhere
     fewshot: Literal["system", "messages", "none"] = "messages"
-    # "lenient" also reads call objects in the wrong tags and ```python blocks (small models)
-    tool_parser: str = "lenient"
+    # default: "python_fence" for call_format "code"; "lenient" for "tool_call" (it also
+    # reads call objects in the wrong tags and ```python blocks, as small models write them)
+    tool_parser: str | None = None
 
     @field_validator("tool_parser")
     @classmethod
-    def _known_parser(cls, name: str) -> str:
+    def _known_parser(cls, name: str | None) -> str | None:
         from agentrl.tools import get_parser
 
+        if name is None:
+            return None
         try:
             get_parser(name)
         except KeyError as e:  # UnknownNameError: names the registered parsers
@@ -185,7 +227,8 @@ class CodeMathEnv(ToolEnvironment):
     config: CodeMathOptions
 
     def make_tools(self) -> list[Any]:
-        self.tool_parser = self.config.tool_parser
+        default = "python_fence" if self.config.call_format == "code" else "lenient"
+        self.tool_parser = self.config.tool_parser or default
         return [PythonTool(timeout=self.config.python_timeout_s)]
 
     def make_verifier(self) -> Verifier:
@@ -195,16 +238,20 @@ class CodeMathEnv(ToolEnvironment):
             {g: self._dataset(g, split="train", seed=0, size=1) for g in self.config.generators}
         )
 
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        # code blocks need no schema; the Hermes tool section would ask for <tool_call> JSON
+        return [] if self.config.call_format == "code" else super().tool_schemas()
+
     def system_prompt(self) -> str:
-        instructions = self.config.system_prompt or INSTRUCTIONS
-        if self.config.fewshot == "system":
-            return instructions + "\n\n" + fewshot_text()
-        return instructions
+        return self.config.system_prompt or INSTRUCTIONS[self.config.call_format]
 
     async def reset(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         system, user = await super().reset(task)
-        if self.config.fewshot == "messages":
-            return [system, *fewshot_messages(), user]
+        examples, fmt = examples_for(task), self.config.call_format
+        if self.config.fewshot == "system":
+            system["content"] += "\n\n" + fewshot_text(examples, fmt)
+        elif self.config.fewshot == "messages":
+            return [system, *fewshot_messages(examples, fmt), user]
         return [system, user]
 
     def generator_settings(self, generator: str) -> dict[str, Any]:

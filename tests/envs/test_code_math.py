@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from agentrl.envs import AssistantTurn, make_env
-from agentrl.envs.code_math import SYSTEM_PROMPT
+from agentrl.envs.code_math import FEWSHOT, INSTRUCTIONS, fewshot_text
 from agentrl.errors import ConfigError, DatasetError
+from agentrl.tools import get_parser
 
 
 def python_call(code: str) -> str:
@@ -84,24 +85,46 @@ def test_file_tasks(tmp_path: Path) -> None:
     assert env.verifier.score("Answer: 2/3", task)[0] == 0.0
 
 
-def test_system_prompt_has_two_fewshot_examples() -> None:
-    assert SYSTEM_PROMPT.count("<tool_call>") >= 3  # format line + two examples
-    assert SYSTEM_PROMPT.count("tool: <tool_response>") == 2 and "Example 2" in SYSTEM_PROMPT
-    assert SYSTEM_PROMPT.count("\\boxed{") == 3
+@pytest.mark.parametrize("call_format", ["code", "tool_call"])
+def test_fewshot_text_has_two_examples_in_the_call_format(call_format: str) -> None:
+    text = fewshot_text(FEWSHOT["default"], call_format)
+    marker = "```python" if call_format == "code" else "<tool_call>"
+    assert text.count(marker) == 2 and text.count("tool: <tool_response>") == 2
+    assert "Example 2" in text and text.count("\\boxed{") == 2
+    assert marker in INSTRUCTIONS[call_format]
+
+
+def test_every_worked_example_is_right() -> None:
+    """The examples' code prints their output, and each generator's examples are phrased
+    the way that generator phrases its questions."""
+    import reasoning_gym
+
+    for generator, examples in FEWSHOT.items():
+        for _question, code, output in examples:
+            assert code.startswith("print(") and str(eval(code[6:-1])) == output, code
+        if generator != "default":
+            real = reasoning_gym.create_dataset(generator, size=1, seed=0)[0]["question"]
+            assert real.split()[0] == examples[0][0].split()[0], (generator, real)
 
 
 @pytest.mark.anyio
 async def test_full_episode_scripted_turns() -> None:
     env = make_env(
-        "code_math", generators=["chain_sum"], size=1, python_timeout_s=3, fewshot="system"
+        "code_math",
+        generators=["chain_sum"],
+        size=1,
+        python_timeout_s=3,
+        fewshot="system",
+        call_format="tool_call",
     ).spawn()
     task = next(env.tasks(seed=5))
     expression = task["question"].split(":")[-1].strip().rstrip("=").strip()
     try:
         messages = await env.reset(task)
-        assert (
-            messages[0]["content"] == SYSTEM_PROMPT and messages[1]["content"] == task["question"]
+        assert messages[0]["content"] == INSTRUCTIONS["tool_call"] + "\n\n" + fewshot_text(
+            FEWSHOT["chain_sum"], "tool_call"
         )
+        assert messages[1]["content"] == task["question"]
         assert [s["function"]["name"] for s in env.tool_schemas()] == ["python"]
 
         # state persists across calls of one episode
@@ -141,26 +164,32 @@ async def test_wrong_final_answer_scores_zero() -> None:
 
 
 @pytest.mark.anyio
-async def test_fewshot_as_messages() -> None:
-    env = make_env("code_math", generators=["chain_sum"], size=1, fewshot="messages").spawn()
+@pytest.mark.parametrize("call_format", ["code", "tool_call"])
+async def test_fewshot_as_messages(call_format: str) -> None:
+    env = make_env("code_math", generators=["chain_sum"], size=1, call_format=call_format)
+    env = env.spawn()
     task = next(env.tasks())
     messages = await env.reset(task)
     await env.close()
     roles = [m["role"] for m in messages]
     assert roles == ["system"] + ["user", "assistant", "tool", "assistant"] * 2 + ["user"]
     assert "Example" not in messages[0]["content"] and messages[-1]["content"] == task["question"]
-    # the worked examples are themselves valid calls and correct final answers
+    # the examples are phrased like the task, and each call is one the env's parser reads
+    assert [m["content"] for m in messages[1:9:4]] == [q for q, _, _ in FEWSHOT["chain_sum"]]
     for call, result, final in zip(messages[2::4], messages[3::4], messages[4::4], strict=True):
-        code = json.loads(call["content"].split("<tool_call>")[1].split("</tool_call>")[0])
-        assert str(eval(code["arguments"]["code"][len("print(") : -1])) == result["content"]
+        (parsed,) = get_parser(env.tool_parser)(call["content"])
+        assert parsed.name == "python"
+        assert str(eval(parsed.arguments["code"].strip()[6:-1])) == result["content"]
         assert final["content"] == f"\\boxed{{{result['content']}}}"
+    # the code format shows no Hermes tool section; the tool_call format does
+    assert bool(env.tool_schemas()) == (call_format == "tool_call")
 
 
 @pytest.mark.anyio
 async def test_fenced_code_runs_with_the_fence_parser() -> None:
     with pytest.raises(ConfigError, match=r"option 'tool_parser'.*did you mean 'hermes'"):
         make_env("code_math", tool_parser="hermess")
-    env = make_env("code_math", generators=["chain_sum"], size=1, tool_parser="lenient").spawn()
+    env = make_env("code_math", generators=["chain_sum"], size=1, call_format="tool_call").spawn()
     await env.reset(next(env.tasks()))
     try:
         result = await env.step(AssistantTurn("Let me compute.\n```python\nprint(6 * 7)\n```", []))

@@ -21,8 +21,8 @@ def tokenizer() -> Any:
 @pytest.mark.parametrize(
     ("name", "options"),
     [
-        ("code_math", {"fewshot": "system"}),
-        ("code_math", {"fewshot": "messages"}),
+        ("code_math", {"fewshot": "system", "call_format": "tool_call"}),
+        ("code_math", {"fewshot": "messages", "call_format": "tool_call"}),
         ("search_qa", {}),
     ],
 )
@@ -40,3 +40,19 @@ async def test_prompt_renders_with_tools(tokenizer: Any, name: str, options: dic
     assert text.rstrip().endswith("<|im_start|>assistant")
     assert task["question"] in text
     assert len(ids) < 900, len(ids)  # room left for turns in a 2048-token context
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fewshot", ["system", "messages"])
+async def test_code_format_prompt_has_no_tool_section(tokenizer: Any, fewshot: str) -> None:
+    from agentrl.chat import ChatRenderer
+
+    env = make_env("code_math", size=1, fewshot=fewshot).spawn()
+    task = next(env.tasks())
+    messages = await env.reset(task)
+    await env.close()
+    text = tokenizer.decode(ChatRenderer(tokenizer, tools=env.tool_schemas()).prompt_ids(messages))
+    assert (
+        "<tools>" not in text and "<tool_call>" not in text and text.count("```python") == 3
+    )  # format line + 2 examples
+    assert text.rstrip().endswith("<|im_start|>assistant") and task["question"] in text
