@@ -149,6 +149,9 @@ class OrchestratorConfig(_Section):
     # mode, where the sampler and the learner compute at the same time (oversubscribing
     # OpenMP threads made both several times slower on 2 cores)
     cpu_threads: int | None = Field(None, ge=1)
+    # reuse: freed memory stays in the process for the next allocation instead of going
+    # back to the kernel (page faults cost more than the arithmetic on CPU); see agentrl.cpu
+    cpu_allocator: Literal["reuse", "system"] = "reuse"
     run_dir: str | None = None
 
 

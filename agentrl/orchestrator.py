@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 
 from agentrl.config import Config
+from agentrl.cpu import set_allocator, set_threads
 from agentrl.errors import CheckpointError
 from agentrl.events import (
     BatchTrained,
@@ -101,6 +102,8 @@ class Orchestrator:
 
     def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False) -> None:
         self.cfg = cfg
+        # before any worker thread starts: threads that allocated already keep their arena
+        set_allocator(cfg.orchestrator.cpu_allocator)
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.step = 0
@@ -129,7 +132,7 @@ class Orchestrator:
 
         cfg = self.cfg
         _seed_everything(cfg.orchestrator.seed)
-        _set_cpu_threads(cfg)
+        set_threads(cfg.orchestrator.cpu_threads, asynchronous=cfg.orchestrator.max_staleness > 0)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
 
@@ -429,16 +432,6 @@ def _is_interrupt(e: BaseException) -> bool:
         return True
     nested = getattr(e, "exceptions", None)  # BaseExceptionGroup (3.11+ or the backport)
     return bool(nested) and any(_is_interrupt(x) for x in nested)
-
-
-def _set_cpu_threads(cfg: Config) -> None:
-    import torch
-
-    threads = cfg.orchestrator.cpu_threads
-    if threads is None:
-        cores = os.cpu_count() or 1
-        threads = cores if cfg.orchestrator.max_staleness == 0 else max(1, cores // 2)
-    torch.set_num_threads(threads)
 
 
 def _seed_everything(seed: int) -> None:

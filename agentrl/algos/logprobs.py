@@ -128,8 +128,29 @@ def entropy_from_logits(
     return _logits_pass(logits, labels, temperature, chunk, False, True)[0]
 
 
+# exp() of inputs below about -87 (results in float32's subnormal range) runs several times
+# slower on x86; a logit this far below the row's max has probability < 1.8e-35, so clamping
+# there changes normalisers and gradients by less than float32 can represent
+_EXP_FLOOR = -80.0
+
+
+def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype autocast would run ``hidden @ weight.T`` in (the LM head's matmul)."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device) and weight.dtype == torch.float32:
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
 class _LinearLogprobEntropy(torch.autograd.Function):
-    """(hidden [N, H], weight [V, H], labels [N]) -> (logprob [N], entropy [N]), chunked."""
+    """(hidden [N, H], weight [V, H], labels [N]) -> (logprob [N], entropy [N]), chunked.
+
+    On a CPU the full ``[chunk, V]`` element-wise passes, not the matmuls, dominate for
+    small hidden sizes, so each chunk makes as few as it can and writes into workspace
+    buffers allocated once per call (a fresh 100 MB tensor per chunk costs page faults that
+    took longer than the arithmetic). The LM-head matmuls run in the forward's autocast
+    dtype in both directions, as autocast itself would.
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -141,63 +162,133 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         chunk: int,
         with_entropy: bool,
     ) -> tuple[Tensor, Tensor]:
-        N = hidden.shape[0]
+        mm_dtype = _matmul_dtype(hidden, weight)
+        # dtypes are chosen explicitly below; autocast would recast the [n, V] reductions
+        with torch.autocast(hidden.device.type, enabled=False):
+            return _LinearLogprobEntropy._forward(
+                ctx, hidden, weight, labels, inv_t, chunk, with_entropy, mm_dtype
+            )
+
+    @staticmethod
+    def _forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        hidden: Tensor,
+        weight: Tensor,
+        labels: Tensor,
+        inv_t: float,
+        chunk: int,
+        with_entropy: bool,
+        mm_dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
+        N, V = hidden.shape[0], weight.shape[0]
         dt = _compute_dtype(hidden)
+        w = weight.to(mm_dtype)
         lp = torch.zeros(N, dtype=dt, device=hidden.device)
         ent = torch.zeros_like(lp)
         lse = torch.zeros_like(lp)
         valid = labels >= 0
         safe = labels.clamp(min=0)
+        n0 = min(chunk, N)
+        z_buf = torch.empty(n0, V, dtype=mm_dtype, device=hidden.device)
+        y_buf = z_buf if mm_dtype == dt else torch.empty(n0, V, dtype=dt, device=hidden.device)
+        e_buf = torch.empty_like(y_buf) if with_entropy else None
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
-            z = (hidden[s:e] @ weight.t()).to(dt).mul_(inv_t)
-            lse_c = torch.logsumexp(z, dim=-1)
-            lse[s:e] = lse_c
-            lp[s:e] = z.gather(-1, safe[s:e, None]).squeeze(-1) - lse_c
-            if with_entropy:
-                p = torch.softmax(z, dim=-1)
-                ent[s:e] = lse_c - (p * z).sum(dim=-1)
+            n = e - s
+            z = torch.mm(hidden[s:e].to(mm_dtype), w.t(), out=z_buf[:n])
+            shift = z.amax(dim=-1).to(dt).mul_(inv_t)  # inv_t > 0: max commutes with it
+            y = y_buf[:n]
+            if y is not z:
+                y.copy_(z)
+            if inv_t != 1.0:
+                y.mul_(inv_t)
+            y.sub_(shift[:, None])  # y = z / T - max <= 0
+            picked = y.gather(-1, safe[s:e, None]).squeeze(-1)
+            y.clamp_(min=_EXP_FLOOR)
+            if e_buf is not None:
+                p = torch.exp(y, out=e_buf[:n])
+                total = p.sum(dim=-1)
+                # H = log S - sum_v e^y_v y_v / S, the dot product without a [n, V] temporary
+                dot = torch.bmm(p.unsqueeze(1), y.unsqueeze(2)).view(n)
+                ent[s:e] = total.log() - dot / total
+            else:
+                total = y.exp_().sum(dim=-1)
+            log_total = total.log()
+            lse[s:e] = shift + log_total
+            lp[s:e] = picked - log_total
         lp = torch.where(valid, lp, torch.zeros_like(lp))
         ent = torch.where(valid, ent, torch.zeros_like(ent))
         ctx.save_for_backward(hidden, weight, labels, lse, ent)
         ctx.inv_t, ctx.chunk, ctx.with_entropy = inv_t, chunk, with_entropy
+        ctx.mm_dtype, ctx.device_type = mm_dtype, hidden.device.type
+        ctx.set_materialize_grads(False)  # an unused output (entropy) costs no backward work
         return lp, ent
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: torch.autograd.function.FunctionCtx, g_lp: Tensor | None, g_ent: Tensor | None
     ) -> tuple[Tensor | None, ...]:
+        with torch.autocast(ctx.device_type, enabled=False):  # type: ignore[attr-defined]
+            return _LinearLogprobEntropy._backward(ctx, g_lp, g_ent)
+
+    @staticmethod
+    def _backward(
+        ctx: torch.autograd.function.FunctionCtx, g_lp: Tensor | None, g_ent: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
         hidden, weight, labels, lse, ent = ctx.saved_tensors  # type: ignore[attr-defined]
         inv_t, chunk = ctx.inv_t, ctx.chunk  # type: ignore[attr-defined]
+        mm_dtype: torch.dtype = ctx.mm_dtype  # type: ignore[attr-defined]
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
-        N = hidden.shape[0]
-        valid = (labels >= 0).to(lse.dtype)
-        g_lp = (g_lp if g_lp is not None else torch.zeros_like(lse)) * valid
         use_ent = ctx.with_entropy and g_ent is not None  # type: ignore[attr-defined]
+        none = (None, None, None, None, None, None)
+        if (g_lp is None and not use_ent) or not (need_h or need_w):
+            return none
+        N, V = hidden.shape[0], weight.shape[0]
+        dt = lse.dtype
+        valid = (labels >= 0).to(dt)
+        # dL/dz = [g_lp * (onehot - p) - g_ent * p * (log p + H)] / T
+        #       = p * (a * log p + b) + onehot * g_lp / T, with per-row scalars
+        #   a = -g_ent / T,  b = -(g_lp + g_ent * H) / T
+        g_lp = g_lp * valid if g_lp is not None else torch.zeros_like(lse)
+        b = g_lp * -inv_t
+        a = None
         if use_ent:
-            g_ent = g_ent * valid  # type: ignore[operator]
+            a = g_ent * valid * -inv_t  # type: ignore[operator]
+            b = b + a * ent
+        hot = g_lp * inv_t
+        w = weight.to(mm_dtype)
         grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = (
-            torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_w else None
-        )
-        rows = torch.arange(min(chunk, N), device=hidden.device)
+        grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
+        n0 = min(chunk, N)
+        z_buf = torch.empty(n0, V, dtype=mm_dtype, device=hidden.device)
+        y_buf = z_buf if mm_dtype == dt else torch.empty(n0, V, dtype=dt, device=hidden.device)
+        p_buf = torch.empty_like(y_buf) if a is not None else None
+        gw_buf = torch.empty(weight.shape, dtype=mm_dtype, device=weight.device) if need_w else None
+        rows = torch.arange(n0, device=hidden.device)
         safe = labels.clamp(min=0)
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
-            h = hidden[s:e]
-            logp = (h @ weight.t()).to(lse.dtype).mul_(inv_t).sub_(lse[s:e, None])
-            p = logp.exp()
-            # dL/dz = g_lp * (onehot - p) - g_ent * p * (log p + H)
-            coef = g_lp[s:e, None].expand_as(logp)
-            if use_ent:
-                coef = logp.add_(ent[s:e, None]).mul_(g_ent[s:e, None]).add_(coef)  # type: ignore[index]
-            grad_z = p.mul_(coef).neg_()
-            grad_z[rows[: e - s], safe[s:e]] += g_lp[s:e]
-            grad_z = grad_z.mul_(inv_t).to(hidden.dtype)
+            n = e - s
+            h = hidden[s:e].to(mm_dtype)
+            z = torch.mm(h, w.t(), out=z_buf[:n])
+            logp = y_buf[:n]
+            if logp is not z:
+                logp.copy_(z)
+            if inv_t != 1.0:
+                logp.mul_(inv_t)
+            logp.sub_(lse[s:e, None]).clamp_(min=_EXP_FLOOR)
+            if a is None:
+                grad_z = logp.exp_().mul_(b[s:e, None])
+            else:
+                grad_z = torch.exp(logp, out=p_buf[:n])  # type: ignore[index]
+                grad_z.mul_(logp.mul_(a[s:e, None]).add_(b[s:e, None]))
+            grad_z[rows[:n], safe[s:e]] += hot[s:e]
+            if grad_z.dtype != mm_dtype:
+                grad_z = z.copy_(grad_z)  # the matmul buffer is free again
             if grad_h is not None:
-                grad_h[s:e] = grad_z @ weight
+                grad_h[s:e] = grad_z @ w
             if grad_w is not None:
-                grad_w += (grad_z.t() @ h).to(grad_w.dtype)
+                grad_w += torch.mm(grad_z.t(), h, out=gw_buf)
         return (
             grad_h,
             (grad_w.to(weight.dtype) if grad_w is not None else None),

@@ -139,3 +139,50 @@ def test_hidden_path_bf16_gradients_close_to_float32():
     assert h16.grad.dtype == torch.bfloat16 and w16.grad.dtype == torch.bfloat16
     torch.testing.assert_close(h16.grad.float(), h32.grad, atol=0.1, rtol=0.05)
     torch.testing.assert_close(w16.grad.float(), w32.grad, atol=0.1, rtol=0.05)
+
+
+def test_far_below_max_tokens_keep_their_exact_logprob():
+    # the exp floor only touches the normaliser; a label 300 nats under the max stays exact
+    hidden = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    weight = torch.tensor([[300.0, 0.0], [0.0, 0.0], [0.0, -300.0]], dtype=torch.float64)
+    labels = torch.tensor([1, 2])
+    lp, ent = chunked_logprobs_entropy(hidden, weight, labels, temperature=1.0)
+    lp_ref, ent_ref = _naive(hidden @ weight.t(), labels)
+    torch.testing.assert_close(lp.double(), lp_ref, atol=1e-6, rtol=1e-9)
+    torch.testing.assert_close(ent.double(), ent_ref, atol=1e-6, rtol=0)
+    assert lp[0] < -299 and lp[1] < -299
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_autocast_bf16_matches_float32_with_entropy_unused_or_used(temperature):
+    # under bf16 autocast the LM-head matmuls run in bf16 in both directions (like autocast);
+    # an entropy output left out of the loss must not change the gradients
+    torch.manual_seed(7)
+    hidden = (torch.randn(40, 16) * 0.5).requires_grad_()
+    weight = (torch.randn(300, 16) * 0.5).requires_grad_()
+    labels = torch.randint(0, 300, (40,))
+    labels[3] = -100
+    coef = torch.randn(40)
+    grads = {}
+    for name, amp, ent_w in (("fp32", False, 0.0), ("bf16", True, 0.0), ("bf16+H", True, 0.3)):
+        hidden.grad = weight.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            lp, ent = chunked_logprobs_entropy(hidden, weight, labels, temperature, chunk=16)
+        assert lp.dtype == torch.float32 and ent.dtype == torch.float32
+        ((lp * coef).sum() + (ent_w * ent.sum() if ent_w else 0.0)).backward()
+        grads[name] = (lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone())
+    ref = {}
+    for name, ent_w in (("fp32", 0.0), ("bf16+H", 0.3)):
+        h = hidden.detach().double().requires_grad_()
+        w = weight.detach().double().requires_grad_()
+        lp_ref, ent_ref = _naive(h @ w.t(), labels, temperature)
+        ((lp_ref * coef.double()).sum() + ent_w * ent_ref.sum()).backward()
+        ref[name] = (lp_ref.detach(), ent_ref.detach(), h.grad, w.grad)
+    ref["bf16"] = ref["fp32"]
+    for name, (lp, ent, gh, gw) in grads.items():
+        tol = {"atol": 1e-4, "rtol": 1e-4} if name == "fp32" else {"atol": 0.05, "rtol": 0.05}
+        lp_ref, ent_ref, gh_ref, gw_ref = ref[name]
+        torch.testing.assert_close(lp.double(), lp_ref, **tol)
+        torch.testing.assert_close(ent.double(), ent_ref, **tol)
+        torch.testing.assert_close(gh.double(), gh_ref, **tol)
+        torch.testing.assert_close(gw.double(), gw_ref, **tol)
