@@ -131,6 +131,9 @@ class LearnerConfig(_Section):
     # forward a group's shared prompt once (its KV cache repeated for the group's rows):
     # identical values and gradients, a fraction of the compute when prompts dominate
     share_prompt: bool = True
+    # attention kernel: auto = math for micro-batches of <= 256 tokens on CPU (faster there),
+    # else PyTorch's own choice; torch / math / flash force one
+    sdpa_backend: Literal["auto", "torch", "math", "flash"] = "auto"
     critic_lr: float | None = None
 
 

@@ -369,3 +369,35 @@ def test_shared_prompt_forward_equals_the_plain_path(
     lp_shared = learners[0].compute_logprobs(groups)
     lp_plain = learners[1].compute_logprobs(groups)
     assert torch.allclose(lp_shared, lp_plain, atol=1e-4)
+
+
+def test_attention_kernels_give_the_same_logprobs_and_gradients(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    """``sdpa_backend`` picks a kernel, never a different function of the weights."""
+    from agentrl.learner import learner as learner_module
+
+    batch = Batch.from_groups(groups, pad_token_id=0)
+    grads, lps = {}, {}
+    for backend in ("torch", "math", "flash", "auto"):
+        learner = Learner(fresh_model(), None, make_cfg(learner={"sdpa_backend": backend}))
+        learner.model.train()
+        lp, _, _ = learner._forward(
+            learner.model, batch.input_ids, batch.loss_mask, with_entropy=False, with_values=False
+        )
+        (lp * batch.loss_mask).sum().backward()
+        lps[backend] = lp.detach()
+        grads[backend] = torch.cat(
+            [p.grad.flatten() for p in learner._params() if p.grad is not None]
+        )
+    for backend in ("math", "flash", "auto"):
+        torch.testing.assert_close(lps[backend], lps["torch"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grads[backend], grads["torch"], atol=1e-5, rtol=1e-4)
+    # auto: math for short CPU micro-batches, PyTorch's own dispatch beyond the bound
+    learner = Learner(fresh_model(), None, make_cfg())
+    limit = learner_module.MATH_ATTENTION_MAX_TOKENS
+    flash, math_ = torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.math_sdp_enabled
+    with learner._attention(limit):
+        assert math_() and not flash()
+    with learner._attention(limit + 1):
+        assert flash()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from agentrl.samplers.base import SamplingParams
@@ -62,3 +63,28 @@ def test_seeded_rows_ignore_their_batch_mates_and_greedy_is_argmax() -> None:
     )
     assert tokens[2] == alone[0]
     assert tokens[4] == int(logits[4].argmax())
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_logprobs_and_entropy_match_log_softmax(scale: float) -> None:
+    torch.manual_seed(4)
+    logits = torch.randn(6, 1000) * scale
+    temps = [1.0, 0.7, 0.0, 1.3, 1.0, 0.2]
+    params = [
+        SamplingParams(temperature=t, return_entropy=True, top_p=0.9 if i == 4 else 1.0)
+        for i, t in enumerate(temps)
+    ]
+    tokens, logprobs, entropies = sample_next(
+        logits, params, [None] * 6, torch.Generator().manual_seed(0)
+    )
+    scaled = logits.double() / torch.tensor([t or 1.0 for t in temps], dtype=torch.float64)[:, None]
+    logp = torch.log_softmax(scaled, -1)
+    expected = logp[torch.arange(6), torch.tensor(tokens)]
+    torch.testing.assert_close(
+        torch.tensor(logprobs, dtype=torch.float64), expected, atol=1e-5, rtol=1e-6
+    )
+    ent = -(logp.exp() * logp).sum(-1)
+    torch.testing.assert_close(
+        torch.tensor(entropies, dtype=torch.float64), ent, atol=1e-4, rtol=1e-5
+    )
+    assert tokens[2] == int(logits[2].argmax())
