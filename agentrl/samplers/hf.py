@@ -32,6 +32,7 @@ import torch
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.hf_weights import WeightSpec
+from agentrl.samplers.prefix_cache import PrefixCache, PrefixEntry
 from agentrl.samplers.sampling import sample_next
 
 
@@ -50,6 +51,11 @@ class _Request:
     cancelled: bool = False
     finish: FinishReason | None = None
     started: float = field(default_factory=time.perf_counter)
+    kv_version: int = -1  # weights its cached keys/values were computed with
+
+
+# (request, tokens of its prompt whose KV the prefix cache holds, the entry holding them)
+_Plan = tuple[_Request, int, PrefixEntry | None]
 
 
 @dataclass(eq=False)
@@ -83,7 +89,9 @@ class HFSampler(Sampler):
     model's ``max_position_embeddings``), ``drain_on_update`` (finish in-flight sequences on
     the old weights before a swap, holding new requests), ``default_stop_token_ids``
     (default: the tokenizer's eos and ``<|im_end|>``; per-request ``stop_token_ids`` are
-    added to them), ``prefill_tokens`` (token budget of one batched prefill), ``version``.
+    added to them), ``prefill_tokens`` (token budget of one batched prefill), ``version``,
+    ``prefix_cache_tokens`` (KV of earlier prompts and finished sequences kept for reuse, see
+    :mod:`agentrl.samplers.prefix_cache`; 0 disables it).
     """
 
     backend = "hf"
@@ -101,6 +109,7 @@ class HFSampler(Sampler):
         prefill_tokens: int = 4096,
         version: int = 0,
         seed: int | None = None,
+        prefix_cache_tokens: int = 32768,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
@@ -137,6 +146,8 @@ class HFSampler(Sampler):
         self._cache_len = 0
         self._steps = 0
         self._tokens_out = 0
+        self._prefix = PrefixCache(prefix_cache_tokens)
+        self._prefilled = 0  # prompt tokens forwarded (reused ones excluded)
 
     # --- public surface -------------------------------------------------------------
 
@@ -161,6 +172,8 @@ class HFSampler(Sampler):
                 "steps": self._steps,
                 "tokens": self._tokens_out,
                 "version": self._version,
+                "prefill_tokens": self._prefilled,
+                "prefix_reused_tokens": self._prefix.reused_tokens,
             }
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
@@ -288,18 +301,20 @@ class HFSampler(Sampler):
     def _iteration(self) -> None:
         self._apply_updates()
         self._drop_cancelled()
-        newcomers = self._admit()
-        while newcomers:
+        plans = [(r, *self._prefix.lookup(r.prompt)) for r in self._admit()]
+        # by the length left to forward, so a chunk's rows need similar work
+        plans.sort(key=lambda p: len(p[0].prompt) - p[1])
+        while plans:
             chunk, budget = [], self.prefill_tokens
-            while newcomers and (
-                not chunk or len(newcomers[0].prompt) * (len(chunk) + 1) <= budget
+            while plans and (
+                not chunk or (len(plans[0][0].prompt) - plans[0][1]) * (len(chunk) + 1) <= budget
             ):
-                chunk.append(newcomers.pop(0))
+                chunk.append(plans.pop(0))
             try:
                 self._prefill(chunk)
             except Exception as e:  # these callers are not in the batch yet: fail them here
                 error = SamplerError(f"hf sampler prefill failed: {type(e).__name__}: {e}")
-                for r in chunk:
+                for r, _, _ in chunk:
                     _resolve(r.future, r.loop, error)
         if self._active:
             self._decode_step()
@@ -329,6 +344,7 @@ class HFSampler(Sampler):
                     target.copy_(tensor)  # converts dtype and device in one pass
             with self._cond:
                 self._version = update.version
+            self._prefix.clear()  # keys/values of the old weights
             for done in live:
                 _resolve(done.future, done.loop, None)
         except Exception as e:
@@ -349,7 +365,6 @@ class HFSampler(Sampler):
                     continue
                 admitted.append(request)
                 free -= 1
-        admitted.sort(key=lambda r: len(r.prompt))
         return admitted
 
     def _drop_cancelled(self) -> None:
@@ -377,19 +392,37 @@ class HFSampler(Sampler):
         self._pads = [p - trim for p in self._pads]
         self._cache_len -= trim
 
-    def _prefill(self, chunk: list[_Request]) -> None:
+    def _prefill(self, chunk: list[_Plan]) -> None:
+        """Forward the new prompts (each distinct prompt once) on top of the cached prefixes.
+
+        Rows are left-padded to the longest prompt `L`; the last `Q` positions (the longest
+        part any row must forward) are fed, the first ``L - Q`` come from the prefix cache.
+        A row with less left to forward re-feeds a few cached tokens instead.
+        """
         from transformers import DynamicCache
 
-        longest = max(len(r.prompt) for r in chunk)
-        pads = [longest - len(r.prompt) for r in chunk]
+        distinct: dict[tuple[int, ...], int] = {}
+        plans: list[_Plan] = []
+        row_of = []  # the distinct prompt each request forwards with
+        for plan in chunk:
+            row_of.append(distinct.setdefault(tuple(plan[0].prompt), len(plans)))
+            if row_of[-1] == len(plans):
+                plans.append(plan)
+        longest = max(len(r.prompt) for r, _, _ in plans)
+        fed = max(len(r.prompt) - reused for r, reused, _ in plans)
+        past = longest - fed
+        pads = [longest - len(r.prompt) for r, _, _ in plans]
         ids = torch.tensor(
-            [[0] * p + r.prompt for p, r in zip(pads, chunk, strict=True)], device=self._device
+            [([0] * p + r.prompt)[past:] for p, (r, _, _) in zip(pads, plans, strict=True)],
+            device=self._device,
         )
         mask = _mask(pads, longest, self._device)
-        positions = (mask.cumsum(-1) - 1).clamp_(min=0)
+        positions = (mask.cumsum(-1) - 1).clamp_(min=0)[:, past:]
         if not any(pads):
             mask = None  # no padding: the model's plain causal path is faster
         cache = DynamicCache()
+        if past:
+            self._seed_cache(cache, plans, pads, past)
         with torch.inference_mode():
             out = self._model(
                 input_ids=ids,
@@ -399,8 +432,42 @@ class HFSampler(Sampler):
                 use_cache=True,
                 logits_to_keep=1,
             )
-        tokens = self._sample(chunk, out.logits[:, -1, :])
-        self._merge(chunk, out.past_key_values, pads, longest, tokens)
+        cache = out.past_key_values
+        self._prefilled += ids.numel() - sum(max(0, p - past) for p in pads)
+        for row, (r, _, _) in enumerate(plans):
+            self._remember(r.prompt, cache, row, pads[row], longest)
+        logits = out.logits[:, -1, :]
+        if len(plans) < len(chunk):  # identical prompts (a GRPO group): one row each again
+            index = torch.tensor(row_of, device=self._device)
+            logits = logits.index_select(0, index)
+            for layer in cache.layers:
+                layer.keys = layer.keys.index_select(0, index)
+                layer.values = layer.values.index_select(0, index)
+        requests = [r for r, _, _ in chunk]
+        for r in requests:
+            r.kv_version = self._version
+        tokens = self._sample(requests, logits)
+        self._merge(requests, cache, [pads[i] for i in row_of], longest, tokens)
+
+    def _seed_cache(self, cache: Any, plans: list[_Plan], pads: list[int], past: int) -> None:
+        """Fill `cache` with the first `past` (left-padded) positions of every row."""
+        kv = next(entry.kv for _, _, entry in plans if entry is not None)
+        for layer, (k0, v0) in enumerate(kv):
+            keys = k0.new_zeros(len(plans), k0.shape[0], past, k0.shape[2])
+            values = v0.new_zeros(len(plans), v0.shape[0], past, v0.shape[2])
+            for row, ((_, _, entry), pad) in enumerate(zip(plans, pads, strict=True)):
+                take = past - pad  # <= the row's reused length, by the choice of `past`
+                if take > 0 and entry is not None:
+                    keys[row, :, pad:] = entry.kv[layer][0][:, :take]
+                    values[row, :, pad:] = entry.kv[layer][1][:, :take]
+            cache.update(keys, values, layer)
+
+    def _remember(self, tokens: list[int], cache: Any, row: int, start: int, end: int) -> None:
+        """Offer row `row`'s keys/values (positions ``start:end``, for `tokens`) to the
+        prefix cache."""
+        if self._prefix.max_tokens and len(tokens) == end - start:
+            kv = [(ly.keys[row, :, start:end], ly.values[row, :, start:end]) for ly in cache.layers]
+            self._prefix.insert(tokens, kv)
 
     def _merge(
         self, chunk: list[_Request], cache: Any, pads: list[int], length: int, tokens: list[int]
@@ -474,6 +541,10 @@ class HFSampler(Sampler):
             else:
                 r.finish = reason or "abort"
                 done.append(r)
+                if reason is not None and r.kv_version == self._version:
+                    # its next turn resends this sequence; the last token is not cached yet
+                    tokens = r.prompt + r.tokens[:-1]
+                    self._remember(tokens, self._cache, i, self._pads[i], self._cache_len)
         if done:
             self._keep_rows(keep)  # free the slots before the callers wake up
         for r in done:
