@@ -8,10 +8,12 @@ whole run (the headline: it includes async's one-time pipeline fill), the steady
 the first step, the learner's busy time and idle fraction (waiting for data), the sampler's
 idle fraction (no sequence to decode, sampled every 10 ms) and CPU use (process CPU time
 over wall time x cores). Sampler weights are bf16 as in configs/demo.yaml (``--dtype``).
-Target: async >= 1.8x sync in trajectories/s.
+Each (latency, mode) runs ``--repeats`` times, interleaved; the median run is reported,
+with every repeat's async/sync ratio beside it (on 2 shared cores the async side varied by
+~15% from run to run). Target: async >= 1.8x sync in trajectories/s.
 
     python benchmarks/async_vs_sync.py [--delays 0.2 0.5 1.0] [--turns 4] [--steps 10]
-                                       [--dtype bfloat16|float32]
+                                       [--dtype bfloat16|float32] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -148,39 +150,64 @@ def main() -> None:
         default=os.cpu_count() or 1,
         help="torch threads in both modes",
     )
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="runs per (latency, mode); the median is reported"
+    )
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "async_vs_sync.json"))
     args = ap.parse_args()
 
-    rows = []
+    runs = []  # every (repeat, delay, mode), interleaved so machine noise hits both modes
     with tempfile.TemporaryDirectory() as tmp:
-        for delay in args.delays:
-            for k in (0, args.staleness):
-                row = run_mode(
-                    argparse.Namespace(**{**vars(args), "delay": delay}),
-                    k,
-                    Path(tmp) / f"d{delay}-k{k}",
-                )
-                rows.append({"delay_s": delay, **row})
+        for rep in range(args.repeats):
+            for delay in args.delays:
+                for k in (0, args.staleness):
+                    run = run_mode(
+                        argparse.Namespace(**{**vars(args), "delay": delay}),
+                        k,
+                        Path(tmp) / f"r{rep}-d{delay}-k{k}",
+                    )
+                    runs.append({"repeat": rep, "delay_s": delay, **run})
+    # one row per (delay, mode): the run with the median trajectories/s
+    rows = []
+    for delay in args.delays:
+        for k in (0, args.staleness):
+            mine = sorted(
+                (r for r in runs if r["delay_s"] == delay and r["max_staleness"] == k),
+                key=lambda r: r["trajectories_per_s"],
+            )
+            rows.append({**mine[len(mine) // 2], "range": [mine[0], mine[-1]]})
 
     def ratio(key: str) -> dict[str, float]:
         return {str(d): rows[2 * i + 1][key] / rows[2 * i][key] for i, d in enumerate(args.delays)}
 
     speedups = ratio("trajectories_per_s")
     steady = ratio("steady_trajectories_per_s")
+    pairs = {  # async / sync of each repeat, to show the spread
+        str(d): sorted(
+            a["trajectories_per_s"] / s["trajectories_per_s"]
+            for s, a in zip(
+                runs[2 * i :: 2 * len(args.delays)],
+                runs[2 * i + 1 :: 2 * len(args.delays)],
+                strict=True,
+            )
+        )
+        for i, d in enumerate(args.delays)
+    }
 
     from rich.console import Console
     from rich.table import Table
 
     table = Table(
         title=f"sync vs async ({args.model}, {args.turns - 1} tool calls per episode, "
-        f"{args.steps} steps, {os.cpu_count()} CPU cores)"
+        f"{args.steps} steps, {os.cpu_count()} CPU cores; median of {args.repeats} runs)"
     )
     cols = ("tool latency", "mode", "traj/s", "steady traj/s", "wall s", "first step s")
-    cols += ("learner busy s", "learner idle")
-    for col in (*cols, "sampler idle", "CPU use", "staleness", "async/sync (steady)"):
+    cols += ("learner busy s", "learner idle", "sampler idle", "CPU use", "staleness")
+    for col in (*cols, "async/sync (steady)", "per repeat"):
         table.add_column(col, justify="right")
     for r in rows:
         sync = r["max_staleness"] == 0
+        d = str(r["delay_s"])
         table.add_row(
             f"{r['delay_s'] * 1000:.0f} ms",
             "sync (k=0)" if sync else f"async (k={r['max_staleness']})",
@@ -193,9 +220,8 @@ def main() -> None:
             f"{r['sampler_idle_frac']:.0%}",
             f"{r['cpu_util']:.0%}",
             f"{r['staleness_mean']:.2f}",
-            ""
-            if sync
-            else f"{speedups[str(r['delay_s'])]:.2f}x ({steady[str(r['delay_s'])]:.2f}x)",
+            "" if sync else f"{speedups[d]:.2f}x ({steady[d]:.2f}x)",
+            "" if sync else " ".join(f"{x:.2f}" for x in pairs[d]),
         )
     console = Console(width=max(Console().width, 170))
     console.print(table)
@@ -210,7 +236,9 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "args": vars(args),
         "rows": rows,
+        "runs": runs,
         "speedup_by_delay": speedups,
+        "speedup_per_repeat": pairs,
         "steady_speedup_by_delay": steady,
         "speedup": speedups[str(head)],
         "target": 1.8,
