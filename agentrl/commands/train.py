@@ -123,11 +123,13 @@ def eval_(
     import anyio
 
     from agentrl.config import load_config
+    from agentrl.cpu import set_allocator
     from agentrl.errors import AgentRLError
     from agentrl.evaluation import evaluate, print_eval
 
     try:
         cfg = load_config(config, set_ or [])
+        set_allocator(cfg.orchestrator.cpu_allocator)  # before the sampler's thread starts
         result = anyio.run(evaluate, cfg, checkpoint, n_tasks, samples)
     except AgentRLError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
