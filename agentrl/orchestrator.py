@@ -116,6 +116,7 @@ class Orchestrator:
         self._finished: list[dict[str, float]] = []  # every group finished since the last step
         self._rollout_t0 = time.time()
         self._saved_step = 0
+        self._prefill_seen = (0, 0)  # sampler's (forwarded, reused) prompt tokens so far
 
     # --- construction ------------------------------------------------------------
 
@@ -355,6 +356,12 @@ class Orchestrator:
         out["rollout_tokens_per_s"] = self._rollout_tokens / elapsed
         self._rollout_tokens = 0
         self._rollout_t0 = time.time()
+        stats = self.sampler.stats() if hasattr(self.sampler, "stats") else {}
+        if "prefix_reused_tokens" in stats:  # the hf sampler's prefix reuse since the last step
+            fed = stats["prefill_tokens"] - self._prefill_seen[0]
+            reused = stats["prefix_reused_tokens"] - self._prefill_seen[1]
+            out["sampler/prefix_reuse_frac"] = reused / max(fed + reused, 1)
+            self._prefill_seen = (stats["prefill_tokens"], stats["prefix_reused_tokens"])
         out.update(self.buffer.metrics())
         return out
 

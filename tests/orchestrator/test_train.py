@@ -96,7 +96,14 @@ def test_each_algorithm_trains(tmp_path, algo):
     assert orch.learner.version == 2 and orch.sampler.version == 2
     for s in steps:
         assert s["loss/total"] == s["loss/total"]  # finite
-        for key in ("reward_mean", "pg/clip_frac", "grad_norm", "entropy", "rollout_tokens_per_s"):
+        for key in (
+            "reward_mean",
+            "pg/clip_frac",
+            "grad_norm",
+            "entropy",
+            "rollout_tokens_per_s",
+            "sampler/prefix_reuse_frac",
+        ):
             assert key in s, key
     assert _weights_changed(orch)
 
