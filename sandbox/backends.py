@@ -19,7 +19,8 @@ from agentrl.sandbox.cgroups import SandboxCgroup
 from agentrl.sandbox.limits import SandboxLimits
 
 if TYPE_CHECKING:
-    from agentrl.sandbox._process import Kernel, KernelProcess
+    from agentrl.sandbox._process import KernelProcess
+    from agentrl.sandbox._wire import Kernel
 
 INSECURE_WARNING = (
     "the 'subprocess' sandbox backend is NOT isolated: the code can read every world-readable "

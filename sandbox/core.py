@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 
 from agentrl.errors import SandboxError, SandboxUnavailableError
-from agentrl.sandbox._process import Kernel
+from agentrl.sandbox._wire import Kernel
 from agentrl.sandbox.backends import BACKENDS, INSECURE_WARNING, Backend
 from agentrl.sandbox.limits import RESTART_STATUSES, SandboxLimits, SandboxResult
 

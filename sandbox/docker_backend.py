@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 
 from agentrl.errors import SandboxError
-from agentrl.sandbox._process import (
+from agentrl.sandbox._wire import (
     CallOutcome,
     _Capture,
     encode_config,
