@@ -39,7 +39,9 @@ Allocator = Literal["reuse", "system"]
 def set_allocator(mode: Allocator) -> bool:
     """Apply `mode` to glibc's malloc; returns whether anything was changed.
 
-    ``system`` leaves glibc's defaults. Off glibc (macOS, musl) this is a no-op.
+    ``system`` changes nothing: glibc's defaults, unless ``reuse`` was applied earlier in
+    this process (the setting is process-wide and is not undone). Off glibc (macOS, musl)
+    both are no-ops.
     """
     if mode not in ("reuse", "system"):
         raise ValueError(f"orchestrator.cpu_allocator must be 'reuse' or 'system' (got {mode!r})")
