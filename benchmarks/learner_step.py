@@ -154,9 +154,8 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "loadavg_1m_before_after": [load_before, os.getloadavg()[0]],
     }
-    name = "learner_step.json" if args.model == "smollm2-135m-instruct" else "learner_step_"
-    if args.model != "smollm2-135m-instruct":
-        name += f"{args.model}.json"
+    default = args.model == "smollm2-135m-instruct"
+    name = "learner_step.json" if default else f"learner_step_{args.model}.json"
     out_path = Path(__file__).parent / "results" / name
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(result, indent=2))
