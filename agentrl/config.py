@@ -128,6 +128,10 @@ class LearnerConfig(_Section):
     bf16: Literal["auto", "on", "off"] = "auto"
     device: str = "auto"
     logprob_chunk: int = Field(512, ge=1, description="sequence chunk for log-softmax")
+    # the LM head's element-wise log-softmax passes compiled with torch.compile (fused per
+    # row): auto = on CPU where it compiles, else the eager passes; on = an error if it
+    # cannot; off = eager. See agentrl.algos.fused
+    fused_logprobs: Literal["auto", "on", "off"] = "auto"
     # forward a group's shared prompt once (its KV cache repeated for the group's rows):
     # identical values and gradients, a fraction of the compute when prompts dominate
     share_prompt: bool = True

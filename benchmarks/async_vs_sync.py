@@ -61,7 +61,7 @@ def run_mode(args: argparse.Namespace, staleness: int, run_dir: Path) -> dict[st
             "orchestrator.checkpoint_every=0",
             "logging.progress=false",
             "logging.trace=false",
-            f"orchestrator.cpu_threads={args.threads}",
+            *([f"orchestrator.cpu_threads={args.threads}"] if args.threads else []),
         ]
     )
     orch = Orchestrator(cfg, run_dir)
@@ -148,7 +148,7 @@ def main() -> None:
         "--threads",
         type=int,
         default=os.cpu_count() or 1,
-        help="torch threads in both modes",
+        help="torch threads in both modes (0: the orchestrator's default, half the cores in async)",
     )
     ap.add_argument(
         "--repeats", type=int, default=3, help="runs per (latency, mode); the median is reported"

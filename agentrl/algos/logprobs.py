@@ -28,6 +28,9 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from agentrl.algos import fused as fused_kernels
+from agentrl.algos.fused import Fused
+
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
     """float32, or float64 when the inputs are float64 (for gradient checks)."""
@@ -131,7 +134,7 @@ def entropy_from_logits(
 # exp() of inputs below about -87 (results in float32's subnormal range) runs several times
 # slower on x86; a logit this far below the row's max has probability < 1.8e-35, so clamping
 # there changes normalisers and gradients by less than float32 can represent
-_EXP_FLOOR = -80.0
+_EXP_FLOOR = fused_kernels.EXP_FLOOR
 
 
 def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -161,12 +164,13 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         inv_t: float,
         chunk: int,
         with_entropy: bool,
+        fused: Fused,
     ) -> tuple[Tensor, Tensor]:
         mm_dtype = _matmul_dtype(hidden, weight)
         # dtypes are chosen explicitly below; autocast would recast the [n, V] reductions
         with torch.autocast(hidden.device.type, enabled=False):
             return _LinearLogprobEntropy._forward(
-                ctx, hidden, weight, labels, inv_t, chunk, with_entropy, mm_dtype
+                ctx, hidden, weight, labels, inv_t, chunk, with_entropy, mm_dtype, fused
             )
 
     @staticmethod
@@ -179,6 +183,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         chunk: int,
         with_entropy: bool,
         mm_dtype: torch.dtype,
+        fused: Fused,
     ) -> tuple[Tensor, Tensor]:
         N, V = hidden.shape[0], weight.shape[0]
         dt = _compute_dtype(hidden)
@@ -190,12 +195,22 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         safe = labels.clamp(min=0)
         n0 = min(chunk, N)
         z_buf = torch.empty(n0, V, dtype=mm_dtype, device=hidden.device)
-        y_buf = z_buf if mm_dtype == dt else torch.empty(n0, V, dtype=dt, device=hidden.device)
-        e_buf = torch.empty_like(y_buf) if with_entropy else None
+        compiled = fused_kernels.wanted(fused, hidden.device, dt)
+        inv_t_t = torch.tensor(inv_t, dtype=dt, device=hidden.device)
+        y_buf = e_buf = None  # the eager passes' workspace, made when first needed
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
             n = e - s
             z = torch.mm(hidden[s:e].to(mm_dtype), w.t(), out=z_buf[:n])
+            if compiled:
+                out = fused_kernels.call("forward", fused, z, safe[s:e], inv_t_t, with_entropy)
+                if out is not None:
+                    lp[s:e], ent[s:e], lse[s:e] = out
+                    continue
+                compiled = False
+            if y_buf is None:
+                y_buf = z_buf if mm_dtype == dt else torch.empty(n0, V, dtype=dt, device=z.device)
+                e_buf = torch.empty_like(y_buf) if with_entropy else None
             shift = z.amax(dim=-1).to(dt).mul_(inv_t)  # inv_t > 0: max commutes with it
             y = y_buf[:n]
             if y is not z:
@@ -220,7 +235,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         ent = torch.where(valid, ent, torch.zeros_like(ent))
         ctx.save_for_backward(hidden, weight, labels, lse, ent)
         ctx.inv_t, ctx.chunk, ctx.with_entropy = inv_t, chunk, with_entropy
-        ctx.mm_dtype, ctx.device_type = mm_dtype, hidden.device.type
+        ctx.mm_dtype, ctx.device_type, ctx.fused = mm_dtype, hidden.device.type, fused
         ctx.set_materialize_grads(False)  # an unused output (entropy) costs no backward work
         return lp, ent
 
@@ -240,7 +255,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         mm_dtype: torch.dtype = ctx.mm_dtype  # type: ignore[attr-defined]
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
         use_ent = ctx.with_entropy and g_ent is not None  # type: ignore[attr-defined]
-        none = (None, None, None, None, None, None)
+        none = (None, None, None, None, None, None, None)
         if (g_lp is None and not use_ent) or not (need_h or need_w):
             return none
         N, V = hidden.shape[0], weight.shape[0]
@@ -261,30 +276,45 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
         n0 = min(chunk, N)
         z_buf = torch.empty(n0, V, dtype=mm_dtype, device=hidden.device)
-        y_buf = z_buf if mm_dtype == dt else torch.empty(n0, V, dtype=dt, device=hidden.device)
-        p_buf = torch.empty_like(y_buf) if a is not None else None
         gw_buf = torch.empty(weight.shape, dtype=mm_dtype, device=weight.device) if need_w else None
-        rows = torch.arange(n0, device=hidden.device)
+        fused: Fused = ctx.fused  # type: ignore[attr-defined]
+        compiled = fused_kernels.wanted(fused, hidden.device, dt)
+        inv_t_t = torch.tensor(inv_t, dtype=dt, device=hidden.device)
+        y_buf = p_buf = rows = None  # the eager passes' workspace, made when first needed
         safe = labels.clamp(min=0)
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
             n = e - s
             h = hidden[s:e].to(mm_dtype)
             z = torch.mm(h, w.t(), out=z_buf[:n])
-            logp = y_buf[:n]
-            if logp is not z:
-                logp.copy_(z)
-            if inv_t != 1.0:
-                logp.mul_(inv_t)
-            logp.sub_(lse[s:e, None]).clamp_(min=_EXP_FLOOR)
-            if a is None:
-                grad_z = logp.exp_().mul_(b[s:e, None])
-            else:
-                grad_z = torch.exp(logp, out=p_buf[:n])  # type: ignore[index]
-                grad_z.mul_(logp.mul_(a[s:e, None]).add_(b[s:e, None]))
-            grad_z[rows[:n], safe[s:e]] += hot[s:e]
-            if grad_z.dtype != mm_dtype:
-                grad_z = z.copy_(grad_z)  # the matmul buffer is free again
+            grad_z = None
+            if compiled:
+                grad_z = fused_kernels.call(
+                    "backward", fused, z, safe[s:e], lse[s:e],
+                    None if a is None else a[s:e], b[s:e], hot[s:e], inv_t_t, mm_dtype,
+                )  # fmt: skip
+                compiled = grad_z is not None
+            if grad_z is None:
+                if y_buf is None:
+                    y_buf = (
+                        z_buf if mm_dtype == dt else torch.empty(n0, V, dtype=dt, device=z.device)
+                    )
+                    p_buf = torch.empty_like(y_buf) if a is not None else None
+                    rows = torch.arange(n0, device=z.device)
+                logp = y_buf[:n]
+                if logp is not z:
+                    logp.copy_(z)
+                if inv_t != 1.0:
+                    logp.mul_(inv_t)
+                logp.sub_(lse[s:e, None]).clamp_(min=_EXP_FLOOR)
+                if a is None:
+                    grad_z = logp.exp_().mul_(b[s:e, None])
+                else:
+                    grad_z = torch.exp(logp, out=p_buf[:n])  # type: ignore[index]
+                    grad_z.mul_(logp.mul_(a[s:e, None]).add_(b[s:e, None]))
+                grad_z[rows[:n], safe[s:e]] += hot[s:e]  # type: ignore[index]
+                if grad_z.dtype != mm_dtype:
+                    grad_z = z.copy_(grad_z)  # the matmul buffer is free again
             if grad_h is not None:
                 grad_h[s:e] = grad_z @ w
             if grad_w is not None:
@@ -292,6 +322,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         return (
             grad_h,
             (grad_w.to(weight.dtype) if grad_w is not None else None),
+            None,
             None,
             None,
             None,
@@ -306,13 +337,17 @@ def chunked_logprobs_entropy(
     temperature: float = 1.0,
     chunk: int = 512,
     with_entropy: bool = True,
+    fused: Fused = "auto",
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-prob (and entropy) from final hidden states, chunk by chunk.
 
     ``hidden [..., H]`` and ``lm_head_weight [V, H]`` -> ``(logprobs, entropy)`` of
     ``labels``' shape, float32; gradients flow to both ``hidden`` and ``lm_head_weight``
     while only ``[chunk, V]`` logits exist at any time, in forward and in backward.
+    ``fused``: the compiled element-wise passes (:mod:`agentrl.algos.fused`): ``auto`` on
+    CPU where they compile, ``on`` (an error if they cannot run), ``off``.
     """
+    fused_kernels.check_mode(fused)
     _check_labels(hidden.shape[:-1], labels, "hidden")
     if lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != hidden.shape[-1]:
         raise ValueError(
@@ -323,7 +358,13 @@ def chunked_logprobs_entropy(
         raise ValueError(f"chunk must be >= 1 (got {chunk})")
     flat = hidden.reshape(-1, hidden.shape[-1])
     lp, ent = _LinearLogprobEntropy.apply(
-        flat, lm_head_weight, labels.reshape(-1), _inv_temperature(temperature), chunk, with_entropy
+        flat,
+        lm_head_weight,
+        labels.reshape(-1),
+        _inv_temperature(temperature),
+        chunk,
+        with_entropy,
+        fused,
     )
     return lp.reshape(labels.shape), (ent.reshape(labels.shape) if with_entropy else None)
 
@@ -335,11 +376,12 @@ def sequence_logprobs_entropy(
     temperature: float = 1.0,
     chunk: int = 512,
     with_entropy: bool = True,
+    fused: Fused = "auto",
 ) -> tuple[Tensor, Tensor | None]:
     """Like :func:`chunked_logprobs_entropy` but aligned with ``input_ids [B, T]``:
     ``out[:, t] = log p(input_ids[:, t] | input_ids[:, :t])``, and ``out[:, 0] = 0``."""
     lp, ent = chunked_logprobs_entropy(
-        hidden[:, :-1], lm_head_weight, input_ids[:, 1:], temperature, chunk, with_entropy
+        hidden[:, :-1], lm_head_weight, input_ids[:, 1:], temperature, chunk, with_entropy, fused
     )
     zero = lp.new_zeros(lp.shape[0], 1)
     lp = torch.cat([zero, lp], dim=1)

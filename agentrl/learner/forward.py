@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.algos.fused import Fused
+
 
 @dataclass
 class TokenOutputs:
@@ -54,14 +56,16 @@ def token_logprobs(
     chunk: int = 512,
     with_entropy: bool = False,
     keep_hidden: bool = False,
+    fused: Fused = "auto",
 ) -> TokenOutputs:
     """Log-probs of `input_ids` under `model` at positions where ``mask`` is set.
 
     ``mask[:, 0]`` is ignored (the first token has no context to be predicted from).
+    ``fused``: the compiled log-softmax passes, see :mod:`agentrl.algos.fused`.
     """
     hidden = decoder_hidden(model, input_ids)
     lp, ent = _predicted_logprobs(
-        model, hidden[:, :-1], input_ids, mask, 1, temperature, chunk, with_entropy
+        model, hidden[:, :-1], input_ids, mask, 1, temperature, chunk, with_entropy, fused
     )
     return TokenOutputs(lp, ent, hidden if keep_hidden else None)
 
@@ -75,6 +79,7 @@ def _predicted_logprobs(
     temperature: float,
     chunk: int,
     with_entropy: bool,
+    fused: Fused,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropy) ``[B, T]`` of tokens ``start:`` where ``mask`` is set.
 
@@ -91,6 +96,7 @@ def _predicted_logprobs(
         temperature=temperature,
         chunk=chunk,
         with_entropy=with_entropy,
+        fused=fused,
     )
     zeros = torch.zeros(sel.shape, dtype=lp_sel.dtype, device=lp_sel.device)
     lp = torch.nn.functional.pad(zeros.masked_scatter(sel, lp_sel), (start, 0))
@@ -110,6 +116,7 @@ def shared_prefix_logprobs(
     chunk: int = 512,
     with_entropy: bool = False,
     keep_hidden: bool = False,
+    fused: Fused = "auto",
 ) -> TokenOutputs:
     """:func:`token_logprobs` for rows that share their first `prefix_len` tokens exactly.
 
@@ -136,7 +143,9 @@ def shared_prefix_logprobs(
     prefix_hidden = prefix.last_hidden_state  # [1, P, H]
     # position t-1 predicts token t: the prefix's last state predicts the first suffix token
     pred = torch.cat([prefix_hidden[:, -1:].expand(B, -1, -1), suffix[:, :-1]], dim=1)
-    lp, ent = _predicted_logprobs(model, pred, input_ids, mask, P, temperature, chunk, with_entropy)
+    lp, ent = _predicted_logprobs(
+        model, pred, input_ids, mask, P, temperature, chunk, with_entropy, fused
+    )
     hidden = None
     if keep_hidden:
         hidden = torch.cat([prefix_hidden.expand(B, -1, -1), suffix], dim=1)

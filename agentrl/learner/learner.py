@@ -280,6 +280,7 @@ class Learner:
                 temperature=self.temperature,
                 chunk=self.lcfg.logprob_chunk,
                 with_entropy=with_entropy,
+                fused=self.lcfg.fused_logprobs,
                 keep_hidden=with_values and self.value_head is not None,
             )
             values = None
