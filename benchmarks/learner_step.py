@@ -1,12 +1,15 @@
-"""Time learner steps, side by side per C-allocator mode, beside a plain HF step.
+"""Time learner steps, side by side per C-allocator mode and log-prob kernel, beside a plain
+HF step.
 
     .venv/bin/python benchmarks/learner_step.py [--model smollm2-135m-instruct | tiny-llama]
         [--steps 3] [--bf16 auto|on|off] [--micro 4] [--threads N] [--no-baseline]
-        [--allocators reuse system]
+        [--allocators reuse system] [--fused auto off]
 
-Workload: 8 sequences x 256 tokens (64 prompt + 192 model), GRPO. Each allocator mode
-(``orchestrator.cpu_allocator``, see ``agentrl.cpu``) runs in its own subprocess, since the
-mode is process-wide. The plain HF step (full ``[B, T, V]`` logits, ``model(labels=...)`` +
+Workload: 8 sequences x 256 tokens (64 prompt + 192 model), GRPO. Each (allocator mode
+(``orchestrator.cpu_allocator``, see ``agentrl.cpu``), ``learner.fused_logprobs`` mode)
+runs in its own subprocess, since the allocator mode is process-wide. The first step of a
+``fused=auto`` run includes compiling the kernels (cached on disk afterwards); the table's
+"best step" is the fastest of ``--steps``. The plain HF step (full ``[B, T, V]`` logits, ``model(labels=...)`` +
 backward + AdamW) runs in the first subprocess. Prints a table and writes
 benchmarks/results/learner_step.json (learner_step_<model>.json for other models).
 """
@@ -65,7 +68,12 @@ def child(args: argparse.Namespace) -> dict:
     model, tok = load_model(args.model, dtype="float32")
     cfg = config_from_dict(
         {
-            "learner": {"lr": 1e-6, "micro_batch_size": args.micro, "bf16": args.bf16},
+            "learner": {
+                "lr": 1e-6,
+                "micro_batch_size": args.micro,
+                "bf16": args.bf16,
+                "fused_logprobs": args.fused[0],
+            },
             "algorithm": {"off_policy": args.correction},
         }
     )
@@ -92,6 +100,7 @@ def child(args: argparse.Namespace) -> dict:
     learner.state_dict_for_sampler()
     return {
         "allocator": args.child,
+        "fused_logprobs": args.fused[0],
         "bf16": learner.bf16,
         "threads": torch.get_num_threads(),
         "step_s": times,
@@ -114,6 +123,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the plain HF step")
     ap.add_argument("--allocators", nargs="+", default=["reuse", "system"])
+    ap.add_argument(
+        "--fused",
+        nargs="+",
+        default=["auto", "off"],
+        choices=["auto", "on", "off"],
+        help="learner.fused_logprobs modes (compiled log-softmax passes); each allocator runs each",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -123,8 +139,9 @@ def main() -> None:
 
     load_before = os.getloadavg()[0]
     rows = []
-    for i, mode in enumerate(args.allocators):
-        cmd = [sys.executable, __file__, "--child", mode, "--model", args.model]
+    combos = [(a, f) for a in args.allocators for f in args.fused]
+    for i, (mode, fused) in enumerate(combos):
+        cmd = [sys.executable, __file__, "--child", mode, "--fused", fused, "--model", args.model]
         cmd += ["--steps", str(args.steps), "--bf16", args.bf16, "--micro", str(args.micro)]
         cmd += ["--correction", args.correction, "--threads", str(args.threads)]
         if i == 0 and not args.no_baseline:
@@ -133,11 +150,14 @@ def main() -> None:
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
 
     print(f"{args.model}: 8 x 256 tokens, micro {args.micro}, correction {args.correction}")
-    print(f"{'allocator':<12}{'bf16':>6}{'threads':>9}{'best step (s)':>15}{'all steps (s)':>30}")
+    print(
+        f"{'allocator':<12}{'fused':>7}{'bf16':>6}{'threads':>9}{'best step (s)':>15}"
+        f"{'all steps (s)':>30}"
+    )
     for r in rows:
         steps = ", ".join(f"{t:.2f}" for t in r["step_s"])
         print(
-            f"{r['allocator']:<12}{r['bf16']!s:>6}{r['threads']:>9}"
+            f"{r['allocator']:<12}{r['fused_logprobs']:>7}{r['bf16']!s:>6}{r['threads']:>9}"
             f"{r['step_s_best']:>15.2f}{steps:>30}"
         )
     base = next((r["plain_hf_step_s"] for r in rows if r["plain_hf_step_s"]), None)

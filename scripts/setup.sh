@@ -5,18 +5,21 @@ set -euo pipefail
 VENV="${VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 
-# Debian packages the sandbox needs (bubblewrap) and Debian's python3 for the unprivileged
-# sandbox user (the pyenv interpreter is not readable to it).
+# Debian packages the sandbox needs (bubblewrap), Debian's python3 for the unprivileged
+# sandbox user (the pyenv interpreter is not readable to it), and a C++ compiler for
+# torch.compile's CPU backend (the learner's fused log-prob kernels, agentrl.algos.fused).
 need_apt=()
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "[setup] apt-get install ${need_apt[*]}"
         apt-get update -qq >/dev/null
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
     else
-        echo "[setup] WARNING: missing ${need_apt[*]}; install them for the bwrap sandbox" >&2
+        echo "[setup] WARNING: missing ${need_apt[*]}; install them for the bwrap sandbox" \
+            "and the compiled learner kernels" >&2
     fi
 fi
 
