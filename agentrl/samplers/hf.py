@@ -5,8 +5,9 @@ pending weight update, drops cancelled requests, prefills newcomers and merges t
 the running batch; then one decode step advances every active sequence by one token.
 The event loop only submits requests and awaits futures, so it never blocks on compute.
 
-KV cache: a transformers ``DynamicCache`` holding all active rows, left-padded to a common
-length. Each row keeps its own pad count; positions and the attention mask are per row, so
+KV cache: a :class:`~agentrl.samplers.kv_cache.GrowingCache` (a transformers cache whose
+decode-step appends write in place instead of concatenating) holding all active rows,
+left-padded to a common length. Each row keeps its own pad count; positions and the attention mask are per row, so
 rows of different lengths decode together exactly (RoPE is applied with the row's own
 positions before keys are cached, so padding columns never shift anything). Finished rows
 are removed between steps and columns that are padding in every row are trimmed away.
@@ -32,8 +33,18 @@ import torch
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.hf_weights import WeightSpec
+from agentrl.samplers.kv_cache import GrowingCache
 from agentrl.samplers.prefix_cache import PrefixCache, PrefixEntry
 from agentrl.samplers.sampling import sample_next
+
+
+def _dynamic_cache() -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+KV_CACHES = {"growing": GrowingCache, "dynamic": _dynamic_cache}
 
 
 @dataclass(eq=False)
@@ -91,7 +102,9 @@ class HFSampler(Sampler):
     (default: the tokenizer's eos and ``<|im_end|>``; per-request ``stop_token_ids`` are
     added to them), ``prefill_tokens`` (token budget of one batched prefill), ``version``,
     ``prefix_cache_tokens`` (KV of earlier prompts and finished sequences kept for reuse, see
-    :mod:`agentrl.samplers.prefix_cache`; 0 disables it).
+    :mod:`agentrl.samplers.prefix_cache`; 0 disables it), ``kv_cache`` (``growing``: decode
+    steps append keys/values in place, :mod:`agentrl.samplers.kv_cache`; ``dynamic``:
+    transformers' ``DynamicCache``, which concatenates the whole cache every step).
     """
 
     backend = "hf"
@@ -110,9 +123,13 @@ class HFSampler(Sampler):
         version: int = 0,
         seed: int | None = None,
         prefix_cache_tokens: int = 32768,
+        kv_cache: str = "growing",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
+        if kv_cache not in KV_CACHES:
+            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)} (got {kv_cache!r})")
+        self._new_cache = KV_CACHES[kv_cache]
         self._model = model.eval()
         self._tokenizer = tokenizer
         self._device = next(model.parameters()).device
@@ -399,8 +416,6 @@ class HFSampler(Sampler):
         part any row must forward) are fed, the first ``L - Q`` come from the prefix cache.
         A row with less left to forward re-feeds a few cached tokens instead.
         """
-        from transformers import DynamicCache
-
         distinct: dict[tuple[int, ...], int] = {}
         plans: list[_Plan] = []
         row_of = []  # the distinct prompt each request forwards with
@@ -420,7 +435,7 @@ class HFSampler(Sampler):
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)[:, past:]
         if not any(pads):
             mask = None  # no padding: the model's plain causal path is faster
-        cache = DynamicCache()
+        cache = self._new_cache()
         if past:
             self._seed_cache(cache, plans, pads, past)
         with torch.inference_mode():

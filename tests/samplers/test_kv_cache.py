@@ -1,0 +1,69 @@
+"""GrowingCache: the same keys, values and logits as transformers' DynamicCache, with appends
+written in place and a fresh buffer only when the spare positions run out or the keys were
+replaced from outside (the hf sampler drops and merges rows that way)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from agentrl.models import load_model
+from agentrl.samplers import kv_cache
+from agentrl.samplers.kv_cache import GrowingCache, GrowingLayer
+
+
+def _decode(model, cache, ids, steps):
+    logits = []
+    with torch.inference_mode():
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        for _ in range(steps):
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            logits.append(out.logits[:, -1].float())
+            out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+    return torch.stack(logits), out.past_key_values
+
+
+def test_same_logits_and_keys_as_dynamic_cache(monkeypatch) -> None:
+    monkeypatch.setattr(kv_cache, "HEADROOM", 3)  # several regrowths within the run
+    model, _ = load_model("tiny-llama", dtype="float32", seed=0)
+    ids = torch.randint(3, 500, (3, 9), generator=torch.Generator().manual_seed(0))
+    ref_logits, ref = _decode(model, DynamicCache(), ids, steps=8)
+    got_logits, got = _decode(model, GrowingCache(), ids, steps=8)
+    torch.testing.assert_close(got_logits, ref_logits)
+    assert len(got.layers) == len(ref.layers)
+    for g, r in zip(got.layers, ref.layers, strict=True):
+        assert isinstance(g, GrowingLayer)
+        torch.testing.assert_close(g.keys, r.keys)
+        torch.testing.assert_close(g.values, r.values)
+    assert got.get_seq_length() == ref.get_seq_length() == 9 + 8
+
+
+def test_appends_write_in_place_until_the_headroom_is_used() -> None:
+    layer = GrowingLayer()
+    k = torch.randn(2, 1, 5, 4)
+    layer.update(k, k + 1)
+    buffer = layer._kbuf
+    assert buffer is not None and buffer.shape[-2] == 5 + kv_cache.HEADROOM
+    steps = [torch.randn(2, 1, 1, 4) for _ in range(kv_cache.HEADROOM)]
+    for s in steps:
+        keys, values = layer.update(s, s + 1)
+        assert layer._kbuf is buffer  # no copy of the cache
+    torch.testing.assert_close(keys, torch.cat([k, *steps], dim=-2))
+    torch.testing.assert_close(values, torch.cat([k, *steps], dim=-2) + 1)
+    layer.update(steps[0], steps[0])  # one past the headroom: a bigger buffer, contents kept
+    assert layer._kbuf is not buffer and layer.keys.shape[-2] == 5 + kv_cache.HEADROOM + 1
+    torch.testing.assert_close(layer.keys[:, :, :5], k)
+
+
+def test_keys_replaced_from_outside_are_copied_into_a_fresh_buffer() -> None:
+    layer = GrowingLayer()
+    k = torch.arange(3 * 2 * 4 * 2, dtype=torch.float32).view(3, 2, 4, 2)
+    layer.update(k, -k)
+    # what the hf sampler does when rows finish: keep rows 0 and 2, trim a padding column
+    layer.keys = layer.keys.index_select(0, torch.tensor([0, 2]))[..., 1:, :]
+    layer.values = layer.values.index_select(0, torch.tensor([0, 2]))[..., 1:, :]
+    new = torch.full((2, 2, 1, 2), 7.0)
+    keys, values = layer.update(new, -new)
+    torch.testing.assert_close(keys, torch.cat([k[[0, 2], :, 1:], new], dim=-2))
+    torch.testing.assert_close(values, torch.cat([-k[[0, 2], :, 1:], -new], dim=-2))
+    assert keys.data_ptr() == layer._kbuf.data_ptr()
