@@ -32,6 +32,7 @@ import torch
 
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.samplers.decode_attention import use_decode_attention
 from agentrl.samplers.hf_weights import WeightSpec
 from agentrl.samplers.kv_cache import GrowingCache
 from agentrl.samplers.prefix_cache import PrefixCache, PrefixEntry
@@ -104,7 +105,10 @@ class HFSampler(Sampler):
     ``prefix_cache_tokens`` (KV of earlier prompts and finished sequences kept for reuse, see
     :mod:`agentrl.samplers.prefix_cache`; 0 disables it), ``kv_cache`` (``growing``: decode
     steps append keys/values in place, :mod:`agentrl.samplers.kv_cache`; ``dynamic``:
-    transformers' ``DynamicCache``, which concatenates the whole cache every step).
+    transformers' ``DynamicCache``, which concatenates the whole cache every step),
+    ``decode_attention`` (on CPU, one-token decode steps use plain matmul attention instead of
+    SDPA's slower flash kernel, :mod:`agentrl.samplers.decode_attention`; this switches the
+    model's attention implementation, prefill still runs SDPA).
     """
 
     backend = "hf"
@@ -124,6 +128,7 @@ class HFSampler(Sampler):
         seed: int | None = None,
         prefix_cache_tokens: int = 32768,
         kv_cache: str = "growing",
+        decode_attention: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
@@ -133,6 +138,8 @@ class HFSampler(Sampler):
         self._model = model.eval()
         self._tokenizer = tokenizer
         self._device = next(model.parameters()).device
+        if decode_attention and self._device.type == "cpu":
+            use_decode_attention(model)
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         self.max_context = int(

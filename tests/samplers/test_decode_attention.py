@@ -1,0 +1,46 @@
+"""decode_attention: the same attention as transformers' SDPA path for one-token steps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from agentrl.models import load_model
+from agentrl.samplers.decode_attention import NAME, use_decode_attention
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_decode_steps_match_sdpa(padded: bool) -> None:
+    sdpa, _ = load_model("tiny-llama", dtype="float32", seed=0)
+    ours = copy.deepcopy(sdpa)
+    assert use_decode_attention(ours) and ours.config._attn_implementation == NAME
+    assert sdpa.config._attn_implementation == "sdpa"
+    ids = torch.randint(3, 500, (3, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :4] = 0  # a left-padded row
+    logits = {}
+    for name, model in (("sdpa", sdpa), ("ours", ours)):
+        steps = []
+        with torch.inference_mode():
+            out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+            m = mask
+            for _ in range(6):
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                m = torch.cat([m, torch.ones_like(nxt)], dim=1)
+                out = model(
+                    input_ids=nxt, attention_mask=m, past_key_values=out.past_key_values,
+                    use_cache=True,
+                )  # fmt: skip
+                steps.append(out.logits[:, -1])
+        logits[name] = torch.stack(steps)
+    torch.testing.assert_close(logits["ours"], logits["sdpa"], atol=1e-5, rtol=1e-5)
+
+
+def test_models_not_on_sdpa_are_left_alone() -> None:
+    model, _ = load_model("tiny-llama", dtype="float32", seed=0)
+    model.set_attn_implementation("eager")
+    assert not use_decode_attention(model)
+    assert model.config._attn_implementation == "eager"
