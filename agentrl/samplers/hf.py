@@ -7,10 +7,11 @@ The event loop only submits requests and awaits futures, so it never blocks on c
 
 KV cache: a :class:`~agentrl.samplers.kv_cache.GrowingCache` (a transformers cache whose
 decode-step appends write in place instead of concatenating) holding all active rows,
-left-padded to a common length. Each row keeps its own pad count; positions and the attention mask are per row, so
-rows of different lengths decode together exactly (RoPE is applied with the row's own
-positions before keys are cached, so padding columns never shift anything). Finished rows
-are removed between steps and columns that are padding in every row are trimmed away.
+left-padded to a common length. Each row keeps its own pad count; positions and the
+attention mask are per row, so rows of different lengths decode together exactly (RoPE
+is applied with the row's own positions before keys are cached, so padding columns never
+shift anything). Finished rows are removed between steps and columns that are padding in
+every row are trimmed away.
 
 Behaviour log-probs follow :mod:`agentrl.samplers.base`: ``log_softmax(logits / T)`` at the
 sampled token, before top-p / top-k truncation (greedy: unscaled logits).

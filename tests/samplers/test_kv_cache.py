@@ -4,11 +4,13 @@ replaced from outside (the hf sampler drops and merges rows that way)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 
 from agentrl.models import load_model
 from agentrl.samplers import kv_cache
+from agentrl.samplers.hf import HFSampler
 from agentrl.samplers.kv_cache import GrowingCache, GrowingLayer
 
 
@@ -67,3 +69,9 @@ def test_keys_replaced_from_outside_are_copied_into_a_fresh_buffer() -> None:
     torch.testing.assert_close(keys, torch.cat([k[[0, 2], :, 1:], new], dim=-2))
     torch.testing.assert_close(values, torch.cat([-k[[0, 2], :, 1:], -new], dim=-2))
     assert keys.data_ptr() == layer._kbuf.data_ptr()
+
+
+def test_an_unknown_kv_cache_option_names_the_choices() -> None:
+    model, tok = load_model("tiny-llama", dtype="float32", seed=0)
+    with pytest.raises(ValueError, match="kv_cache must be one of growing, dynamic"):
+        HFSampler(model, tok, kv_cache="static")
