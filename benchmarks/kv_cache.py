@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import anyio
@@ -29,21 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 OPTIONS = ("growing", "dynamic")
 
-
-async def tokens_per_s(sampler, prompt: list[int], callers: int, new_tokens: int) -> float:
-    from agentrl.samplers import SamplingParams
-
-    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
-    counts: list[int] = []
-
-    async def one() -> None:
-        counts.append(len((await sampler.generate(prompt, params)).token_ids))
-
-    t0 = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for _ in range(callers):
-            tg.start_soon(one)
-    return sum(counts) / (time.perf_counter() - t0)
+from benchmarks.samplers import ours_once as tokens_per_s  # noqa: E402  (callers' tokens/s)
 
 
 def main() -> None:
