@@ -159,6 +159,12 @@ class OrchestratorConfig(_Section):
     # reuse: freed memory stays in the process for the next allocation instead of going
     # back to the kernel (page faults cost more than the arithmetic on CPU); see agentrl.cpu
     cpu_allocator: Literal["reuse", "system"] = "reuse"
+    # where the learner computes: process = a spawned child with its own interpreter (its
+    # Python loop never waits on the sampler's GIL; weights come back in shared memory);
+    # thread = a worker thread of this process (the Learner object stays reachable as
+    # orch.learner, plug-ins registered at run time are seen); auto = process when async
+    # (sampler and learner compute at the same time), thread when synchronous
+    learner_worker: Literal["auto", "thread", "process"] = "auto"
     run_dir: str | None = None
 
 

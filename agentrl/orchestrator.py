@@ -122,29 +122,56 @@ class Orchestrator:
 
     def build(self) -> None:
         """Load the model twice (learner copy, sampler copy), the env, the rollout, the learner."""
+        try:
+            self._build()
+        except BaseException:
+            if hasattr(self, "learner"):
+                self.close()  # no learner process outlives a failed build
+            raise
+
+    def _build(self) -> None:
         from agentrl.buffer import Buffer
         from agentrl.chat import ChatRenderer
         from agentrl.envs import make_env
         from agentrl.learner import Learner
-        from agentrl.models import load_model
+        from agentrl.models import load_model, load_tokenizer
         from agentrl.rollout import RolloutEngine
         from agentrl.samplers import create_sampler
         from agentrl.weights import WeightBus
 
         cfg = self.cfg
         _seed_everything(cfg.orchestrator.seed)
-        set_threads(cfg.orchestrator.cpu_threads, asynchronous=cfg.orchestrator.max_staleness > 0)
+        asynchronous = cfg.orchestrator.max_staleness > 0
+        set_threads(cfg.orchestrator.cpu_threads, asynchronous=asynchronous)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
 
         self.env = make_env(cfg.env.name, **cfg.env.options)
-        policy, tokenizer = load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)
-        self.tokenizer = tokenizer
-        self.learner = Learner(policy, tokenizer, cfg)
+        self.learner_worker = learner_worker(cfg)
+        sampler_model = None
         sampler_dtype = None if cfg.model.dtype == "auto" else cfg.model.dtype
+        if self.learner_worker == "process":
+            from agentrl.learner.worker import LearnerProcess
+
+            # the child loads its own copy of the model while this process loads the rest
+            self.learner = LearnerProcess(cfg, asynchronous=asynchronous)
+            if cfg.sampler.backend == "hf":
+                sampler_model, tokenizer = load_model(
+                    cfg.model.name, dtype=sampler_dtype, seed=cfg.model.seed
+                )
+            else:
+                tokenizer = load_tokenizer(cfg.model.name)
+        else:
+            policy, tokenizer = load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)
+            self.learner = Learner(policy, tokenizer, cfg)
+            self.learner.warmup()  # the process worker does this in its child
+        self.tokenizer = tokenizer
         drain = cfg.sampler.drain_on_update or not cfg.orchestrator.partial_rollouts
         if cfg.sampler.backend == "hf":
-            sampler_model, _ = load_model(cfg.model.name, dtype=sampler_dtype, seed=cfg.model.seed)
+            if sampler_model is None:
+                sampler_model, _ = load_model(
+                    cfg.model.name, dtype=sampler_dtype, seed=cfg.model.seed
+                )
             self.sampler = create_sampler(
                 "hf",
                 model=(sampler_model, tokenizer),
@@ -189,8 +216,16 @@ class Orchestrator:
         if cfg.logging.progress:
             self.events.subscribe(ProgressDisplay(cfg.orchestrator.max_steps))
 
+        if self.learner_worker == "process":
+            self.learner.wait_ready()  # a child that cannot start fails the build, not the run
         if self.resume:
             self._load_checkpoint()
+
+    def close(self) -> None:
+        """Stop the learner process, if there is one (:meth:`run` does this when it ends)."""
+        close = getattr(self.learner, "close", None)
+        if close is not None:
+            close()
 
     # --- the loop ----------------------------------------------------------------
 
@@ -228,6 +263,7 @@ class Orchestrator:
                 if self._stop_reason == "interrupted" and self.step > self._saved_step:
                     await anyio.to_thread.run_sync(self.save_checkpoint)
                 await self.sampler.close()
+                await anyio.to_thread.run_sync(self.close)
                 from agentrl.tools.python import close_shared_sandboxes
 
                 await close_shared_sandboxes()  # no sandbox process outlives the run
@@ -424,6 +460,14 @@ class Orchestrator:
         self.buffer.load_state_dict(state["buffer"])
         self.buffer.learner_version = self.learner.version
         log.info("resumed from %s (step %d, version %d)", ckpt, self.step, self.learner.version)
+
+
+def learner_worker(cfg: Config) -> str:
+    """``orchestrator.learner_worker`` resolved: ``thread`` or ``process``."""
+    worker = cfg.orchestrator.learner_worker
+    if worker == "auto":
+        return "process" if cfg.orchestrator.max_staleness > 0 else "thread"
+    return worker
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -37,6 +38,15 @@ from agentrl.config import load_config
 from agentrl.events import BatchTrained
 from agentrl.orchestrator import Orchestrator
 from agentrl.plotting import read_steps
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the learner process)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def run_mode(args: argparse.Namespace, staleness: int, run_dir: Path) -> dict[str, float]:
@@ -89,9 +99,9 @@ def run_mode(args: argparse.Namespace, staleness: int, run_dir: Path) -> dict[st
             tg.cancel_scope.cancel()
         return time.perf_counter() - trained_at[0]
 
-    cpu0 = time.process_time()
+    cpu0 = _cpu_seconds()
     wall = anyio.run(main)
-    cpu = time.process_time() - cpu0
+    cpu = _cpu_seconds() - cpu0  # the learner process has ended (and been waited for) here
     steps = read_steps(run_dir)
     trajs = sum(s["samples"] for s in steps)
     wait = sum(s["learner_wait_seconds"] for s in steps)

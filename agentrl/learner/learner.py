@@ -201,6 +201,30 @@ class Learner:
         backend = SDPBackend.MATH if choice == "math" else SDPBackend.FLASH_ATTENTION
         return sdpa_kernel(backend)
 
+    def warmup(self) -> float:
+        """Compile the fused log-prob kernels now (see :mod:`agentrl.algos.fused`) rather
+        than inside the first step, on a few positions of a narrow stand-in LM head with
+        the real vocabulary; returns the seconds it took (0 when they are not in use)."""
+        from agentrl.algos import chunked_logprobs_entropy
+        from agentrl.algos import fused as fused_kernels
+
+        mode = self.lcfg.fused_logprobs
+        if not fused_kernels.wanted(mode, self.device, torch.float32):
+            return 0.0
+        t0 = time.perf_counter()
+        vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randn(vocab, 8, generator=gen).to(self.device)
+        labels = torch.tensor([0, 1, 2, -100], device=self.device)
+        for with_entropy in (False, True):  # the variants a step can take
+            hidden = torch.randn(4, 8, generator=gen).to(self.device).requires_grad_()
+            with self._autocast():
+                lp, ent = chunked_logprobs_entropy(
+                    hidden, weight, labels, with_entropy=with_entropy, fused=mode
+                )
+            (lp.sum() + ent.sum() if with_entropy else lp.sum()).backward()
+        return time.perf_counter() - t0
+
     def _params(self) -> list[Tensor]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 

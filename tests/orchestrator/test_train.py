@@ -47,11 +47,39 @@ def _run(tmp_path: Path, *overrides: str, resume: bool = False) -> Orchestrator:
 
 
 def _weights_changed(orch: Orchestrator) -> bool:
+    """The final checkpoint's weights differ from the initial ones (either learner worker)."""
+    from safetensors.torch import load_file
+
     from agentrl.models import load_model
 
     fresh, _ = load_model("tiny-llama", dtype="float32")
-    trained = orch.learner.model.state_dict()
-    return any(not v.equal(trained[k]) for k, v in fresh.state_dict().items())
+    ckpt = latest_checkpoint(orch.run_dir)
+    assert ckpt is not None  # the last step always checkpoints
+    trained = load_file(str(ckpt / "learner" / "model.safetensors"))
+    return any(not v.equal(trained[k]) for k, v in fresh.state_dict().items() if k in trained)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for an init that may not reap it in a container."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _learner_children(pid: int) -> list[int]:
+    """Learner worker processes whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and b"agentrl.learner.worker" in cmd:
+            found.append(int(stat.parent.name))
+    return found
 
 
 @pytest.mark.parametrize(
@@ -116,11 +144,22 @@ def test_sync_mode_is_on_policy(tmp_path):
     assert all(s["buffer/dropped_stale"] == 0 for s in steps)
 
 
-def test_async_mode_bounds_staleness(tmp_path):
-    _run(tmp_path, "orchestrator.max_steps=4", "orchestrator.max_staleness=2")
+@pytest.mark.parametrize("worker", ["process", "thread"])
+def test_async_mode_bounds_staleness(tmp_path, worker):
+    orch = _run(
+        tmp_path,
+        "orchestrator.max_steps=4",
+        "orchestrator.max_staleness=2",
+        f"orchestrator.learner_worker={worker}",
+    )
+    assert orch.learner_worker == worker
     steps = read_steps(tmp_path / "run")
     assert len(steps) == 4
     assert all(s["staleness/max"] <= 2 for s in steps)
+    assert orch.learner.version == orch.sampler.version == 4
+    assert _weights_changed(orch)
+    if worker == "process":
+        assert orch.learner._proc.returncode == 0  # the run closed its learner process
 
 
 def test_dynamic_sampling_drops_are_counted(tmp_path):
@@ -175,9 +214,16 @@ def test_resume_after_sigkill(tmp_path):
             time.sleep(0.2)
         else:
             pytest.fail("no checkpoint at step 3 within 240 s")
+        children = _learner_children(proc.pid)
+        assert children, "demo.yaml is asynchronous: the learner runs in its own process"
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+    # the learner process dies with its parent (no orphan keeps training or holding memory)
+    deadline = time.time() + 10
+    while any(_alive(c) for c in children) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(c) for c in children)
     killed_at = json.loads((latest_checkpoint(run_dir) / "orchestrator.json").read_text())["step"]
     resume_args = [
         a if a != "orchestrator.max_steps=50" else f"orchestrator.max_steps={killed_at + 2}"

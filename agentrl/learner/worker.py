@@ -1,0 +1,379 @@
+"""The learner in its own process, behind the methods the orchestrator calls.
+
+    learner = LearnerProcess(cfg, asynchronous=True)   # spawns, loads the model over there
+    metrics = learner.step(groups)                      # blocking; run it in a worker thread
+    weights = learner.state_dict_for_sampler()          # shared-memory views, version N
+    learner.close()
+
+Why a process: the hf sampler's decode loop and the learner's forward/backward are both
+Python loops issuing many small torch ops. In one process they take turns on one GIL; on
+2 CPU cores, with the learner running in a thread beside the sampler, the tiny model's
+sampler made 4.1k tokens/s and with the learner in a process 5.7k, the learner's steps
+getting faster too (``benchmarks/async_vs_sync.py`` measures the end-to-end effect).
+
+The child builds the same :class:`~agentrl.learner.Learner` from the run's config (model,
+tokenizer and seed as the orchestrator would) and serves requests over a pipe, one at a
+time. Weights come back through shared memory: one flat buffer per dtype, allocated once,
+refreshed after every step and every checkpoint load, and mapped into this process as
+views (tied weights share one slot). The views hold version :attr:`version` until the
+next :meth:`step` or :meth:`load_checkpoint`; every sampler transport copies them before
+the publish returns, which the orchestrator awaits before the next step.
+
+Failure handling: an exception inside a request comes back and is raised here with the
+child's traceback; a child that dies (killed, out of memory) raises :class:`LearnerError`
+with its exit code. The child ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process
+group; the orchestrator finishes the step and asks for the checkpoint) and dies with its
+parent (``PR_SET_PDEATHSIG`` on Linux, an EOF on the pipe elsewhere), so no orphan is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentrl.errors import AgentRLError
+
+log = logging.getLogger(__name__)
+
+# how long the child may take to load the model and build the learner
+START_TIMEOUT_S = 600.0
+
+
+class LearnerError(AgentRLError):
+    """The learner process failed to start or died."""
+
+
+# --- shared weights ------------------------------------------------------------------------
+
+
+def _layout(state: dict[str, Tensor]) -> tuple[dict[torch.dtype, int], dict[str, tuple]]:
+    """Slots in one flat buffer per dtype: name -> (dtype, offset, shape). Entries that
+    share storage (tied embeddings) share a slot."""
+    sizes: dict[torch.dtype, int] = {}
+    seen: dict[tuple[int, torch.dtype, tuple[int, ...]], tuple] = {}
+    spec: dict[str, tuple] = {}
+    for name, t in state.items():
+        key = (t.data_ptr(), t.dtype, tuple(t.shape))
+        if key not in seen:
+            off = sizes.get(t.dtype, 0)
+            seen[key] = (t.dtype, off, tuple(t.shape))
+            sizes[t.dtype] = off + t.numel()
+        spec[name] = seen[key]
+    return sizes, spec
+
+
+def _views(buffers: dict[torch.dtype, Tensor], spec: dict[str, tuple]) -> dict[str, Tensor]:
+    out = {}
+    for name, (dtype, off, shape) in spec.items():
+        n = 1
+        for d in shape:
+            n *= d
+        out[name] = buffers[dtype][off : off + n].view(shape)
+    return out
+
+
+def _shm_dir() -> Path:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _map(path: str, dtype: torch.dtype, numel: int) -> Tensor:
+    """A tensor over the file at `path`, shared (writes reach every process mapping it)."""
+    return torch.from_file(path, shared=True, size=numel, dtype=dtype)
+
+
+class _SharedWeights:
+    """The child's side: flat buffers in shared memory files mirroring the state dict.
+
+    The parent maps the files and unlinks them at once (the mappings stay valid), so
+    nothing is left in /dev/shm however either process ends afterwards."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        state = model.state_dict()
+        sizes, self.spec = _layout(state)
+        self.files: dict[torch.dtype, tuple[str, int]] = {}
+        self.buffers: dict[torch.dtype, Tensor] = {}
+        for dt, n in sizes.items():
+            fd, path = tempfile.mkstemp(prefix="agentrl-learner-", dir=_shm_dir())
+            os.close(fd)
+            self.files[dt] = (path, n)
+            self.buffers[dt] = _map(path, dt, n)
+        self.views = _views(self.buffers, self.spec)
+        self.refresh(model)
+
+    def refresh(self, model: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                self.views[name].copy_(t.detach())
+
+    def unlink(self) -> None:
+        for path, _ in self.files.values():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+# --- the child -----------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    if sys.platform != "linux":
+        return
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _reply_error(conn: Connection, e: BaseException) -> None:
+    tb = traceback.format_exc()
+    try:
+        conn.send(("error", e, tb))
+    except Exception:  # the exception itself does not pickle
+        conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}"), tb))
+
+
+def _serve(conn: Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    shared: _SharedWeights | None = None
+    try:
+        cfg, asynchronous, path = conn.recv()
+        sys.path[:] = path + [p for p in sys.path if p not in path]
+        from agentrl.cpu import set_allocator, set_threads
+        from agentrl.learner.learner import Learner
+        from agentrl.models import load_model
+
+        set_allocator(cfg.orchestrator.cpu_allocator)
+        set_threads(cfg.orchestrator.cpu_threads, asynchronous=asynchronous)
+        _seed(cfg.orchestrator.seed)
+        policy, tokenizer = load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)
+        learner = Learner(policy, tokenizer, cfg)
+        learner.warmup()
+        shared = _SharedWeights(learner.model)
+        conn.send(("ready", (learner.version, learner.step_count, shared.files, shared.spec)))
+    except BaseException as e:
+        if shared is not None:
+            shared.unlink()
+        _reply_error(conn, e)
+        return
+    while True:
+        try:
+            op, arg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            shared.unlink()
+            return
+        if op == "close":
+            shared.unlink()
+            conn.send(("ok", None))
+            conn.close()
+            # nothing is left to flush (checkpoints are written and closed by now); a normal
+            # interpreter exit tears down torch, inductor's workers and the model for ~1 s
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        try:
+            if op == "step":
+                result: Any = learner.step(arg)
+                shared.refresh(learner.model)
+            elif op == "save":
+                result = str(learner.save_checkpoint(arg))
+            elif op == "load":
+                learner.load_checkpoint(arg)
+                shared.refresh(learner.model)
+                result = None
+            else:
+                raise ValueError(f"unknown learner request {op!r}")
+            conn.send(("ok", (result, learner.version, learner.step_count)))
+        except BaseException as e:
+            _reply_error(conn, e)
+
+
+def main() -> None:
+    """Entry of the child: ``python -m agentrl.learner.worker FD`` (a socket to the parent)."""
+    fd = int(sys.argv[1])
+    _serve(Connection(fd))
+
+
+def _seed(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --- the parent's handle ----------------------------------------------------------------------
+
+
+class LearnerProcess:
+    """A :class:`~agentrl.learner.Learner` running in a spawned child process.
+
+    Offers what the orchestrator uses: :meth:`step`, :meth:`state_dict_for_sampler`,
+    :meth:`save_checkpoint`, :meth:`load_checkpoint`, :attr:`version`, plus :meth:`close`.
+    Requests are served one at a time (calls from several threads queue on a lock).
+    """
+
+    def __init__(self, cfg: Any, *, asynchronous: bool) -> None:
+        # a fresh interpreter, not multiprocessing's spawn: that re-runs the user's __main__
+        # module in the child, which breaks any training script without a __main__ guard
+        mine, theirs = socket.socketpair()
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])  # where `agentrl` imports from
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        # idle OpenMP threads sleep instead of spinning: spinning ones would take CPU from
+        # the sampler's threads in the other process (2 cores: 19-23 vs 28 traj/s in
+        # benchmarks/async_vs_sync.py)
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrl.learner.worker", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            env=env,
+        )
+        theirs.close()
+        self._conn = Connection(mine.detach())
+        self._conn.send((cfg, asynchronous, [p for p in sys.path if p]))
+        self._lock = threading.Lock()
+        self._ready = False
+        self._closed = False
+        self.version = 0
+        self.step_count = 0
+        self._weights: dict[str, Tensor] = {}
+
+    # the child loads the model while the parent builds the rest; the first request waits
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
+        with self._lock:
+            self._wait_ready_locked(timeout)
+
+    def _wait_ready_locked(self, timeout: float) -> None:
+        if self._closed:
+            raise LearnerError("the learner process was closed")
+        if self._ready:
+            return
+        if not self._conn.poll(timeout):
+            self._kill()
+            raise LearnerError(
+                f"the learner process did not start within {timeout:.0f} s (loading the model "
+                "and building the learner); set orchestrator.learner_worker=thread to train "
+                "in this process"
+            )
+        kind, payload = self._recv("starting")
+        if kind == "error":
+            exc, tb = payload
+            self._kill()
+            raise LearnerError(
+                f"the learner process failed to start: {type(exc).__name__}: {exc}\n"
+                f"(in the learner process)\n{tb}"
+                "Plug-ins registered only in this process (not importable by name) are not "
+                "seen there; set orchestrator.learner_worker=thread to train in this process"
+            ) from exc
+        self.version, self.step_count, files, spec = payload
+        buffers = {}
+        for dt, (path, n) in files.items():
+            buffers[dt] = _map(path, dt, n)
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # mapped on both sides now; nothing to clean up later
+        self._weights = _views(buffers, spec)
+        self._ready = True
+
+    def _recv(self, doing: str) -> tuple[str, Any]:
+        try:
+            msg = self._conn.recv()
+        except (EOFError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            code = self._proc.returncode
+            why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
+            raise LearnerError(
+                f"the learner process died while {doing} ({why}); the last checkpoint is "
+                "intact (out of memory? try a smaller learner.micro_batch_size)"
+            ) from None
+        kind = msg[0]
+        if kind == "error":
+            return "error", msg[1:]
+        return kind, msg[1]
+
+    def _call(self, op: str, arg: Any, doing: str) -> Any:
+        with self._lock:
+            self._wait_ready_locked(START_TIMEOUT_S)
+            try:
+                self._conn.send((op, arg))
+            except (BrokenPipeError, OSError):
+                pass  # the reply read below reports why
+            kind, payload = self._recv(doing)
+        if kind == "error":
+            exc, tb = payload
+            if isinstance(exc, Exception):
+                exc.add_note(f"(raised in the learner process)\n{tb}")
+                raise exc
+            raise LearnerError(f"{doing} failed in the learner process:\n{tb}")
+        result, self.version, self.step_count = payload
+        return result
+
+    # --- what the orchestrator calls -----------------------------------------------------
+
+    def step(self, groups: Sequence[Any]) -> dict[str, float]:
+        """One training step in the learner process; returns its metrics. Blocking."""
+        return self._call("step", list(groups), "training a step")
+
+    def state_dict_for_sampler(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """Version :attr:`version`'s weights as shared-memory views (valid until the next
+        step or load), or cast copies when `dtype` differs."""
+        with self._lock:
+            self._wait_ready_locked(START_TIMEOUT_S)
+            weights = dict(self._weights)
+        if dtype is None:
+            return weights
+        return {k: v.to(dtype) for k, v in weights.items()}
+
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        return Path(self._call("save", str(directory), "saving a checkpoint"))
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        self._call("load", str(directory), "loading a checkpoint")
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the child (after its current request); idempotent."""
+        if self._closed:
+            return
+        with self._lock:
+            self._closed = True
+            if self._proc.poll() is None:
+                with contextlib.suppress(Exception):
+                    self._conn.send(("close", None))
+                    if self._conn.poll(timeout):
+                        self._conn.recv()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5)
+            self._kill()
+            self._conn.close()
+            self._weights = {}
+
+    def _kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=5)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The learner in its own process: same results as in-process, errors come back, no leaks."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.learner import Learner
+from agentrl.learner.worker import LearnerError, LearnerProcess
+from agentrl.types import TrajectoryGroup
+from tests.learner.conftest import make_cfg
+
+CFG = {
+    "model": {"name": "tiny-llama", "seed": 0},
+    "orchestrator": {"cpu_threads": 1},
+    "learner": {"fused_logprobs": "off"},
+}
+
+
+@pytest.fixture
+def worker() -> Iterator[LearnerProcess]:
+    proc = LearnerProcess(make_cfg(**CFG), asynchronous=True)
+    try:
+        yield proc
+    finally:
+        proc.close()
+
+
+def _shm_files() -> set[str]:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("agentrl-learner-*")} if shm.is_dir() else set()
+
+
+def test_steps_match_the_in_process_learner(
+    worker: LearnerProcess,
+    fresh_model: Callable[[], torch.nn.Module],
+    groups: list[TrajectoryGroup],
+) -> None:
+    local = Learner(fresh_model(), None, make_cfg(**CFG))
+    initial = worker.state_dict_for_sampler()
+    for k, v in local.model.state_dict().items():
+        assert torch.equal(initial[k], v), k  # the child built the same seeded model
+    for _ in range(2):
+        theirs = worker.step(groups)
+        mine = local.step(groups)
+        assert theirs["version"] == mine["version"]
+        assert theirs["loss/total"] == pytest.approx(mine["loss/total"], rel=1e-5, abs=1e-7)
+    assert worker.version == local.version == 2 and worker.step_count == 2
+    published = worker.state_dict_for_sampler()
+    for k, v in local.model.state_dict().items():
+        torch.testing.assert_close(published[k], v, rtol=1e-5, atol=1e-6)
+    # tied embeddings share one shared-memory slot, as they share one parameter
+    assert (
+        published["lm_head.weight"].data_ptr() == published["model.embed_tokens.weight"].data_ptr()
+    )
+    cast = worker.state_dict_for_sampler(dtype=torch.bfloat16)
+    assert all(t.dtype == torch.bfloat16 for t in cast.values())
+
+
+def test_checkpoint_round_trip(
+    worker: LearnerProcess, groups: list[TrajectoryGroup], tmp_path: Path
+) -> None:
+    worker.step(groups)
+    saved = worker.save_checkpoint(tmp_path / "ckpt")
+    assert (saved / "model.safetensors").is_file()
+    after_one = {k: v.clone() for k, v in worker.state_dict_for_sampler().items()}
+    worker.step(groups)
+    assert worker.version == 2
+    worker.load_checkpoint(saved)
+    assert worker.version == 1
+    for k, v in worker.state_dict_for_sampler().items():
+        assert torch.equal(v, after_one[k]), k  # the shared views were refreshed
+
+
+def test_errors_in_a_request_are_raised_here_and_the_worker_goes_on(
+    worker: LearnerProcess, groups: list[TrajectoryGroup]
+) -> None:
+    with pytest.raises(ValueError, match="at least one TrajectoryGroup") as info:
+        worker.step([])
+    assert any("learner process" in note for note in info.value.__notes__)
+    assert worker.step(groups)["version"] == 1  # still serving
+
+
+def test_a_dead_worker_is_reported_not_waited_on(
+    worker: LearnerProcess, groups: list[TrajectoryGroup]
+) -> None:
+    worker.wait_ready()
+    os.kill(worker._proc.pid, signal.SIGKILL)
+    with pytest.raises(LearnerError, match=r"died while training a step.*signal 9"):
+        worker.step(groups)
+
+
+def test_start_failure_names_the_cause() -> None:
+    cfg = make_cfg(**{**CFG, "model": {"name": "no-such-model"}})
+    proc = LearnerProcess(cfg, asynchronous=True)
+    try:
+        with pytest.raises(LearnerError, match=r"failed to start.*unknown model 'no-such-model'"):
+            proc.wait_ready(timeout=120)
+    finally:
+        proc.close()
+    assert proc._proc.poll() is not None
+
+
+def test_close_ends_the_child_and_leaves_no_shared_memory(groups) -> None:
+    before = _shm_files()
+    proc = LearnerProcess(make_cfg(**CFG), asynchronous=True)
+    proc.step(groups)
+    assert _shm_files() == before  # unlinked as soon as both sides mapped them
+    proc.close()
+    proc.close()  # idempotent
+    assert proc._proc.returncode == 0
+    with pytest.raises(LearnerError, match="closed"):
+        proc.step(groups)
+
+
+def test_the_child_ignores_ctrl_c(worker: LearnerProcess, groups) -> None:
+    # Ctrl-C reaches the whole process group; the orchestrator decides when the child stops
+    worker.wait_ready()
+    os.kill(worker._proc.pid, signal.SIGINT)
+    assert worker.step(groups)["version"] == 1
