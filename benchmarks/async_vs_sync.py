@@ -49,6 +49,15 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _proc_cpu_seconds(pid: int) -> float:
+    """CPU time of a live process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_mode(args: argparse.Namespace, staleness: int, run_dir: Path) -> dict[str, float]:
     # episodes in flight: every batch the staleness bound lets the producer run ahead on
     inflight = (staleness + 1) * args.batch_groups * args.group_size
@@ -99,9 +108,13 @@ def run_mode(args: argparse.Namespace, staleness: int, run_dir: Path) -> dict[st
             tg.cancel_scope.cancel()
         return time.perf_counter() - trained_at[0]
 
+    # the learner process (when there is one) loaded the model and compiled its kernels in
+    # build(); that CPU time is not part of the run
+    proc = getattr(orch.learner, "_proc", None)
+    startup = _proc_cpu_seconds(proc.pid) if proc is not None else 0.0
     cpu0 = _cpu_seconds()
     wall = anyio.run(main)
-    cpu = _cpu_seconds() - cpu0  # the learner process has ended (and been waited for) here
+    cpu = _cpu_seconds() - cpu0 - startup  # the learner process has ended and been waited for
     steps = read_steps(run_dir)
     trajs = sum(s["samples"] for s in steps)
     wait = sum(s["learner_wait_seconds"] for s in steps)

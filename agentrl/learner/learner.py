@@ -215,14 +215,19 @@ class Learner:
         vocab = int(self.model.get_output_embeddings().weight.shape[0])
         gen = torch.Generator().manual_seed(0)
         weight = torch.randn(vocab, 8, generator=gen).to(self.device)
-        labels = torch.tensor([0, 1, 2, -100], device=self.device)
-        for with_entropy in (False, True):  # the variants a step can take
-            hidden = torch.randn(4, 8, generator=gen).to(self.device).requires_grad_()
-            with self._autocast():
-                lp, ent = chunked_logprobs_entropy(
-                    hidden, weight, labels, with_entropy=with_entropy, fused=mode
-                )
-            (lp.sum() + ent.sum() if with_entropy else lp.sum()).backward()
+        # every variant a step can take: with and without entropy, and one chunk (the
+        # compiler guards on the labels' base having the chunk's row count) or several
+        # (the sizes are all different, so no other size equality gets guarded on)
+        for with_entropy in (False, True):
+            for rows, chunk in ((5, 16), (11, 6)):
+                hidden = torch.randn(rows, 8, generator=gen).to(self.device).requires_grad_()
+                labels = torch.randint(0, vocab, (rows,), generator=gen).to(self.device)
+                labels[-1] = -100
+                with self._autocast():
+                    lp, ent = chunked_logprobs_entropy(
+                        hidden, weight, labels, chunk=chunk, with_entropy=with_entropy, fused=mode
+                    )
+                (lp.sum() + ent.sum() if with_entropy else lp.sum()).backward()
         return time.perf_counter() - t0
 
     def _params(self) -> list[Tensor]:
