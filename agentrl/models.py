@@ -261,6 +261,29 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:
     return model.to(dtype).eval()
 
 
+def prepare_files(name_or_path: str | os.PathLike[str] = DEFAULT_MODEL) -> None:
+    """Convert what `name_or_path` needs on disk once (the embedded default's GGUF, a .gguf
+    file, tiny-llama's tokenizer), without loading a model: lets several processes that
+    are about to load the same model share one conversion instead of each making its own."""
+    name = str(name_or_path)
+    if name == "tiny-llama":
+        _smollm2_tokenizer_dir()
+    elif name == DEFAULT_MODEL:
+        _smollm2_dir()
+    else:
+        path = _resolve_path(name)
+        if path is not None and path.suffix == ".gguf":
+            _gguf_dir(path)
+
+
+def _gguf_dir(path: Path) -> Path:
+    return _build_once(
+        cache_root() / "models" / f"gguf-{path.stem}-{_file_key(path)}",
+        lambda tmp: convert_gguf(path, tmp),
+        "model.safetensors",
+    )
+
+
 def _resolve_path(name: str) -> Path | None:
     path = Path(name).expanduser()
     return path if path.exists() else None
@@ -297,12 +320,7 @@ def load_model(
         )
     try:
         if path is not None and path.suffix == ".gguf":
-            out = _build_once(
-                cache_root() / "models" / f"gguf-{path.stem}-{_file_key(path)}",
-                lambda tmp: convert_gguf(path, tmp),
-                "model.safetensors",
-            )
-            path = out
+            path = _gguf_dir(path)
         source = str(path) if path is not None else name
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype)
         tokenizer = load_tokenizer(source)

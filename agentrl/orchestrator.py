@@ -134,7 +134,7 @@ class Orchestrator:
         from agentrl.chat import ChatRenderer
         from agentrl.envs import make_env
         from agentrl.learner import Learner
-        from agentrl.models import load_model, load_tokenizer
+        from agentrl.models import load_model, load_tokenizer, prepare_files
         from agentrl.rollout import RolloutEngine
         from agentrl.samplers import create_sampler
         from agentrl.weights import WeightBus
@@ -153,7 +153,9 @@ class Orchestrator:
         if self.learner_worker == "process":
             from agentrl.learner.worker import LearnerProcess
 
-            # the child loads its own copy of the model while this process loads the rest
+            # the child loads its own copy of the model while this process loads the rest;
+            # a conversion the model needs (first run of the embedded default) happens once
+            prepare_files(cfg.model.name)
             self.learner = LearnerProcess(cfg, asynchronous=asynchronous)
             if cfg.sampler.backend == "hf":
                 sampler_model, tokenizer = load_model(

@@ -8,7 +8,9 @@ wait `delay` seconds (a remote search service, say). Reports trajectories/s over
 whole run (the headline: it includes async's one-time pipeline fill), the steady rate after
 the first step, the learner's busy time and idle fraction (waiting for data), the sampler's
 idle fraction (no sequence to decode, sampled every 10 ms) and CPU use (process CPU time
-over wall time x cores). Sampler weights are bf16 as in configs/demo.yaml (``--dtype``).
+over wall time x cores, the learner process included). Both modes keep
+``orchestrator.learner_worker: auto``: the learner trains in its own process when async
+and in a thread when sync. Sampler weights are bf16 as in configs/demo.yaml (``--dtype``).
 Each (latency, mode) runs ``--repeats`` times, interleaved; the median run is reported,
 with every repeat's async/sync ratio beside it (on 2 shared cores the async side varied by
 ~15% from run to run). Target: async >= 1.8x sync in trajectories/s.

@@ -90,3 +90,16 @@ def register_aggregation(name: str, *, override: bool = False) -> Callable[[F], 
 def register_tree_attribution(name: str, *, override: bool = False) -> Callable[[F], F]:
     """Register ``fn(advantages [B], owner [B,T], loss_mask [B,T]) -> (adv [B,T], mask [B,T])``."""
     return TREE_ATTRIBUTIONS.register(name, override=override)
+
+
+def plugin_modules() -> list[str]:
+    """Modules outside agentrl that registered something here, for a process that must see
+    the same registrations (the learner process imports them). ``__main__`` is left out:
+    a script's top level cannot be imported elsewhere without running it again."""
+    mods = set()
+    for reg in (ADVANTAGES, POLICY_LOSSES, KL_ESTIMATORS, AGGREGATIONS, TREE_ATTRIBUTIONS):
+        for fn in reg._fns.values():
+            mod = getattr(fn, "__module__", None) or ""
+            if mod and mod != "__main__" and mod.split(".")[0] != "agentrl":
+                mods.add(mod)
+    return sorted(mods)

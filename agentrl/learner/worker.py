@@ -22,15 +22,13 @@ the publish returns, which the orchestrator awaits before the next step.
 Failure handling: an exception inside a request comes back and is raised here with the
 child's traceback; a child that dies (killed, out of memory) raises :class:`LearnerError`
 with its exit code. The child ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process
-group; the orchestrator finishes the step and asks for the checkpoint) and dies with its
-parent (``PR_SET_PDEATHSIG`` on Linux, an EOF on the pipe elsewhere), so no orphan is left.
+group; the orchestrator finishes the step and asks for the checkpoint) and exits as soon
+as its parent is gone (a lifeline pipe only the parent holds), so no orphan is left.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -132,14 +130,19 @@ class _SharedWeights:
 # --- the child -----------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the parent died before prctl took effect
+def _die_with_parent(lifeline: int) -> None:
+    """Exit as soon as the parent is gone: `lifeline` is the read end of a pipe only the
+    parent holds open, so a read returns (empty) exactly when it exits or is killed.
+    (``PR_SET_PDEATHSIG`` would fire when the *thread* that spawned the child exits, and
+    the orchestrator builds in a worker thread that a thread pool retires when idle.)"""
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(lifeline, 1):
+                pass
         os._exit(1)
+
+    threading.Thread(target=watch, name="agentrl-lifeline", daemon=True).start()
 
 
 def _reply_error(conn: Connection, e: BaseException) -> None:
@@ -150,14 +153,18 @@ def _reply_error(conn: Connection, e: BaseException) -> None:
         conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}"), tb))
 
 
-def _serve(conn: Connection) -> None:
+def _serve(conn: Connection, lifeline: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent()
+    _die_with_parent(lifeline)
     shared: _SharedWeights | None = None
     try:
-        cfg, asynchronous, path = conn.recv()
+        cfg, asynchronous, path, plugins = conn.recv()
         sys.path[:] = path + [p for p in sys.path if p not in path]
+        import importlib
+
+        for module in plugins:  # algorithms the parent's plug-ins registered
+            importlib.import_module(module)
         from agentrl.cpu import set_allocator, set_threads
         from agentrl.learner.learner import Learner
         from agentrl.models import load_model
@@ -208,9 +215,8 @@ def _serve(conn: Connection) -> None:
 
 
 def main() -> None:
-    """Entry of the child: ``python -m agentrl.learner.worker FD`` (a socket to the parent)."""
-    fd = int(sys.argv[1])
-    _serve(Connection(fd))
+    """Entry of the child: ``python -m agentrl.learner.worker SOCKET_FD LIFELINE_FD``."""
+    _serve(Connection(int(sys.argv[1])), int(sys.argv[2]))
 
 
 def _seed(seed: int) -> None:
@@ -238,6 +244,7 @@ class LearnerProcess:
         # a fresh interpreter, not multiprocessing's spawn: that re-runs the user's __main__
         # module in the child, which breaks any training script without a __main__ guard
         mine, theirs = socket.socketpair()
+        lifeline_r, self._lifeline = os.pipe()  # the child exits when this end closes
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # where `agentrl` imports from
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
@@ -246,13 +253,16 @@ class LearnerProcess:
         # benchmarks/async_vs_sync.py)
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrl.learner.worker", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
+            [sys.executable, "-m", "agentrl.learner.worker", str(theirs.fileno()), str(lifeline_r)],
+            pass_fds=[theirs.fileno(), lifeline_r],
             env=env,
         )
         theirs.close()
+        os.close(lifeline_r)
         self._conn = Connection(mine.detach())
-        self._conn.send((cfg, asynchronous, [p for p in sys.path if p]))
+        from agentrl.algos.registry import plugin_modules
+
+        self._conn.send((cfg, asynchronous, [p for p in sys.path if p], plugin_modules()))
         self._lock = threading.Lock()
         self._ready = False
         self._closed = False
@@ -284,8 +294,9 @@ class LearnerProcess:
             raise LearnerError(
                 f"the learner process failed to start: {type(exc).__name__}: {exc}\n"
                 f"(in the learner process)\n{tb}"
-                "Plug-ins registered only in this process (not importable by name) are not "
-                "seen there; set orchestrator.learner_worker=thread to train in this process"
+                "Algorithms registered in an importable module are registered there too, but "
+                "not ones registered in a script's __main__; move them into a module, or set "
+                "orchestrator.learner_worker=thread to train in this process"
             ) from exc
         self.version, self.step_count, files, spec = payload
         buffers = {}
@@ -367,6 +378,8 @@ class LearnerProcess:
                 self._proc.wait(timeout=5)
             self._kill()
             self._conn.close()
+            with contextlib.suppress(OSError):
+                os.close(self._lifeline)
             self._weights = {}
 
     def _kill(self) -> None:

@@ -123,3 +123,93 @@ def test_the_child_ignores_ctrl_c(worker: LearnerProcess, groups) -> None:
     worker.wait_ready()
     os.kill(worker._proc.pid, signal.SIGINT)
     assert worker.step(groups)["version"] == 1
+
+
+def test_algorithms_registered_by_an_importable_module_are_seen_in_the_child(groups) -> None:
+    import tests.learner.custom_advantage  # noqa: F401  (registers "halved_grpo")
+
+    cfg = make_cfg(**{**CFG, "algorithm": {"advantage": "halved_grpo"}})
+    proc = LearnerProcess(cfg, asynchronous=True)
+    try:
+        assert proc.step(groups)["version"] == 1
+    finally:
+        proc.close()
+
+
+def test_algorithms_registered_in_main_fail_with_the_fix() -> None:
+    from agentrl.algos import register_advantage
+
+    def only_here(*args, **kwargs):  # pragma: no cover - never called
+        raise AssertionError
+
+    only_here.__module__ = "__main__"  # as if defined in a training script
+    register_advantage("only_in_main")(only_here)
+    cfg = make_cfg(**{**CFG, "algorithm": {"advantage": "only_in_main"}})
+    proc = LearnerProcess(cfg, asynchronous=True)
+    try:
+        with pytest.raises(LearnerError, match=r"(?s)only_in_main.*learner_worker=thread"):
+            proc.wait_ready(timeout=120)
+    finally:
+        proc.close()
+
+
+def test_the_child_outlives_the_thread_that_started_it(groups) -> None:
+    # `agentrl train` builds in a worker thread that anyio retires when idle; the child must
+    # live as long as the parent process, not as long as that thread
+    import threading
+
+    box: list[LearnerProcess] = []
+    starter = threading.Thread(
+        target=lambda: box.append(LearnerProcess(make_cfg(**CFG), asynchronous=True))
+    )
+    starter.start()
+    starter.join()
+    proc = box[0]
+    try:
+        proc.wait_ready()
+        assert proc.step(groups)["version"] == 1
+    finally:
+        proc.close()
+
+
+def test_the_child_exits_when_its_parent_dies(tmp_path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys\n"
+        "from tests.learner.test_worker import CFG\n"
+        "from tests.learner.conftest import make_cfg\n"
+        "from agentrl.learner.worker import LearnerProcess\n"
+        "p = LearnerProcess(make_cfg(**CFG), asynchronous=True)\n"
+        "p.wait_ready()\n"
+        "print(p._proc.pid, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=repo,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    try:
+        child = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.time() + 10
+    while _alive(child) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
