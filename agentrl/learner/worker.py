@@ -260,15 +260,17 @@ class LearnerProcess:
         theirs.close()
         os.close(lifeline_r)
         self._conn = Connection(mine.detach())
-        from agentrl.algos.registry import plugin_modules
-
-        self._conn.send((cfg, asynchronous, [p for p in sys.path if p], plugin_modules()))
         self._lock = threading.Lock()
         self._ready = False
         self._closed = False
         self.version = 0
         self.step_count = 0
         self._weights: dict[str, Tensor] = {}
+        from agentrl.algos.registry import plugin_modules
+
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            # a child that died at once is reported by wait_ready, with its exit status
+            self._conn.send((cfg, asynchronous, [p for p in sys.path if p], plugin_modules()))
 
     # the child loads the model while the parent builds the rest; the first request waits
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
