@@ -25,3 +25,13 @@ def live_descendants(root: int | None = None) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie (an init in a container may never reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"

@@ -14,6 +14,7 @@ from agentrl.learner import Learner
 from agentrl.learner.worker import LearnerError, LearnerProcess
 from agentrl.types import TrajectoryGroup
 from tests.learner.conftest import make_cfg
+from tests.procs import alive
 
 CFG = {
     "model": {"name": "tiny-llama", "seed": 0},
@@ -202,14 +203,6 @@ def test_the_child_exits_when_its_parent_dies(tmp_path) -> None:
         parent.kill()
         parent.wait()
     deadline = time.time() + 10
-    while _alive(child) and time.time() < deadline:
+    while alive(child) and time.time() < deadline:
         time.sleep(0.05)
-    assert not _alive(child)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    assert not alive(child)

@@ -17,6 +17,7 @@ from agentrl.config import load_config
 from agentrl.errors import ConfigError
 from agentrl.orchestrator import Orchestrator, latest_checkpoint
 from agentrl.plotting import read_steps
+from tests.procs import alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,15 +58,6 @@ def _weights_changed(orch: Orchestrator) -> bool:
     assert ckpt is not None  # the last step always checkpoints
     trained = load_file(str(ckpt / "learner" / "model.safetensors"))
     return any(not v.equal(trained[k]) for k, v in fresh.state_dict().items() if k in trained)
-
-
-def _alive(pid: int) -> bool:
-    """Running, not a zombie waiting for an init that may not reap it in a container."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def _learner_children(pid: int) -> list[int]:
@@ -232,9 +224,9 @@ def test_resume_after_sigkill(tmp_path):
         proc.wait()
     # the learner process dies with its parent (no orphan keeps training or holding memory)
     deadline = time.time() + 10
-    while any(_alive(c) for c in children) and time.time() < deadline:
+    while any(alive(c) for c in children) and time.time() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(c) for c in children)
+    assert not any(alive(c) for c in children)
     killed_at = json.loads((latest_checkpoint(run_dir) / "orchestrator.json").read_text())["step"]
     resume_args = [
         a if a != "orchestrator.max_steps=50" else f"orchestrator.max_steps={killed_at + 2}"
