@@ -7,8 +7,11 @@ One knob sets the mode. The producer may run ahead of the learner by
 given back when the learner has trained on it and published the next weights (or when the
 buffer drops it). With ``max_staleness: 0`` this is a barrier (synchronous, on-policy);
 with ``k`` the sampler overlaps the learner and no admitted group is more than ``k``
-versions old when it is trained. Everything runs under one anyio task group: if any part
-fails, the rest is cancelled and the last checkpoint stays consistent.
+versions old when it is trained. The producer also never starts more groups than the
+remaining steps can train (plus replacements for dropped ones): the last steps of a run do
+not share the machine with rollouts nobody will train on. Everything runs under one anyio
+task group: if any part fails, the rest is cancelled and the last checkpoint stays
+consistent.
 """
 
 from __future__ import annotations
@@ -111,6 +114,10 @@ class Orchestrator:
         self.events = EventBus()
         self._inflight: set[int] = set()
         self._permits: anyio.Semaphore | None = None
+        # groups the remaining steps still need started: a started group takes one, a
+        # dropped or evicted group gives it back (its replacement is needed)
+        self._wanted = 0
+        self._wanted_more = anyio.Event()
         self._stop_reason = "completed"
         self._rollout_tokens = 0
         self._finished: list[dict[str, float]] = []  # every group finished since the last step
@@ -244,6 +251,8 @@ class Orchestrator:
         ahead = (cfg.orchestrator.max_staleness + 1) * cfg.learner.batch_groups
         # groups restored into the buffer by a resume hold permits already
         self._permits = anyio.Semaphore(max(ahead - len(self.buffer), 0))
+        remaining = max(cfg.orchestrator.max_steps - self.step, 0) * cfg.learner.batch_groups
+        self._wanted = remaining - len(self.buffer)
         error: BaseException | None = None
         try:
             # samplers start from the learner's weights: the same initial weights on a fresh
@@ -297,7 +306,11 @@ class Orchestrator:
         assert self._permits is not None
         async with anyio.create_task_group() as tg:
             while True:
+                while self._wanted <= 0:  # enough groups for every remaining step
+                    self._wanted_more = anyio.Event()
+                    await self._wanted_more.wait()
                 await self._permits.acquire()
+                self._wanted -= 1  # only this loop takes from it, so it is still > 0 here
                 index = self._next_task_index()
                 tg.start_soon(self._run_group, index)
 
@@ -325,7 +338,14 @@ class Orchestrator:
             self._inflight.discard(index)
         if not admitted:  # dropped: its permit goes back so sampling continues
             self.events.publish(GroupDropped(task_id=group.task_id, reason=reason))
+            self._want(1)
             self._permits.release()
+
+    def _want(self, n: int) -> None:
+        """`n` more groups are needed (replacements for dropped ones)."""
+        if n > 0:
+            self._wanted += n
+            self._wanted_more.set()
 
     async def _learner_loop(self) -> None:
         assert self._permits is not None
@@ -357,6 +377,7 @@ class Orchestrator:
                 evicted_before = self.buffer.counters["dropped_stale_in_buffer"]
                 await self.buffer.set_learner_version(self.learner.version)
                 evicted = self.buffer.counters["dropped_stale_in_buffer"] - evicted_before
+                self._want(evicted)
                 for _ in range(len(groups) + evicted):
                     self._permits.release()
                 metrics.update(self._rollout_metrics(groups))

@@ -179,6 +179,26 @@ def test_dynamic_sampling_drops_are_counted(tmp_path):
     assert last["buffer/released"] == 3 * 2  # 3 steps x batch_groups, all mixed groups
 
 
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_no_rollouts_beyond_what_the_steps_train(tmp_path, staleness):
+    # every dropped group gets exactly one replacement, and no group starts that the
+    # remaining steps cannot train (async used to keep sampling up to k batches past the end)
+    orch = _run(
+        tmp_path,
+        "orchestrator.max_steps=3",
+        f"orchestrator.max_staleness={staleness}",
+        "algorithm.dynamic_sampling=true",
+        "rollout.group_size=2",
+        "orchestrator.learner_worker=thread",
+    )
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    finished = [e for e in events if e["event"] == "GroupFinished"]
+    dropped = [e for e in events if e["event"] == "GroupDropped"]
+    trained = 3 * 2  # steps x batch_groups
+    assert read_steps(tmp_path / "run")[-1]["buffer/released"] == trained
+    assert orch.cursor.next_index == len(finished) == trained + len(dropped)
+
+
 def test_checkpoint_and_resume_continues_the_step_count(tmp_path):
     _run(tmp_path, "orchestrator.max_steps=2", "orchestrator.checkpoint_every=1")
     ckpt = latest_checkpoint(tmp_path / "run")
