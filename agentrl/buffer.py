@@ -12,13 +12,16 @@ Actors ``put`` finished :class:`~agentrl.types.TrajectoryGroup` s; the learner t
   checked on admission and again on release, since the learner moves on while a group
   waits.
 
-Everything dropped is counted in :attr:`Buffer.counters`. Capacity is bounded: ``put``
+Everything dropped is counted in :attr:`Buffer.counters`; groups evicted after admission
+also go to the ``on_evict`` callback (the orchestrator gives their permits back, starts
+replacements and counts their rewards). Capacity is bounded: ``put``
 waits while the buffer is full (backpressure on the actors).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -52,6 +55,7 @@ class Buffer:
         dynamic_sampling: bool = False,
         min_valid: int = 2,
         learner_version: int = 0,
+        on_evict: Callable[[list[TrajectoryGroup]], None] | None = None,
     ) -> None:
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(
@@ -66,6 +70,7 @@ class Buffer:
         self.dynamic_sampling = dynamic_sampling
         self.min_valid = min_valid
         self.learner_version = learner_version
+        self.on_evict = on_evict
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self._groups: deque[TrajectoryGroup] = deque()
         self._cond = anyio.Condition()
@@ -129,8 +134,11 @@ class Buffer:
         if self.max_staleness is None:
             return
         kept = deque(g for g in self._groups if not self._is_stale(g))
-        self.counters["dropped_stale_in_buffer"] += len(self._groups) - len(kept)
+        evicted = [g for g in self._groups if self._is_stale(g)]
+        self.counters["dropped_stale_in_buffer"] += len(evicted)
         self._groups = kept
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)
 
     async def set_learner_version(self, learner_version: int) -> None:
         """Tell the buffer the learner moved on; evicts groups that became stale."""

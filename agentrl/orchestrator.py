@@ -120,7 +120,8 @@ class Orchestrator:
         self._wanted_more = anyio.Event()
         self._stop_reason = "completed"
         self._rollout_tokens = 0
-        self._finished: list[dict[str, float]] = []  # every group finished since the last step
+        self._groups_finished = 0  # since the last step
+        self._dropped: list[dict[str, float]] = []  # summaries of groups dropped since then
         self._rollout_t0 = time.time()
         self._saved_step = 0
         self._prefill_seen = (0, 0)  # sampler's (forwarded, reused) prompt tokens so far
@@ -214,6 +215,7 @@ class Orchestrator:
             dynamic_sampling=cfg.algorithm.dynamic_sampling,
             # never below the permits in flight, so put() only waits when the learner lags
             capacity=(cfg.orchestrator.max_staleness + 1) * cfg.learner.batch_groups,
+            on_evict=self._evicted,
         )
         self.tasks = TaskStream(self.env, cfg.orchestrator.seed)
 
@@ -330,7 +332,7 @@ class Orchestrator:
             group = await self.rollout.run_task(task, index=index)
             group.metadata["task_index"] = index
             self._rollout_tokens += sum(t.num_model_tokens for t in group.trajectories)
-            self._finished.append(summarize_group(group))
+            self._groups_finished += 1
             self.events.publish(GroupFinished(group=group, step=self.step))
             reason = self.buffer.check(group) or "dropped_stale"
             admitted = await self.buffer.put(group)
@@ -338,8 +340,17 @@ class Orchestrator:
             self._inflight.discard(index)
         if not admitted:  # dropped: its permit goes back so sampling continues
             self.events.publish(GroupDropped(task_id=group.task_id, reason=reason))
+            self._dropped.append(summarize_group(group))
             self._want(1)
             self._permits.release()
+
+    def _evicted(self, groups: list[TrajectoryGroup]) -> None:
+        """The buffer evicted admitted groups that went stale: permits back, replacements."""
+        self._dropped.extend(summarize_group(g) for g in groups)
+        self._want(len(groups))
+        if self._permits is not None:
+            for _ in groups:
+                self._permits.release()
 
     def _want(self, n: int) -> None:
         """`n` more groups are needed (replacements for dropped ones)."""
@@ -373,12 +384,8 @@ class Orchestrator:
                 metrics["learner_wait_seconds"] = t0 - t_wait
                 self.step += 1
                 await self._publish()
-                # groups that went stale while buffered give their permits back too
-                evicted_before = self.buffer.counters["dropped_stale_in_buffer"]
-                await self.buffer.set_learner_version(self.learner.version)
-                evicted = self.buffer.counters["dropped_stale_in_buffer"] - evicted_before
-                self._want(evicted)
-                for _ in range(len(groups) + evicted):
+                await self.buffer.set_learner_version(self.learner.version)  # may evict
+                for _ in groups:
                     self._permits.release()
                 metrics.update(self._rollout_metrics(groups))
                 self.events.publish(
@@ -398,16 +405,19 @@ class Orchestrator:
         )
 
     def _rollout_metrics(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
-        """Rollout numbers over every group that finished since the last step (also the ones
-        the buffer dropped, so dynamic sampling cannot inflate the reward curve), plus the
-        same numbers over the groups actually trained (``batch/*``)."""
+        """Rollout numbers over the groups this step disposed of: the ones it trained and the
+        ones dropped since the last step (so dynamic sampling cannot inflate the reward
+        curve, and a step always has some: every finished group counts exactly once), plus
+        the same numbers over the trained groups alone (``batch/*``)."""
         out: dict[str, float] = {}
-        window = self._finished or [summarize_group(g) for g in groups]
-        self._finished = []
+        trained = [summarize_group(g) for g in groups]
+        window = trained + self._dropped
+        self._dropped = []
         for k in window[0]:
             out[k] = sum(r[k] for r in window) / len(window)
-        out["groups_finished"] = float(len(window))
-        trained = [summarize_group(g) for g in groups]
+        out["groups_finished"] = float(self._groups_finished)
+        out["groups_dropped"] = float(len(window) - len(trained))
+        self._groups_finished = 0
         if trained:
             for k in ("reward_mean", "success_rate"):
                 out[f"batch/{k}"] = sum(r[k] for r in trained) / len(trained)

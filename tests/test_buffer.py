@@ -39,7 +39,8 @@ def make_group(
 
 def test_staleness_gate_on_admission_and_release() -> None:
     async def main() -> None:
-        buf = Buffer(max_staleness=1, capacity=8, learner_version=3)
+        evicted: list[TrajectoryGroup] = []
+        buf = Buffer(max_staleness=1, capacity=8, learner_version=3, on_evict=evicted.extend)
         assert await buf.put(make_group([0.0, 1.0], version=2, task_id="fresh"))
         assert await buf.put(make_group([0.0, 1.0], version=3, task_id="newest"))
         # oldest token at version 1: 3 - 1 = 2 > 1
@@ -50,6 +51,7 @@ def test_staleness_gate_on_admission_and_release() -> None:
         batch = await buf.get_batch(1, learner_version=4)
         assert [g.task_id for g in batch] == ["newest"]
         assert buf.counters["dropped_stale_in_buffer"] == 1
+        assert [g.task_id for g in evicted] == ["fresh"]  # handed over for a replacement
         assert buf.counters["released"] == 1
         assert len(buf) == 0
 

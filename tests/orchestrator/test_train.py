@@ -195,8 +195,14 @@ def test_no_rollouts_beyond_what_the_steps_train(tmp_path, staleness):
     finished = [e for e in events if e["event"] == "GroupFinished"]
     dropped = [e for e in events if e["event"] == "GroupDropped"]
     trained = 3 * 2  # steps x batch_groups
-    assert read_steps(tmp_path / "run")[-1]["buffer/released"] == trained
+    steps = read_steps(tmp_path / "run")
+    assert steps[-1]["buffer/released"] == trained
     assert orch.cursor.next_index == len(finished) == trained + len(dropped)
+    # each step's rollout numbers cover the groups it trained plus the ones dropped since
+    # the step before, so every finished group is counted once and no step goes without
+    assert sum(s["groups_dropped"] for s in steps) == len(dropped)
+    assert sum(s["groups_finished"] for s in steps) == len(finished)
+    assert all(0.0 <= s["reward_mean"] <= 1.0 for s in steps)
 
 
 def test_checkpoint_and_resume_continues_the_step_count(tmp_path):
