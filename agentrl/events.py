@@ -229,10 +229,12 @@ class ProgressDisplay:
             self._groups += 1
         elif isinstance(event, BatchTrained):
             m = event.metrics
+            # no rollout numbers: no group finished during this step (it trained earlier ones)
+            reward = f"{m['reward_mean']:.3f}" if "reward_mean" in m else "-"
+            success = f"{m['success_rate']:.2f}" if "success_rate" in m else "-"
             self._console.print(
                 f"[bold]step {event.step}/{self._max_steps}[/] "
-                f"reward [cyan]{m.get('reward_mean', float('nan')):.3f}[/] "
-                f"success {m.get('success_rate', float('nan')):.2f} "
+                f"reward [cyan]{reward}[/] success {success} "
                 f"tok/s {m.get('rollout_tokens_per_s', 0.0):.0f} "
                 f"staleness {m.get('staleness/mean', 0.0):.2f} "
                 f"loss {m.get('loss/total', float('nan')):.4f} "

@@ -120,8 +120,7 @@ class Orchestrator:
         self._wanted_more = anyio.Event()
         self._stop_reason = "completed"
         self._rollout_tokens = 0
-        self._groups_finished = 0  # since the last step
-        self._dropped: list[dict[str, float]] = []  # summaries of groups dropped since then
+        self._finished: list[dict[str, float]] = []  # every group finished since the last step
         self._rollout_t0 = time.time()
         self._saved_step = 0
         self._prefill_seen = (0, 0)  # sampler's (forwarded, reused) prompt tokens so far
@@ -332,7 +331,7 @@ class Orchestrator:
             group = await self.rollout.run_task(task, index=index)
             group.metadata["task_index"] = index
             self._rollout_tokens += sum(t.num_model_tokens for t in group.trajectories)
-            self._groups_finished += 1
+            self._finished.append(summarize_group(group))
             self.events.publish(GroupFinished(group=group, step=self.step))
             reason = self.buffer.check(group) or "dropped_stale"
             admitted = await self.buffer.put(group)
@@ -340,13 +339,11 @@ class Orchestrator:
             self._inflight.discard(index)
         if not admitted:  # dropped: its permit goes back so sampling continues
             self.events.publish(GroupDropped(task_id=group.task_id, reason=reason))
-            self._dropped.append(summarize_group(group))
             self._want(1)
             self._permits.release()
 
     def _evicted(self, groups: list[TrajectoryGroup]) -> None:
         """The buffer evicted admitted groups that went stale: permits back, replacements."""
-        self._dropped.extend(summarize_group(g) for g in groups)
         self._want(len(groups))
         if self._permits is not None:
             for _ in groups:
@@ -405,19 +402,20 @@ class Orchestrator:
         )
 
     def _rollout_metrics(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
-        """Rollout numbers over the groups this step disposed of: the ones it trained and the
-        ones dropped since the last step (so dynamic sampling cannot inflate the reward
-        curve, and a step always has some: every finished group counts exactly once), plus
-        the same numbers over the trained groups alone (``batch/*``)."""
+        """Rollout numbers over every group that finished since the last step (also the ones
+        the buffer dropped, so dynamic sampling cannot inflate the reward curve), plus the
+        same numbers over the groups actually trained (``batch/*``).
+
+        A step during which no group finished (async: the rollouts it trains were done
+        before the previous step ended, as at the end of a run) has no rollout numbers; the
+        trained groups are not a stand-in, since dynamic sampling picked them for mixed
+        rewards."""
         out: dict[str, float] = {}
-        trained = [summarize_group(g) for g in groups]
-        window = trained + self._dropped
-        self._dropped = []
-        for k in window[0]:
+        window, self._finished = self._finished, []
+        for k in window[0] if window else ():
             out[k] = sum(r[k] for r in window) / len(window)
-        out["groups_finished"] = float(self._groups_finished)
-        out["groups_dropped"] = float(len(window) - len(trained))
-        self._groups_finished = 0
+        out["groups_finished"] = float(len(window))
+        trained = [summarize_group(g) for g in groups]
         if trained:
             for k in ("reward_mean", "success_rate"):
                 out[f"batch/{k}"] = sum(r[k] for r in trained) / len(trained)
