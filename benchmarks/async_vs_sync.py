@@ -124,6 +124,7 @@ def run_mode(args: argparse.Namespace, staleness: int, run_dir: Path) -> dict[st
     # steady state: after the first step, once the pipeline is full (async fills it once)
     after_first = trajs - steps[0]["samples"]
     stats = orch.sampler.stats()
+    rewards = [s["reward_mean"] for s in steps if "reward_mean" in s]
     return {
         "max_staleness": staleness,
         "steps": len(steps),
@@ -139,8 +140,9 @@ def run_mode(args: argparse.Namespace, staleness: int, run_dir: Path) -> dict[st
         "sampler_idle_frac": idle["idle"] / max(idle["samples"], 1),
         "cpu_util": cpu / wall / (os.cpu_count() or 1),  # all threads, share of all cores
         "staleness_mean": sum(s.get("staleness/mean", 0.0) for s in steps) / max(len(steps), 1),
-        "reward_first": steps[0]["reward_mean"],
-        "reward_last": steps[-1]["reward_mean"],
+        # an async step during which no group finished has no rollout numbers
+        "reward_first": rewards[0] if rewards else float("nan"),
+        "reward_last": rewards[-1] if rewards else float("nan"),
     }
 
 
