@@ -13,9 +13,9 @@ Actors ``put`` finished :class:`~agentrl.types.TrajectoryGroup` s; the learner t
   waits.
 
 Everything dropped is counted in :attr:`Buffer.counters`; groups evicted after admission
-also go to the ``on_evict`` callback (the orchestrator gives their permits back, starts
-replacements and counts their rewards). Capacity is bounded: ``put``
-waits while the buffer is full (backpressure on the actors).
+also go to the ``on_evict`` callback (the orchestrator gives their permits back and starts
+their replacements). Capacity is bounded: ``put`` waits while the buffer is full
+(backpressure on the actors).
 """
 
 from __future__ import annotations
