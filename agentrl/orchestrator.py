@@ -337,23 +337,22 @@ class Orchestrator:
             admitted = await self.buffer.put(group)
         finally:
             self._inflight.discard(index)
-        if not admitted:  # dropped: its permit goes back so sampling continues
+        if not admitted:
             self.events.publish(GroupDropped(task_id=group.task_id, reason=reason))
-            self._want(1)
-            self._permits.release()
+            self._replace(1)
 
     def _evicted(self, groups: list[TrajectoryGroup]) -> None:
-        """The buffer evicted admitted groups that went stale: permits back, replacements."""
-        self._want(len(groups))
-        if self._permits is not None:
-            for _ in groups:
-                self._permits.release()
+        """The buffer evicted admitted groups that went stale."""
+        self._replace(len(groups))
 
-    def _want(self, n: int) -> None:
-        """`n` more groups are needed (replacements for dropped ones)."""
-        if n > 0:
-            self._wanted += n
-            self._wanted_more.set()
+    def _replace(self, n: int) -> None:
+        """`n` groups will not be trained (dropped or evicted): their permits go back so
+        sampling continues, and a replacement is wanted for each."""
+        self._wanted += n
+        self._wanted_more.set()
+        if self._permits is not None:  # None only before run(), which recounts both
+            for _ in range(n):
+                self._permits.release()
 
     async def _learner_loop(self) -> None:
         assert self._permits is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -25,11 +26,8 @@ CFG = {
 
 @pytest.fixture
 def worker() -> Iterator[LearnerProcess]:
-    proc = LearnerProcess(make_cfg(**CFG), asynchronous=True)
-    try:
+    with closing(LearnerProcess(make_cfg(**CFG), asynchronous=True)) as proc:
         yield proc
-    finally:
-        proc.close()
 
 
 def _shm_files() -> set[str]:
@@ -98,12 +96,9 @@ def test_a_dead_worker_is_reported_not_waited_on(
 
 def test_start_failure_names_the_cause() -> None:
     cfg = make_cfg(**{**CFG, "model": {"name": "no-such-model"}})
-    proc = LearnerProcess(cfg, asynchronous=True)
-    try:
-        with pytest.raises(LearnerError, match=r"failed to start.*unknown model 'no-such-model'"):
-            proc.wait_ready(timeout=120)
-    finally:
-        proc.close()
+    failed = pytest.raises(LearnerError, match=r"failed to start.*unknown model 'no-such-model'")
+    with closing(LearnerProcess(cfg, asynchronous=True)) as proc, failed:
+        proc.wait_ready(timeout=120)
     assert proc._proc.poll() is not None
 
 
@@ -130,11 +125,8 @@ def test_algorithms_registered_by_an_importable_module_are_seen_in_the_child(gro
     import tests.learner.custom_advantage  # noqa: F401  (registers "halved_grpo")
 
     cfg = make_cfg(**{**CFG, "algorithm": {"advantage": "halved_grpo"}})
-    proc = LearnerProcess(cfg, asynchronous=True)
-    try:
+    with closing(LearnerProcess(cfg, asynchronous=True)) as proc:
         assert proc.step(groups)["version"] == 1
-    finally:
-        proc.close()
 
 
 def test_algorithms_registered_in_main_fail_with_the_fix() -> None:
@@ -146,12 +138,9 @@ def test_algorithms_registered_in_main_fail_with_the_fix() -> None:
     only_here.__module__ = "__main__"  # as if defined in a training script
     register_advantage("only_in_main")(only_here)
     cfg = make_cfg(**{**CFG, "algorithm": {"advantage": "only_in_main"}})
-    proc = LearnerProcess(cfg, asynchronous=True)
-    try:
-        with pytest.raises(LearnerError, match=r"(?s)only_in_main.*learner_worker=thread"):
-            proc.wait_ready(timeout=120)
-    finally:
-        proc.close()
+    failed = pytest.raises(LearnerError, match=r"(?s)only_in_main.*learner_worker=thread")
+    with closing(LearnerProcess(cfg, asynchronous=True)) as proc, failed:
+        proc.wait_ready(timeout=120)
 
 
 def test_the_child_outlives_the_thread_that_started_it(groups) -> None:
