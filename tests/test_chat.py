@@ -386,7 +386,6 @@ def test_real_smollm2_episode_tokens_pass_the_check(tok):
     from agentrl.tools import (
         PythonTool,
         ToolContext,
-        close_shared_sandboxes,
         prepare_calls,
         run_tool_calls,
     )
@@ -422,7 +421,6 @@ def test_real_smollm2_episode_tokens_pass_the_check(tok):
                     assert tr.check().ok
         finally:
             await sampler.close()
-            await close_shared_sandboxes()
         return tr
 
     for seed in (1,):

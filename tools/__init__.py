@@ -29,7 +29,6 @@ from agentrl.tools.parsers import (
 
 _LAZY = {
     "PythonTool": "agentrl.tools.python",
-    "close_shared_sandboxes": "agentrl.tools.python",
     "SearchTool": "agentrl.tools.search",
     "SearchHit": "agentrl.tools.search",
     "LocalSearchIndex": "agentrl.tools.search",
@@ -52,7 +51,6 @@ __all__ = [
     "ToolContext",
     "ToolOutput",
     "ToolResult",
-    "close_shared_sandboxes",
     "get_parser",
     "parse_tool_calls",
     "parser_names",

@@ -3,18 +3,21 @@
 A tool's argument model becomes the JSON schema in the chat template's tool list. Tools
 that need per-episode state (the python tool's sandbox session) keep it in the
 :class:`ToolContext` the episode passes to every call; the context closes it when the
-episode ends, on every exit path.
+episode ends, on every exit path. Run-wide state (the sandbox those sessions come from)
+goes in the run's scope through :meth:`ToolContext.run_resource`.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
+
+from agentrl.resources import Factory, ResourceScope, current_run_scope
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -36,33 +39,22 @@ class ToolCall:
     raw: str = ""  # the text the call was parsed from
 
 
-class ToolContext:
-    """Per-episode resources shared by the episode's tool calls, closed at episode end."""
+class ToolContext(ResourceScope):
+    """Per-episode resources shared by the episode's tool calls, closed at episode end.
+
+    :meth:`run_resource` reaches the resources of the whole run (e.g. the python tool's
+    sandbox): the entry point's run scope when one is active, else this episode's own
+    scope, so a resource never outlives the scope that opened it."""
 
     def __init__(self) -> None:
-        self._stack = AsyncExitStack()
-        self._resources: dict[str, Any] = {}
+        super().__init__("episode")
 
-    async def get_or_create(
-        self, key: str, factory: Callable[[AsyncExitStack], Awaitable[Any]]
-    ) -> Any:
-        """Return the resource under `key`, creating it with `factory(exit_stack)` once."""
-        if key not in self._resources:
-            self._resources[key] = await factory(self._stack)
-        return self._resources[key]
-
-    def discard(self, key: str) -> None:
-        self._resources.pop(key, None)
-
-    async def aclose(self) -> None:
-        self._resources.clear()
-        await self._stack.aclose()
+    async def run_resource(self, key: str, factory: Factory[T]) -> T:
+        scope = current_run_scope() or self
+        return await scope.get_or_create(key, factory)
 
     async def __aenter__(self) -> ToolContext:
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 class Tool(abc.ABC):

@@ -1,9 +1,10 @@
 """The ``python`` tool: a stateful interpreter in a sandbox session that lives for the episode.
 
-The :class:`~agentrl.sandbox.Sandbox` is shared by every episode (pass one in, or one is
-created lazily per event loop with ``create_sandbox(backend="auto", **sandbox_limits)`` and
-closed by :func:`close_shared_sandboxes`); each episode gets its own session through
-:meth:`ToolContext.get_or_create`, so the session is closed when the episode ends.
+The :class:`~agentrl.sandbox.Sandbox` is shared by every episode of a run: pass one in, or
+one is created on first use with ``create_sandbox(backend="auto", **sandbox_limits)`` in
+the run's resource scope (:meth:`ToolContext.run_resource`), which closes it when the run
+ends; outside a run it lives in the episode's own scope. Each episode gets its own
+session through :meth:`ToolContext.get_or_create`, closed when the episode ends.
 
 What the model sees: stdout, then stderr (for an exception, the traceback's last lines),
 truncated to ``max_output_chars`` keeping the head and the tail around a
@@ -17,8 +18,6 @@ fresh one and says so).
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -31,13 +30,6 @@ from agentrl.tools.base import Tool, ToolContext, ToolOutput
 RESTART_STATUSES = frozenset({"timeout", "memory", "output_limit", "killed"})
 TRACEBACK_LINES = 6  # lines of a traceback shown (the last ones: where and what)
 _SESSION_KEY = "python.session"
-
-# event loop -> {limits key -> sandbox}: a sandbox's processes belong to one event loop.
-# Strong references: a loop that ended without close_shared_sandboxes() must still be found
-# so kill_orphaned_sandboxes() can end its processes.
-_shared: dict[Any, dict[str, Any]] = {}
-_shared_lock = threading.Lock()
-
 
 class PythonArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -91,18 +83,19 @@ class PythonTool(Tool):
         self.max_output_chars = max_output_chars
         self.sandbox_limits = sandbox_limits
 
-    async def _get_sandbox(self) -> Any:
+    async def _get_sandbox(self, ctx: ToolContext) -> Any:
         if self.sandbox is not None:
             return self.sandbox
-        from agentrl.sandbox import create_sandbox
 
-        loop = asyncio.get_running_loop()
-        key = repr(sorted(self.sandbox_limits.items()))
-        with _shared_lock:
-            per_loop = _shared.setdefault(loop, {})
-            if key not in per_loop:
-                per_loop[key] = create_sandbox(backend="auto", **self.sandbox_limits)
-            return per_loop[key]
+        async def open_sandbox(stack: AsyncExitStack) -> Any:
+            from agentrl.sandbox import create_sandbox
+
+            sandbox = create_sandbox(backend="auto", **self.sandbox_limits)
+            stack.push_async_callback(sandbox.close)
+            return sandbox
+
+        key = "python.sandbox:" + repr(sorted(self.sandbox_limits.items()))
+        return await ctx.run_resource(key, open_sandbox)
 
     async def call(self, args: BaseModel, ctx: ToolContext) -> ToolOutput:
         code = args.code  # type: ignore[attr-defined]
@@ -110,7 +103,7 @@ class PythonTool(Tool):
         restarted = False
         try:
             if state.session is None:
-                sandbox = await self._get_sandbox()
+                sandbox = await self._get_sandbox(ctx)
                 state.session = await state.stack.enter_async_context(sandbox.session())
                 restarted, state.lost = state.lost, False
             res = await state.session.run(code, timeout=self.run_timeout)
@@ -198,28 +191,3 @@ def truncate(text: str, max_chars: int) -> str:
     head, tail = keep * 2 // 3, keep - keep * 2 // 3
     cut = len(text) - head - tail
     return f"{text[:head]}\n...[{cut} characters truncated]...\n{text[len(text) - tail :]}"
-
-
-async def close_shared_sandboxes() -> None:
-    """Close the sandboxes PythonTool created lazily on the running event loop."""
-    loop = asyncio.get_running_loop()
-    with _shared_lock:
-        sandboxes = list(_shared.pop(loop, {}).values())
-    for sb in sandboxes:
-        await sb.close()
-
-
-def kill_orphaned_sandboxes() -> int:
-    """Kill the interpreters of shared sandboxes whose event loop has closed (synchronous).
-
-    For code that runs many short event loops (tests, notebooks) without calling
-    :func:`close_shared_sandboxes`; returns how many sandboxes were ended.
-    """
-    with _shared_lock:
-        dead = [loop for loop in _shared if loop.is_closed()]
-        sandboxes = [sb for loop in dead for sb in _shared.pop(loop).values()]
-    for sb in sandboxes:
-        sb.closed = True
-        for kernel in list(getattr(sb, "_live", ())):
-            kernel._signal_kill(force=True)
-    return len(sandboxes)

@@ -8,13 +8,13 @@ import uuid
 import anyio
 import pytest
 
+from agentrl.resources import ResourceScope
 from agentrl.sandbox import SandboxResult, create_sandbox
 from agentrl.sandbox.backends import BwrapBackend
 from agentrl.sandbox.limits import SandboxLimits
 from agentrl.tools import (
     PythonTool,
     ToolContext,
-    close_shared_sandboxes,
     prepare_calls,
     run_tool_calls,
 )
@@ -121,14 +121,27 @@ async def test_session_is_closed_when_the_episode_ends():
         await sb.close()
 
 
-async def test_lazily_created_sandbox_is_shared_and_closed():
+async def test_lazily_created_sandbox_lives_in_the_run_scope():
+    """Episodes of one run share the sandbox; the run's scope closes it, not a global."""
     a, b = PythonTool(timeout=5, pool_size=0), PythonTool(timeout=5, pool_size=0)
+    async with ResourceScope("run") as run:
+        with run.active():
+            async with ToolContext() as ctx:
+                await py(a, ctx, "v = 3")
+                assert await py(b, ctx, "print(v)") == "3"  # same episode: same session
+            async with ToolContext() as other_episode:
+                sb = await a._get_sandbox(other_episode)
+                assert await b._get_sandbox(other_episode) is sb
+                await py(a, other_episode, "print(1)")
+                assert not sb.closed
+    assert sb.closed
+
+
+async def test_without_a_run_scope_the_sandbox_closes_with_the_episode():
+    tool = PythonTool(timeout=5, pool_size=0)
     async with ToolContext() as ctx:
-        await py(a, ctx, "v = 3")
-        assert await py(b, ctx, "print(v)") == "3"  # same episode: same session
-    assert await a._get_sandbox() is await b._get_sandbox()
-    sb = await a._get_sandbox()
-    await close_shared_sandboxes()
+        assert await py(tool, ctx, "print(2)") == "2"
+        sb = await tool._get_sandbox(ctx)
     assert sb.closed
 
 
