@@ -2,137 +2,126 @@
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config
-from agentrl.errors import CheckpointError
+from agentrl.errors import DatasetError
 from agentrl.types import TrajectoryGroup
 
 SUCCESS = 0.5  # a sample counts as correct when its reward is above this
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """Accept a run directory (its latest checkpoint) or a checkpoint directory."""
-    from agentrl.orchestrator import latest_checkpoint
-
-    p = Path(path)
-    if (p / "learner").is_dir():
-        return p
-    latest = latest_checkpoint(p)
-    if latest is not None and (latest / "learner").is_dir():
-        return latest
-    raise CheckpointError(
-        f"{p} is neither a checkpoint (with a learner/ folder) nor a run directory with "
-        f"checkpoints/latest; pass --checkpoint RUN_DIR or RUN_DIR/checkpoints/step_N"
-    )
-
-
 def group_scores(group: TrajectoryGroup, ks: list[int]) -> dict[str, float]:
-    """pass@k for each k, and maj@n over the group's extracted answers."""
-    from agentrl.algos import pass_at_k
+    """pass@k for each k, and maj@n over the group's extracted answers.
+
+    The majority answer is correct when the verifier accepted it in some sample (its
+    reward is above ``SUCCESS``): the verifier, not string equality, judges answers.
+    """
+    from agentrl.algos import maj_at_k, pass_at_k
 
     trajs = group.valid()
     n = len(trajs)
     if n == 0:
         return {}
-    c = sum(1 for t in trajs if t.reward > SUCCESS)
-    out = {f"pass@{k}": pass_at_k(n, c, k) for k in ks if k <= n}
+    correct = [t.reward > SUCCESS for t in trajs]
+    out = {f"pass@{k}": pass_at_k(n, sum(correct), k) for k in ks if k <= n}
     answers = [_answer_key(t.reward_info) for t in trajs]
-    votes = Counter(a for a in answers if a is not None)
-    if votes:
-        best = max(votes.values())
-        winner = next(a for a in answers if a is not None and votes[a] == best)
-        correct = any(
-            t.reward > SUCCESS for t, a in zip(trajs, answers, strict=True) if a == winner
-        )
-        out[f"maj@{n}"] = 1.0 if correct else 0.0
-    else:
-        out[f"maj@{n}"] = 0.0
+    accepted = {a for a, ok in zip(answers, correct, strict=True) if ok and a is not None}
+    out[f"maj@{n}"] = maj_at_k(answers, accepted)
     out["mean_reward"] = sum(t.reward for t in trajs) / n
     return out
 
 
 def _answer_key(info: dict[str, Any]) -> str | None:
+    """The extracted answer, normalised for voting (case and whitespace do not split votes)."""
     a = info.get("extracted", info.get("answer"))
     if a is None:
         return None
     return " ".join(str(a).strip().lower().split())
 
 
+class Evaluator:
+    """pass@k and maj@k over a fixed set of held-out tasks, through a run's sampler.
+
+    The tasks are the first `n_tasks` of the environment's ``eval`` split (never
+    overlapping ``train``), the same ones at every evaluation of a run."""
+
+    def __init__(self, engine: Any, env: Any, n_tasks: int, samples: int, seed: int) -> None:
+        self.engine = engine
+        self.samples = samples
+        self.tasks = list(itertools.islice(env.tasks(split="eval", seed=seed), n_tasks))
+        if not self.tasks:
+            raise DatasetError(
+                "the environment has no 'eval' tasks; set env.eval_options to give it some"
+            )
+        self.ks = sorted({1, samples} | {k for k in (2, 4, 8) if k < samples})
+
+    @classmethod
+    def for_training(cls, cfg: Config, sampler: Any) -> Evaluator:
+        """Evaluation during training (``orchestrator.eval_every``) on the training sampler."""
+        from agentrl.runtime import build_engine, build_env
+
+        env = build_env(cfg, "eval")
+        k = cfg.orchestrator.eval_samples
+        engine = build_engine(cfg, env, sampler, split="eval", group_size=k)
+        return cls(engine, env, cfg.orchestrator.eval_tasks, k, cfg.orchestrator.seed)
+
+    async def run(self) -> dict[str, float]:
+        """``eval/<metric>`` averaged over the tasks, plus ``eval/infra_errors`` and
+        ``eval/seconds``."""
+        import anyio
+
+        t0 = time.time()
+        groups: list[TrajectoryGroup] = []
+        async with anyio.create_task_group() as tg:
+            for i, task in enumerate(self.tasks):
+
+                async def one(task: dict[str, Any] = task, i: int = i) -> None:
+                    groups.append(await self.engine.run_task(task, index=i))
+
+                tg.start_soon(one)
+        per_task = [group_scores(g, self.ks) for g in groups]
+        keys = sorted({k for row in per_task for k in row})
+        out = {
+            f"eval/{k}": sum(row.get(k, 0.0) for row in per_task) / max(len(per_task), 1)
+            for k in keys
+        }
+        out["eval/infra_errors"] = float(
+            sum(1 for g in groups for t in g.trajectories if t.status == "infra_error")
+        )
+        out["eval/seconds"] = time.time() - t0
+        return out
+
+
 async def evaluate(
     cfg: Config, checkpoint: str | Path | None, n_tasks: int, samples: int
 ) -> dict[str, Any]:
+    """`agentrl eval`: the base model's or a checkpoint's scores, with any sampler backend
+    (the checkpoint's weights reach the sampler through its weight-update path)."""
     import anyio
 
-    from agentrl.chat import ChatRenderer
-    from agentrl.envs import make_env
-    from agentrl.models import load_model
-    from agentrl.rollout import RolloutEngine
-    from agentrl.samplers import create_sampler
+    from agentrl.runtime import assemble, load_checkpoint_into_sampler
 
-    env = make_env(cfg.env.name, **{**cfg.env.options, **cfg.env.eval_options})
-    model, tokenizer = load_model(
-        cfg.model.name, dtype=None if cfg.model.dtype == "auto" else cfg.model.dtype
-    )
-    version = 0
-    if checkpoint is not None:
-        ckpt = resolve_checkpoint(checkpoint)
-        version = load_policy_weights(model, ckpt / "learner")
-    sampler = create_sampler(
-        cfg.sampler.backend, model=(model, tokenizer), max_batch_size=cfg.sampler.max_batch_size
-    )
-    renderer = ChatRenderer(tokenizer, tools=env.tool_schemas(), template=cfg.model.chat_template)
-    rollout_cfg = cfg.rollout.model_copy(update={"group_size": samples})
-    rollout_cfg.branching = rollout_cfg.branching.model_copy(update={"enabled": False})
-    engine = RolloutEngine(
-        env, sampler, renderer, rollout_cfg, sampler_cfg=cfg.sampler, seed=cfg.orchestrator.seed
-    )
-    tasks = env.tasks(split="eval", seed=cfg.orchestrator.seed)  # never overlaps train
-    groups: list[TrajectoryGroup] = []
-    t0 = time.time()
-    try:
-        async with sampler, anyio.create_task_group() as tg:
-            for i, task in zip(range(n_tasks), tasks, strict=False):
-
-                async def one(task: dict[str, Any] = task, i: int = i) -> None:
-                    groups.append(await engine.run_task(task, index=i))
-
-                tg.start_soon(one)
-    finally:
-        from agentrl.tools.python import close_shared_sandboxes
-
-        await close_shared_sandboxes()
-    ks = sorted({1, samples} | ({k for k in (2, 4, 8) if k < samples}))
-    per_task = [group_scores(g, ks) for g in groups]
-    keys = sorted({k for row in per_task for k in row})
-    summary = {k: sum(row.get(k, 0.0) for row in per_task) / max(len(per_task), 1) for k in keys}
-    infra = sum(1 for g in groups for t in g.trajectories if t.status == "infra_error")
+    run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "eval", samples=samples))
+    async with run:
+        version = 0
+        if checkpoint is not None:
+            version = await load_checkpoint_into_sampler(run, checkpoint)
+        evaluator = Evaluator(run.engine, run.env, n_tasks, samples, cfg.orchestrator.seed)
+        scores = await evaluator.run()
+    metrics = {k.removeprefix("eval/"): v for k, v in scores.items()}
     return {
         "checkpoint": None if checkpoint is None else str(checkpoint),
         "version": version,
-        "tasks": len(groups),
+        "tasks": len(evaluator.tasks),
         "samples_per_task": samples,
-        "infra_errors": infra,
-        "seconds": time.time() - t0,
-        "metrics": summary,
+        "infra_errors": int(metrics.pop("infra_errors")),
+        "seconds": metrics.pop("seconds"),
+        "metrics": metrics,
     }
-
-
-def load_policy_weights(model: Any, learner_dir: Path) -> int:
-    """Load the policy saved by the learner into `model`; returns the weight version."""
-    import json
-
-    from safetensors.torch import load_model as load_safetensors
-
-    weights = learner_dir / "model.safetensors"
-    if not weights.is_file():
-        raise CheckpointError(f"{learner_dir} has no model.safetensors: not a learner checkpoint")
-    load_safetensors(model, str(weights))
-    meta = learner_dir / "learner.json"
-    return int(json.loads(meta.read_text()).get("version", 0)) if meta.is_file() else 0
 
 
 def print_eval(result: dict[str, Any]) -> None:
