@@ -12,16 +12,18 @@ Actors ``put`` finished :class:`~agentrl.types.TrajectoryGroup` s; the learner t
   checked on admission and again on release, since the learner moves on while a group
   waits.
 
-Everything dropped is counted in :attr:`Buffer.counters`; groups evicted after admission
-also go to the ``on_evict`` callback (the orchestrator gives their permits back and starts
-their replacements). Capacity is bounded: ``put`` waits while the buffer is full
-(backpressure on the actors).
+``put`` returns an :class:`Admission`: admitted, or the counter it was dropped under, so
+the caller needs no separate ``check``. Everything dropped is counted in
+:attr:`Buffer.counters`; groups evicted after admission also go to the ``on_evict``
+callback (the orchestrator gives their permits back and starts their replacements).
+Capacity is bounded: ``put`` waits while the buffer is full (backpressure on the actors).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -43,6 +45,36 @@ COUNTER_NAMES = (
 
 class BufferClosedError(RuntimeError):
     """``get_batch`` cannot be satisfied: the buffer was closed and is short of groups."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What ``put`` did with a group: truthy when admitted."""
+
+    reason: str | None = None  # the counter it was dropped under; None when admitted
+
+    @property
+    def admitted(self) -> bool:
+        return self.reason is None
+
+    def __bool__(self) -> bool:
+        return self.admitted
+
+
+ADMITTED = Admission()
+
+
+def _all_rewards_equal(group: TrajectoryGroup) -> bool:
+    """DAPO's dynamic-sampling test on one group's valid samples, by the algos function
+    the learner's tests pin down (:func:`agentrl.algos.dynamic_sampling_mask`)."""
+    import torch
+
+    from agentrl.algos import dynamic_sampling_mask
+
+    rewards = torch.tensor(group.rewards, dtype=torch.float64)
+    valid = torch.tensor([t.status != "infra_error" for t in group.trajectories])
+    keep = dynamic_sampling_mask(rewards, torch.zeros_like(rewards, dtype=torch.long), valid)
+    return not bool(keep.any())
 
 
 class Buffer:
@@ -97,7 +129,7 @@ class Buffer:
         valid = group.valid()
         if len(valid) < self.min_valid:
             return "dropped_infra"
-        if self.dynamic_sampling and len({t.reward for t in valid}) == 1:
+        if self.dynamic_sampling and _all_rewards_equal(group):
             return "dropped_all_equal"
         if self._is_stale(group):
             return "dropped_stale"
@@ -105,13 +137,13 @@ class Buffer:
 
     # --- producer / consumer -----------------------------------------------------------
 
-    async def put(self, group: TrajectoryGroup) -> bool:
-        """Admit `group` (waiting while the buffer is full). Returns False if dropped."""
+    async def put(self, group: TrajectoryGroup) -> Admission:
+        """Admit `group` (waiting while the buffer is full); says why when it is dropped."""
         self.counters["received"] += 1
         reason = self.check(group)
         if reason is not None:
             self.counters[reason] += 1
-            return False
+            return Admission(reason)
         async with self._cond:
             while len(self._groups) >= self.capacity and not self._closed:
                 await self._cond.wait()
@@ -120,7 +152,7 @@ class Buffer:
             # the learner may have advanced while we waited for room
             if self._is_stale(group):
                 self.counters["dropped_stale"] += 1
-                return False
+                return Admission("dropped_stale")
             self._groups.append(group)
             self.counters["admitted"] += 1
             self.counters["trajectories_admitted"] += len(group.trajectories)
@@ -128,7 +160,7 @@ class Buffer:
                 group.valid()
             )
             self._cond.notify_all()
-        return True
+        return ADMITTED
 
     def _evict_stale(self) -> None:
         if self.max_staleness is None:

@@ -333,8 +333,8 @@ class Orchestrator:
             self._rollout_tokens += sum(t.num_model_tokens for t in group.trajectories)
             self._finished.append(summarize_group(group))
             self.events.publish(GroupFinished(group=group, step=self.step))
-            reason = self.buffer.check(group) or "dropped_stale"
-            admitted = await self.buffer.put(group)
+            admission = await self.buffer.put(group)
+            admitted, reason = admission.admitted, admission.reason
         finally:
             self._inflight.discard(index)
         if not admitted:

@@ -7,7 +7,8 @@ import json
 import anyio
 import pytest
 
-from agentrl.buffer import Buffer, BufferClosedError
+from agentrl.algos import dynamic_sampling_mask
+from agentrl.buffer import Admission, Buffer, BufferClosedError
 from agentrl.types import Segment, Trajectory, TrajectoryGroup
 
 
@@ -96,6 +97,72 @@ def test_dynamic_sampling_and_infra_counts() -> None:
         assert len(g.trajectories) == 3 and len(g.valid()) == 2
 
     anyio.run(main)
+
+
+def test_put_says_what_happened_to_the_group() -> None:
+    async def main() -> None:
+        buf = Buffer(max_staleness=0, dynamic_sampling=True, learner_version=1)
+        infra = make_group([1.0, 0.0], version=1, statuses=["ok", "infra_error"])
+        assert await buf.put(infra) == Admission("dropped_infra")
+        assert await buf.put(make_group([1.0, 1.0], version=1)) == Admission("dropped_all_equal")
+        stale = await buf.put(make_group([0.0, 1.0], version=0))
+        assert not stale and not stale.admitted and stale.reason == "dropped_stale"
+        ok = await buf.put(make_group([0.0, 1.0], version=1))
+        assert ok and ok.admitted and ok.reason is None
+        assert buf.counters["received"] == 4 and buf.counters["admitted"] == 1
+
+    anyio.run(main)
+
+
+def test_put_reports_a_group_that_went_stale_while_waiting_for_room() -> None:
+    async def main() -> None:
+        buf = Buffer(max_staleness=0, capacity=1, learner_version=0)
+        assert await buf.put(make_group([0.0, 1.0], version=0, task_id="first"))
+        results: list[Admission] = []
+
+        async def producer() -> None:
+            results.append(await buf.put(make_group([0.0, 1.0], version=0, task_id="late")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(producer)
+            await anyio.sleep(0.02)
+            # the learner moves on: "first" is evicted, which frees the room "late" waited
+            # for, but "late" is stale by now too
+            await buf.set_learner_version(1)
+        assert results == [Admission("dropped_stale")]
+        assert buf.counters["dropped_stale"] == 1 and buf.counters["dropped_stale_in_buffer"] == 1
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize(
+    ("rewards", "statuses"),
+    [
+        ([1.0, 1.0, 1.0], None),
+        ([0.0, 1.0], None),
+        ([0.3, 0.1 + 0.2], None),  # differ in float64 only: float32 would call them equal
+        ([0.5, 0.5 + 1e-12, 0.5], None),
+        ([2.0, 2.0, 2.0 + 2**-40], None),
+        ([1.0, 0.0, 1.0], ["ok", "infra_error", "ok"]),  # the infra sample does not count
+        ([0.7, float("nan"), 0.2], ["ok", "infra_error", "ok"]),
+        ([1.0, 0.0], ["ok", "infra_error"]),  # one valid sample: nothing to compare
+    ],
+)
+def test_dynamic_sampling_is_the_algos_mask(
+    rewards: list[float], statuses: list[str] | None
+) -> None:
+    """The buffer drops exactly the groups DAPO's mask in agentrl.algos drops."""
+    import torch
+
+    group = make_group(rewards, statuses=statuses)
+    valid = torch.tensor([s != "infra_error" for s in statuses or ["ok"] * len(rewards)])
+    keep = dynamic_sampling_mask(
+        torch.tensor(rewards, dtype=torch.float64),
+        torch.zeros(len(rewards), dtype=torch.long),
+        valid,
+    )
+    buf = Buffer(max_staleness=None, dynamic_sampling=True, min_valid=1)
+    assert (buf.check(group) == "dropped_all_equal") == (not bool(keep.any()))
 
 
 def test_dynamic_sampling_off_keeps_all_equal_groups() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Sequence
+from collections.abc import Set as AbstractSet
 
 
 # Unbiased pass@k (Chen et al. 2021, eq. 1): 1 - C(n-c, k) / C(n, k), as a stable product
@@ -22,11 +23,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def maj_at_k(
-    answers: Sequence[Hashable | None], reference: Hashable, k: int | None = None
+    answers: Sequence[Hashable | None],
+    reference: Hashable | AbstractSet[Hashable],
+    k: int | None = None,
 ) -> float:
-    """1.0 if the most frequent answer among the first ``k`` equals ``reference``, else 0.0.
+    """1.0 if the most frequent answer among the first ``k`` is correct, else 0.0.
 
-    ``None`` answers (no parsable answer) do not vote. Ties go to the answer seen first.
+    ``reference`` is the correct answer, or a set of answers a verifier accepted (several
+    spellings of one value). ``None`` answers (no parsable answer) do not vote. Ties go to
+    the answer seen first.
     """
     if k is not None and not (1 <= k <= len(answers)):
         raise ValueError(f"need 1 <= k <= len(answers) = {len(answers)} (got k={k})")
@@ -36,4 +41,5 @@ def maj_at_k(
     counts = Counter(votes)
     best = max(counts.values())
     winner = next(a for a in votes if counts[a] == best)
-    return 1.0 if winner == reference else 0.0
+    accepted = reference if isinstance(reference, AbstractSet) else {reference}
+    return 1.0 if winner in accepted else 0.0

@@ -125,3 +125,11 @@ def test_maj_at_k():
     assert maj_at_k(answers, "3") == 1.0
     assert maj_at_k(["1", "2"], "1") == 1.0  # tie: first seen wins
     assert maj_at_k([None, None], "1") == 0.0
+
+
+def test_maj_at_k_with_the_answers_a_verifier_accepted():
+    answers = ["4.0", "4", "3", "4.0"]
+    assert maj_at_k(answers, {"4", "4.0"}) == 1.0
+    assert maj_at_k(answers, frozenset({"3"})) == 0.0
+    assert maj_at_k(answers, set()) == 0.0  # nothing was accepted
+    assert maj_at_k(["3", "4"], {"4"}, k=1) == 0.0
