@@ -168,12 +168,40 @@ class OrchestratorConfig(_Section):
     run_dir: str | None = None
 
 
+class WandbConfig(_Section):
+    """Weights & Biases: ``logging.wandb: {mode: offline}`` writes a local run folder."""
+
+    # disabled: nothing is logged and wandb is never imported (W&B's own word for off)
+    mode: Literal["online", "offline", "disabled"] = "offline"
+    project: str = "agentrl"
+    entity: str | None = None
+    name: str | None = None  # default: the run directory's name
+    group: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    dir: str | None = None  # parent of the wandb/ folder; default: the run directory
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "disabled"
+
+
 class LoggingConfig(_Section):
     tensorboard: bool = False
-    wandb: bool = False
+    # absent or false: off; true: the defaults of WandbConfig (offline); or a mapping
+    wandb: WandbConfig = Field(default_factory=lambda: WandbConfig(mode="disabled"))
     progress: bool = True
     trace: bool = True
+    # a trained step's metrics go to metrics.jsonl, TensorBoard and W&B every N steps (the
+    # last step always); the progress line and the other events are not thinned
     log_every: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wandb_shorthand(cls, data: Any) -> Any:
+        wandb = data.get("wandb") if isinstance(data, dict) else {}
+        if wandb is None or isinstance(wandb, bool):
+            data = {**data, "wandb": {} if wandb else {"mode": "disabled"}}
+        return data
 
 
 class Config(_Section):

@@ -4,7 +4,10 @@ Components publish events; subscribers turn them into files and displays:
 
 * :class:`JsonlMetrics`  -- ``metrics.jsonl`` (always): one line per event with numbers,
 * :class:`TraceWriter`   -- ``trajectories.jsonl``: every finished group, read by ``agentrl inspect``,
-* :class:`TensorBoardWriter` (optional), :class:`ProgressDisplay` (rich, optional).
+* :class:`TensorBoardWriter`, :class:`agentrl.wandb_writer.WandbWriter` (optional),
+* :class:`ProgressDisplay` (rich, optional).
+
+:func:`subscribers_for` builds the ones a ``logging`` config asks for.
 
 Publishing never blocks on a slow subscriber for long and never raises into the
 publisher: a subscriber that fails is reported once and detached.
@@ -18,7 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentrl.config import LoggingConfig
 
 log = logging.getLogger("agentrl.events")
 
@@ -122,6 +128,30 @@ class EventBus:
         self._subscribers.clear()
 
 
+def step_metrics(event: Event) -> tuple[int, dict[str, float]] | None:
+    """``(step, numbers)`` of an event that carries ``step`` and ``metrics``, else None.
+
+    Training metrics keep their names; another event's get its name as a prefix
+    (EvalFinished -> ``eval/reward_mean``), so a new event type is logged without edits here.
+    """
+    metrics = getattr(event, "metrics", None)
+    step = getattr(event, "step", None)
+    if not isinstance(metrics, dict) or not isinstance(step, int):
+        return None
+    prefix = "" if isinstance(event, BatchTrained) else _metric_prefix(event.kind)
+    numbers = {
+        prefix + k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    return step, numbers
+
+
+def _metric_prefix(kind: str) -> str:
+    name = kind.removesuffix("Finished") or kind
+    return name[0].lower() + name[1:] + "/"
+
+
 def summarize_group(group: Any) -> dict[str, float]:
     """Numbers about one finished group, for metrics and progress."""
     trajs = group.trajectories
@@ -201,25 +231,68 @@ class TensorBoardWriter:
         self._w = SummaryWriter(str(log_dir))
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, BatchTrained):
-            for k, v in event.metrics.items():
-                if isinstance(v, int | float):
-                    self._w.add_scalar(k, v, event.step)
-        elif isinstance(event, EvalFinished):
-            for k, v in event.metrics.items():
-                self._w.add_scalar(f"eval/{k}", v, event.step)
+        found = step_metrics(event)
+        if found is not None:
+            step, metrics = found
+            for k, v in metrics.items():
+                self._w.add_scalar(k, v, step)
 
     def close(self) -> None:
         self._w.close()
 
 
+class EveryNSteps:
+    """Passes a trained step to `inner` every `n` steps, and the last one; all else always.
+
+    A step held back is written when the run finishes (or the subscriber closes) if no
+    later one was, so the last step of an interrupted run is never lost.
+    """
+
+    def __init__(self, inner: Subscriber, n: int, max_steps: int) -> None:
+        if n < 1:
+            raise ValueError(f"log_every must be >= 1 (got {n})")
+        self._inner = inner
+        self._n = n
+        self._max_steps = max_steps
+        self._held: BatchTrained | None = None
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, BatchTrained):
+            if event.step % self._n != 0 and event.step < self._max_steps:
+                self._held = event
+                return
+            self._held = None
+        elif isinstance(event, RunFinished):
+            self._release()
+        self._inner(event)
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._inner(held)
+
+    def close(self) -> None:
+        self._release()
+        close = getattr(self._inner, "close", None)
+        if close is not None:
+            close()
+
+    def __repr__(self) -> str:
+        return f"EveryNSteps({self._inner!r}, n={self._n})"
+
+
 class ProgressDisplay:
-    """A one-line rich status per trained step: step, reward, tokens/s, staleness."""
+    """A one-line rich status per trained step: step, reward, tokens/s, staleness.
+
+    Not a terminal (a log file, a pipe): exactly one plain line per event, never wrapped.
+    """
 
     def __init__(self, max_steps: int, console: Any = None) -> None:
         from rich.console import Console
 
         self._console = console or Console(stderr=True)
+        # rich wraps at 80 columns when it cannot ask a terminal for its width
+        self._soft_wrap = not self._console.is_terminal
         self._max_steps = max_steps
         self._groups = 0
         self._t0 = time.time()
@@ -232,7 +305,7 @@ class ProgressDisplay:
             # no rollout numbers: no group finished during this step (it trained earlier ones)
             reward = f"{m['reward_mean']:.3f}" if "reward_mean" in m else "-"
             success = f"{m['success_rate']:.2f}" if "success_rate" in m else "-"
-            self._console.print(
+            self._print(
                 f"[bold]step {event.step}/{self._max_steps}[/] "
                 f"reward [cyan]{reward}[/] success {success} "
                 f"tok/s {m.get('rollout_tokens_per_s', 0.0):.0f} "
@@ -242,6 +315,44 @@ class ProgressDisplay:
                 f"[dim]{time.time() - self._t0:.0f}s[/]"
             )
         elif isinstance(event, CheckpointSaved):
-            self._console.print(f"[dim]checkpoint step {event.step} -> {event.path}[/]")
+            self._print(f"[dim]checkpoint step {event.step} -> {event.path}[/]")
         elif isinstance(event, RunFinished):
-            self._console.print(f"[bold]run {event.reason}[/] at step {event.step}")
+            self._print(f"[bold]run {event.reason}[/] at step {event.step}")
+
+    def _print(self, line: str) -> None:
+        self._console.print(line, soft_wrap=self._soft_wrap)
+
+
+def subscribers_for(logging_cfg: LoggingConfig, run_dir: Path, max_steps: int) -> list[Subscriber]:
+    """Every subscriber a ``logging`` config asks for, writing into `run_dir`.
+
+    ``metrics.jsonl`` always; the trace, TensorBoard, W&B and the progress line when on.
+    Metric writers see a trained step every ``log_every`` steps (and the last); the trace
+    and the progress line see every event.
+    """
+    run_dir = Path(run_dir)
+    every = logging_cfg.log_every
+
+    def thinned(writer: Subscriber) -> Subscriber:
+        return writer if every == 1 else EveryNSteps(writer, every, max_steps)
+
+    subscribers: list[Subscriber] = []
+    try:
+        subscribers.append(thinned(JsonlMetrics(run_dir / "metrics.jsonl")))
+        if logging_cfg.trace:
+            subscribers.append(TraceWriter(run_dir / "trajectories.jsonl"))
+        if logging_cfg.tensorboard:
+            subscribers.append(thinned(TensorBoardWriter(run_dir / "tensorboard")))
+        if logging_cfg.wandb.enabled:
+            from agentrl.wandb_writer import WandbWriter
+
+            subscribers.append(thinned(WandbWriter(logging_cfg.wandb, run_dir)))
+        if logging_cfg.progress:
+            subscribers.append(ProgressDisplay(max_steps))
+    except BaseException:  # e.g. an extra not installed: no file stays open
+        for fn in subscribers:
+            close = getattr(fn, "close", None)
+            if close is not None:
+                close()
+        raise
+    return subscribers
