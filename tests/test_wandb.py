@@ -155,3 +155,21 @@ def test_missing_wandb_names_the_install_command(tmp_path, monkeypatch):
     assert [type(fn).__name__ for fn in subscribers] == ["JsonlMetrics", "TraceWriter"]
     for fn in subscribers:
         fn.close()
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(tmp_path):
+    from agentrl.wandb_writer import WandbWriter
+
+    first = WandbWriter(WandbConfig(), tmp_path)
+    first(RunStarted(run_dir=str(tmp_path), config={}))
+    first(BatchTrained(step=1, version=1, metrics={"loss/total": 1.0}))
+    first.close()  # interrupted: no RunFinished
+    resumed = WandbWriter(WandbConfig(), tmp_path)
+    resumed(RunStarted(run_dir=str(tmp_path), config={}, resumed_from_step=1))
+    resumed(BatchTrained(step=2, version=2, metrics={"loss/total": 0.5}))
+    resumed(RunFinished(step=2, reason="completed"))
+
+    folders = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    assert len(folders) == 2 and all(f"-{run_id}" in f.name for f in folders)
+    assert [sorted(_history(f)) for f in folders] == [[1], [2]]  # `wandb sync` joins them
