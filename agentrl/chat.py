@@ -50,7 +50,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from agentrl._suggest import suggest
 from agentrl.errors import ConfigError, TemplateMismatchError
@@ -118,6 +118,67 @@ class PrefixCheck:
     turn: int | None = None  # assistant turn (0-based) where the mismatch was found
     segment: int | None = None  # index of the offending segment
     message: str = ""
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    """What a rollout needs from a renderer; :class:`ChatRenderer` is the implementation.
+
+    The prefix check is part of the contract: the episode runner calls it after every
+    observation and at the end of every episode, so token drift cannot go unnoticed.
+    """
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """End-of-turn tokens the sampler stops at."""
+        ...
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The conversation so far followed by the generation prompt."""
+        ...
+
+    def observation_ids(
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        last_model_ids: Sequence[int] | None = None,
+    ) -> list[int]:
+        """Token delta after the sampled tokens: close the turn, render `new_messages`."""
+        ...
+
+    def decode(self, model_ids: Sequence[int]) -> str:
+        """The assistant message content of sampled tokens."""
+        ...
+
+    def check_prefix(
+        self,
+        messages: Sequence[Message],
+        segments: Sequence[Segment],
+        raise_on_mismatch: bool | None = None,
+    ) -> PrefixCheck:
+        """Prove the segments are a prefix of the full render of `messages`."""
+        ...
+
+
+RENDERER_MEMBERS = tuple(name for name in vars(Renderer) if not name.startswith("_"))
+
+
+def require_renderer(renderer: object) -> Renderer:
+    """`renderer` if it implements :class:`Renderer`, else a TypeError naming what it lacks."""
+    missing = [name for name in RENDERER_MEMBERS if not _implements(renderer, name)]
+    if missing:
+        raise TypeError(
+            f"{type(renderer).__name__} is not a Renderer: it lacks {', '.join(missing)} "
+            f"(a renderer needs {', '.join(RENDERER_MEMBERS)}; agentrl.chat.ChatRenderer "
+            "has them all)"
+        )
+    return renderer  # type: ignore[return-value]
+
+
+def _implements(obj: object, name: str) -> bool:
+    if not hasattr(obj, name):
+        return False
+    return isinstance(vars(Renderer)[name], property) or callable(getattr(obj, name))
 
 
 class ChatRenderer:

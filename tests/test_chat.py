@@ -9,7 +9,14 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agentrl.chat import ChatRenderer, ChatTranscript, template_supports_tools
+from agentrl.chat import (
+    RENDERER_MEMBERS,
+    ChatRenderer,
+    ChatTranscript,
+    Renderer,
+    require_renderer,
+    template_supports_tools,
+)
 from agentrl.errors import ConfigError, TemplateMismatchError
 from agentrl.types import Segment
 
@@ -54,6 +61,19 @@ def renderer(tok):
 
 
 # --- template choice --------------------------------------------------------------------
+
+
+def test_chat_renderer_is_the_renderer_protocol(renderer):
+    assert isinstance(renderer, Renderer)
+    assert require_renderer(renderer) is renderer
+    assert set(RENDERER_MEMBERS) == {
+        "stop_token_ids",
+        "prompt_ids",
+        "observation_ids",
+        "decode",
+        "check_prefix",
+    }
+    assert renderer.stop_token_ids and all(isinstance(i, int) for i in renderer.stop_token_ids)
 
 
 def test_smollm2_template_cannot_render_tools_so_hermes_is_used(tok, renderer):

@@ -3,16 +3,12 @@
 from agentrl.rollout import RolloutEngine, run_episode, JsonlSink
 """
 
-from agentrl.rollout.engine import (
-    GroupSink,
-    RolloutEngine,
-    sampling_params_from,
-    stop_token_ids_of,
-)
-from agentrl.rollout.episode import EpisodeLimits, Renderer, run_episode
+from agentrl.chat import Renderer
+from agentrl.rollout.engine import GroupSink, RolloutEngine, sampling_params_from
+from agentrl.rollout.episode import EpisodeLimits, run_episode
 from agentrl.rollout.group import BranchPolicy, run_branching_group, run_group
 from agentrl.rollout.sinks import JsonlSink
-from agentrl.rollout.tree import check_shared_prefixes, tree_index, tree_tensors
+from agentrl.rollout.tree import check_shared_prefixes
 
 __all__ = [
     "BranchPolicy",
@@ -26,7 +22,4 @@ __all__ = [
     "run_episode",
     "run_group",
     "sampling_params_from",
-    "stop_token_ids_of",
-    "tree_index",
-    "tree_tensors",
 ]

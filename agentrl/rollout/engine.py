@@ -24,15 +24,9 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
+from agentrl.chat import Renderer, require_renderer
 from agentrl.envs.base import Environment
-from agentrl.rollout.episode import (
-    EpisodeLimits,
-    EpisodeRunner,
-    Renderer,
-    context_length_of,
-    new_id,
-    vocab_size_of,
-)
+from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, new_id
 from agentrl.rollout.group import BranchPolicy, run_branching_group, run_group
 from agentrl.samplers.base import Sampler, SamplingParams
 from agentrl.types import TrajectoryGroup
@@ -50,29 +44,9 @@ def _emitter(sink: GroupSink) -> Callable[[TrajectoryGroup], Awaitable[Any]]:
     )
 
 
-def stop_token_ids_of(renderer: Any, sampler: Sampler) -> tuple[int, ...]:
-    """End-of-turn tokens: the renderer's if it says, else the tokenizer's EOS and ChatML's."""
-    ids = getattr(renderer, "stop_token_ids", None)
-    if ids:
-        return tuple(int(i) for i in ids)
-    tok = getattr(renderer, "tokenizer", None) or sampler.tokenizer
-    out: list[int] = []
-    if getattr(tok, "eos_token_id", None) is not None:
-        out.append(int(tok.eos_token_id))
-    im_end = (
-        tok.convert_tokens_to_ids("<|im_end|>") if hasattr(tok, "convert_tokens_to_ids") else None
-    )
-    if (
-        isinstance(im_end, int)
-        and im_end != getattr(tok, "unk_token_id", None)
-        and im_end not in out
-    ):
-        out.append(im_end)
-    return tuple(out)
-
-
-def sampling_params_from(sampler_cfg: Any, renderer: Any, sampler: Sampler) -> SamplingParams:
-    """Per-turn sampling params from a :class:`agentrl.config.SamplerConfig` (or defaults)."""
+def sampling_params_from(sampler_cfg: Any, renderer: Renderer) -> SamplingParams:
+    """Per-turn sampling params from a :class:`agentrl.config.SamplerConfig` (or defaults),
+    stopping at the renderer's end-of-turn tokens."""
     if sampler_cfg is None:
         from agentrl.config import SamplerConfig
 
@@ -82,7 +56,7 @@ def sampling_params_from(sampler_cfg: Any, renderer: Any, sampler: Sampler) -> S
         top_p=sampler_cfg.top_p,
         top_k=sampler_cfg.top_k,
         max_new_tokens=sampler_cfg.max_new_tokens,
-        stop_token_ids=stop_token_ids_of(renderer, sampler),
+        stop_token_ids=tuple(renderer.stop_token_ids),
     )
 
 
@@ -112,13 +86,14 @@ class RolloutEngine:
         `params`, else from `sampler_cfg` (a :class:`SamplerConfig`), with the renderer's
         end-of-turn tokens as stop tokens."""
         config = cfg
+        renderer = require_renderer(renderer)
         if params is None:
-            params = sampling_params_from(sampler_cfg, renderer, sampler)
+            params = sampling_params_from(sampler_cfg, renderer)
         self.env = env
         self.sampler = sampler
         self.config = config  # agentrl.config.RolloutConfig
         self.seed = seed
-        ctx = context_length if context_length is not None else context_length_of(sampler)
+        ctx = context_length if context_length is not None else sampler.context_length
         self.limits = EpisodeLimits.from_config(config, context_length=ctx)
         self.branching = (
             BranchPolicy.from_config(config.branching) if config.branching.enabled else None
@@ -189,7 +164,7 @@ class RolloutEngine:
         gid = group_id or f"g{index}-{new_id()}"
         if self.branching is not None:
             if self._vocab_size is None:
-                self._vocab_size = vocab_size_of(self.sampler)
+                self._vocab_size = self.sampler.vocab_size
             group = await run_branching_group(
                 task,
                 self.runner,

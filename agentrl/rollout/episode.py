@@ -3,7 +3,9 @@
 Token in, token out: the prompt and every observation are rendered by the chat renderer
 as token deltas; model tokens are kept exactly as sampled, with their behaviour logprobs,
 versions and (when asked) entropies. Text is decoded only to hand to the environment and
-for traces, never re-tokenized.
+for traces, never re-tokenized. After every observation and at the end of the episode the
+renderer's prefix check (part of the :class:`agentrl.chat.Renderer` protocol, so it cannot
+be skipped) proves the segments are a prefix of the full render.
 
 Limits: ``max_turns`` assistant turns, ``max_tool_calls`` tool calls in total, a budget of
 ``max_tokens`` response tokens (everything after the prompt; each turn's
@@ -21,29 +23,17 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import anyio
 
+from agentrl.chat import Renderer, require_renderer
 from agentrl.envs.base import AssistantTurn, Environment, Message, StepResult
 from agentrl.errors import EnvError, InfraError, TemplateMismatchError
 from agentrl.samplers.base import Generation, Sampler, SamplingParams
 from agentrl.types import Segment, ToolCallRecord, Trajectory, Turn
 
 CLOSE_TIMEOUT_S = 10.0
-
-
-class Renderer(Protocol):
-    """What the episode needs from :class:`agentrl.chat.ChatRenderer`."""
-
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]: ...
-
-    def observation_ids(
-        self,
-        history: Sequence[Message],
-        new_messages: Sequence[Message],
-        last_model_ids: Sequence[int] | None = None,
-    ) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -149,40 +139,6 @@ def new_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def decode(sampler: Sampler, renderer: Any, gen: Generation) -> str:
-    """Text of a generation for the environment (never re-tokenized)."""
-    dec = getattr(renderer, "decode", None)
-    if callable(dec):  # ChatRenderer: drops the end-of-turn tokens, keeps the rest
-        return dec(gen.token_ids)
-    if gen.text:
-        return gen.text
-    return sampler.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-
-
-def context_length_of(sampler: Sampler) -> int | None:
-    """The model's context window when the sampler exposes it."""
-    for attr in ("context_length", "max_model_len", "max_context"):
-        n = getattr(sampler, attr, None)
-        if isinstance(n, int) and n > 0:
-            return n
-    model = getattr(sampler, "model", None)
-    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    return n if isinstance(n, int) and n > 0 else None
-
-
-def vocab_size_of(sampler: Sampler) -> int:
-    """|V| for entropy normalisation (the model's output dimension when known)."""
-    for attr in ("vocab_size",):
-        n = getattr(sampler, attr, None)
-        if isinstance(n, int) and n > 1:
-            return n
-    model = getattr(sampler, "model", None)
-    n = getattr(getattr(model, "config", None), "vocab_size", None)
-    if isinstance(n, int) and n > 1:
-        return n
-    return len(sampler.tokenizer)
-
-
 def mean_entropy(entropies: Sequence[float] | None, k: int) -> float | None:
     """Mean per-token entropy (nats) of the first `k` generated tokens."""
     if not entropies:
@@ -226,7 +182,7 @@ class EpisodeRunner:
     ) -> None:
         self.env = env
         self.sampler = sampler
-        self.renderer = renderer
+        self.renderer = require_renderer(renderer)
         self.params = params
         self.limits = limits
 
@@ -338,7 +294,7 @@ class EpisodeRunner:
                 gen_latency = time.perf_counter() - t0
                 if not gen.token_ids:
                     raise _Truncated("sampler returned no tokens")
-                text = decode(self.sampler, self.renderer, gen)
+                text = self.renderer.decode(gen.token_ids)  # the text is never re-tokenized
                 traj.segments.append(
                     Segment(
                         "model",
@@ -401,6 +357,7 @@ class EpisodeRunner:
                 )
                 state.messages.extend(result.observations)
                 turn.observation_tokens = len(obs_ids)
+                self.check_prefix(state)  # before a branch forks from here or the next turn
                 state.after_tool = bool(records) or any(
                     m.get("role") == "tool" for m in result.observations
                 )
@@ -410,12 +367,12 @@ class EpisodeRunner:
 
     def check_prefix(self, state: EpisodeState) -> None:
         """The runtime proof that the segments are a prefix of the full render."""
-        check = getattr(self.renderer, "check_prefix", None)
-        if callable(check):
-            result = check(state.messages, state.traj.segments, raise_on_mismatch=False)
-            if not result.ok:
-                raise TemplateMismatchError(result.message)
-            state.traj.metadata["exact_tokens"] = bool(result.exact_tokens)
+        result = self.renderer.check_prefix(
+            state.messages, state.traj.segments, raise_on_mismatch=False
+        )
+        if not result.ok:
+            raise TemplateMismatchError(result.message)
+        state.traj.metadata["exact_tokens"] = bool(result.exact_tokens)
 
     async def score(self, state: EpisodeState) -> None:
         traj = state.traj
@@ -520,7 +477,7 @@ async def run_episode(
     every exit path. Infrastructure failures are retried ``limits.infra_retries`` times and
     then returned as a trajectory with ``status == "infra_error"`` (never raised).
     """
-    limits = limits or EpisodeLimits(context_length=context_length_of(sampler))
+    limits = limits or EpisodeLimits(context_length=sampler.context_length)
     runner = EpisodeRunner(env, sampler, renderer, params, limits)
     template = Trajectory(
         task_id=str(task.get("id", "")), group_id=group_id, traj_id=traj_id or new_id()

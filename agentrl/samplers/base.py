@@ -65,7 +65,11 @@ WeightsLike = Mapping[str, Any] | str | Path
 
 
 class Sampler(abc.ABC):
-    """Produces tokens, their behaviour log-probs and the weight version of each token."""
+    """Produces tokens, their behaviour log-probs and the weight version of each token.
+
+    Every backend declares ``version``, ``context_length`` and ``vocab_size``; the rollout
+    reads them, it never probes for backend attributes. ``stats()`` is optional (empty).
+    """
 
     backend: str = "base"
 
@@ -73,6 +77,20 @@ class Sampler(abc.ABC):
     @abc.abstractmethod
     def version(self) -> int:
         """Version of the weights currently used for new tokens."""
+
+    @property
+    @abc.abstractmethod
+    def context_length(self) -> int | None:
+        """Most tokens one sequence may hold (prompt + generated); None when unknown."""
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int:
+        """|V|, the model's output dimension (normalises entropies, bounds token ids)."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters of the backend for the metrics log (rows decoded, tokens, ...)."""
+        return {}
 
     @property
     def tokenizer(self) -> Any:  # pragma: no cover - overridden

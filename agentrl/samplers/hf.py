@@ -188,7 +188,15 @@ class HFSampler(Sampler):
     def model(self) -> Any:
         return self._model
 
-    def stats(self) -> dict[str, int]:
+    @property
+    def context_length(self) -> int:
+        return self.max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    def stats(self) -> dict[str, float]:
         """Active rows, waiting requests, decode steps and tokens produced so far."""
         with self._cond:
             return {

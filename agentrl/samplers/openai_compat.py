@@ -48,7 +48,8 @@ class OpenAISampler(Sampler):
     ``api_key``, ``timeout`` (seconds per request), ``max_retries`` (on connection errors,
     timeouts, 408/429/5xx; exponential backoff with jitter from ``backoff`` seconds),
     ``max_concurrency`` (requests in flight), ``entropy_top_k``, ``reload_endpoint`` and
-    ``model_dir`` (for ``update_weights``, see the module doc).
+    ``model_dir`` (for ``update_weights``, see the module doc), ``context_length`` (the
+    server's context, which bounds each turn's ``max_tokens``; None = unknown).
     """
 
     backend = "openai"
@@ -69,6 +70,7 @@ class OpenAISampler(Sampler):
         model_dir: str | os.PathLike[str] | None = None,
         initial_version: int = 0,
         tokenizer: Any = None,
+        context_length: int | None = None,
         **_ignored: Any,
     ) -> None:
         if not base_url:
@@ -91,6 +93,7 @@ class OpenAISampler(Sampler):
         self.reload_endpoint = reload_endpoint
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self._tokenizer = tokenizer
+        self._context_length = context_length
         self._version = initial_version
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(
@@ -109,6 +112,19 @@ class OpenAISampler(Sampler):
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def context_length(self) -> int | None:
+        return self._context_length
+
+    @property
+    def vocab_size(self) -> int:
+        """``model_dir``'s config.json ``vocab_size``, else the tokenizer's size."""
+        if self.model_dir is not None and (self.model_dir / "config.json").is_file():
+            import json
+
+            return int(json.loads((self.model_dir / "config.json").read_text())["vocab_size"])
+        return len(self.tokenizer)
 
     @property
     def tokenizer(self) -> Any:

@@ -301,6 +301,20 @@ class VLLMSampler(Sampler):
         return self._engine
 
     @property
+    def context_length(self) -> int:
+        """The engine's ``max_model_len`` (before start: the one it will start with)."""
+        if self._engine is not None:
+            return int(self._engine.model_config.max_model_len)
+        if self.max_model_len is not None:
+            return self.max_model_len
+        config = json.loads((self.model_dir / "config.json").read_text())
+        return min(int(config.get("max_position_embeddings", 4096)), 4096)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size()
+
+    @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
@@ -316,12 +330,10 @@ class VLLMSampler(Sampler):
     def engine_args(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        config = json.loads((self.model_dir / "config.json").read_text())
-        context = int(config.get("max_position_embeddings", 4096))
         kwargs: dict[str, Any] = {
             "model": str(self.model_dir),
             "dtype": self.dtype,
-            "max_model_len": self.max_model_len or min(context, 4096),
+            "max_model_len": self.context_length,
             "max_num_seqs": self.max_batch_size,
             "logprobs_mode": "processed_logprobs",
             "max_logprobs": max(20, self.entropy_top_k),

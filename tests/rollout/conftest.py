@@ -66,12 +66,15 @@ class RecordingSampler(Sampler):
         return self.inner.tokenizer
 
     @property
-    def model(self) -> Any:
-        return self.inner.model  # type: ignore[attr-defined]
+    def context_length(self) -> int | None:
+        return self.inner.context_length
 
     @property
-    def max_context(self) -> int:
-        return self.inner.max_context  # type: ignore[attr-defined]
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    def stats(self) -> dict[str, float]:
+        return self.inner.stats()
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         gen = await self.inner.generate(prompt_ids, params)

@@ -1,20 +1,63 @@
-"""Scripted environments used as input by the rollout tests (real Environment subclasses).
+"""Scripted environments and a renderer used as input by the rollout tests.
 
-They stand in for tools with a fixed behaviour (a tool result every turn, a tool that
-hangs, an environment that raises, a process-backed session) so tests can drive every
-path of the episode runner with a real model.
+The environments (real Environment subclasses) stand in for tools with a fixed behaviour
+(a tool result every turn, a tool that hangs, an environment that raises, a
+process-backed session) so tests can drive every path of the episode runner with a real
+model. :class:`CheckingRenderer` implements the :class:`agentrl.chat.Renderer` protocol
+around the real ChatRenderer and records every prefix check.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import anyio
 
+from agentrl.chat import ChatRenderer, PrefixCheck
 from agentrl.envs.base import AssistantTurn, Environment, Message, StepResult
-from agentrl.types import ToolCallRecord
+from agentrl.types import Segment, ToolCallRecord
+
+
+class CheckingRenderer:
+    """A :class:`agentrl.chat.Renderer` over a real ChatRenderer that records each prefix
+    check (the number of segments it covered) and can fail the check at a given turn."""
+
+    def __init__(self, inner: ChatRenderer, fail_at_segments: int | None = None) -> None:
+        self.inner = inner
+        self.fail_at_segments = fail_at_segments
+        self.checked: list[int] = []
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return self.inner.stop_token_ids
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        return self.inner.prompt_ids(messages)
+
+    def observation_ids(
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        last_model_ids: Sequence[int] | None = None,
+    ) -> list[int]:
+        return self.inner.observation_ids(history, new_messages, last_model_ids)
+
+    def decode(self, model_ids: Sequence[int]) -> str:
+        return self.inner.decode(model_ids)
+
+    def check_prefix(
+        self,
+        messages: Sequence[Message],
+        segments: Sequence[Segment],
+        raise_on_mismatch: bool | None = None,
+    ) -> PrefixCheck:
+        self.checked.append(len(segments))
+        if len(segments) == self.fail_at_segments:
+            return PrefixCheck(False, False, message=f"scripted mismatch at {len(segments)}")
+        return self.inner.check_prefix(messages, segments, raise_on_mismatch)
 
 
 class ScriptedToolEnv(Environment):

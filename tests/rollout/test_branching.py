@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from agentrl.algos import tree_advantages
+from agentrl.algos import tree_advantages, tree_from_ids
 from agentrl.config import RolloutConfig, SamplerConfig
-from agentrl.rollout import BranchPolicy, RolloutEngine, check_shared_prefixes, tree_tensors
+from agentrl.rollout import BranchPolicy, RolloutEngine, check_shared_prefixes
 from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup
 
 from .scripted import ScriptedToolEnv
@@ -31,7 +31,7 @@ def _engine(sampler, renderer, tool_turns=3, **branching):
 
 
 def _ln_v(sampler) -> float:
-    return math.log(sampler.model.config.vocab_size)
+    return math.log(sampler.vocab_size)
 
 
 def _mean(xs):
@@ -184,22 +184,21 @@ def test_soft_vs_hard_attribution_on_a_hand_built_tree():
     group = TrajectoryGroup("task", [R, A, B], group_id="g")
     check_shared_prefixes(group)
     batch = Batch.from_groups([group])
-    tree = tree_tensors([group])
-    assert tree["parent_index"].tolist() == [-1, 0, 1]
-    assert tree["branch_pos"].tolist() == [0, 7, 11]
+    rows = batch.trajectories  # the tree index of a batch, as the learner builds it
+    parent, branch_pos = tree_from_ids(
+        [t.traj_id for t in rows], [t.parent_id for t in rows], [t.branch_position for t in rows]
+    )
+    assert parent.tolist() == [-1, 0, 1]
+    assert branch_pos.tolist() == [0, 7, 11]
     adv = torch.tensor([1.0, -1.0, 2.0])
 
-    soft = tree_advantages(
-        "soft", adv, tree["parent_index"], tree["branch_pos"], batch.loss_mask, batch.input_ids
-    )
+    soft = tree_advantages("soft", adv, parent, branch_pos, batch.loss_mask, batch.input_ids)
     assert torch.equal(soft.loss_mask, batch.loss_mask)  # every leaf trains its whole path
     for row, a in enumerate(adv.tolist()):
         on = batch.loss_mask[row] > 0
         assert torch.all(soft.advantages[row][on] == a)
 
-    hard = tree_advantages(
-        "hard", adv, tree["parent_index"], tree["branch_pos"], batch.loss_mask, batch.input_ids
-    )
+    hard = tree_advantages("hard", adv, parent, branch_pos, batch.loss_mask, batch.input_ids)
     trained = {row: hard.loss_mask[row].nonzero().flatten().tolist() for row in range(3)}
     assert trained == {0: [3, 4, 7, 8, 11], 1: [7, 8, 11, 12], 2: [11, 12, 13]}
     expect = {
@@ -220,12 +219,6 @@ def test_soft_vs_hard_attribution_on_a_hand_built_tree():
         assert hard.advantages[row, t].item() == pytest.approx(value)
     # every shared model token is trained exactly once under hard, once per leaf under soft
     assert int(hard.loss_mask.sum()) == 12 and int(soft.loss_mask.sum()) == 5 + 6 + 7
-
-
-def test_tree_tensors_rejects_a_missing_parent():
-    t = Trajectory([Segment("prompt", [1])], traj_id="x", parent_id="gone", branch_position=1)
-    with pytest.raises(ValueError, match="keep whole trees together"):
-        tree_tensors([TrajectoryGroup("task", [t], group_id="g")])
 
 
 async def test_branches_of_a_stateful_python_session_replay_the_prefix(sampler, renderer):

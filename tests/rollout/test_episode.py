@@ -6,12 +6,13 @@ import anyio
 import pytest
 
 from agentrl.config import RolloutConfig, SamplerConfig
+from agentrl.errors import TemplateMismatchError
 from agentrl.rollout import EpisodeLimits, RolloutEngine, run_episode
 from agentrl.samplers import SamplingParams
 from agentrl.types import NO_VERSION, Batch
 
 from .conftest import RecordingSampler
-from .scripted import ScriptedToolEnv
+from .scripted import CheckingRenderer, ScriptedToolEnv
 
 pytestmark = pytest.mark.anyio
 
@@ -129,3 +130,53 @@ async def test_group_sizes_and_distinct_samples(sampler, renderer):
     assert len({t.traj_id for t in group.trajectories}) == 5
     assert len({tuple(t.segments[1].token_ids) for t in group.trajectories}) > 1
     assert ScriptedToolEnv.open_instances == set()
+
+
+class _Unchecked:
+    """Renders like the real renderer but has no prefix check."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.stop_token_ids = inner.stop_token_ids
+        self.prompt_ids = inner.prompt_ids
+        self.observation_ids = inner.observation_ids
+        self.decode = inner.decode
+
+
+async def test_a_renderer_without_a_prefix_check_is_rejected(sampler, renderer):
+    env = ScriptedToolEnv(tool_turns=1)
+    with pytest.raises(TypeError, match=r"_Unchecked is not a Renderer: it lacks check_prefix"):
+        _engine(env, sampler, _Unchecked(renderer))
+    skipping = _Unchecked(renderer)
+    skipping.check_prefix = None  # present but not callable: still no check
+    with pytest.raises(TypeError, match="lacks check_prefix"):
+        await run_episode({"id": "t"}, env, sampler, skipping, SamplingParams())
+    bare = object()
+    with pytest.raises(TypeError, match="lacks stop_token_ids, prompt_ids, observation_ids"):
+        _engine(env, sampler, bare)
+
+
+async def test_the_prefix_is_checked_after_every_observation(sampler, renderer):
+    checking = CheckingRenderer(renderer)
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=renderer.stop_token_ids)
+    task = {"id": "t0", "question": "Compute 1 + 1."}
+    t = await run_episode(task, ScriptedToolEnv(tool_turns=2), sampler, checking, params)
+    assert [s.kind for s in t.segments] == ["prompt"] + ["model", "observation"] * 2 + ["model"]
+    assert checking.checked == [3, 5, 6]  # after each observation, then the whole episode
+    assert t.metadata["exact_tokens"] in (True, False)
+
+
+async def test_a_mismatch_stops_the_episode_before_the_next_turn(sampler, renderer):
+    rec = RecordingSampler(sampler)
+    params = SamplingParams(max_new_tokens=8, stop_token_ids=renderer.stop_token_ids)
+    task = {"id": "t0", "question": "Compute 1 + 1."}
+    env = ScriptedToolEnv(tool_turns=3)
+    failing = CheckingRenderer(renderer, fail_at_segments=3)  # the first observation
+    with pytest.raises(TemplateMismatchError, match="scripted mismatch at 3"):
+        await run_episode(task, env, rec, failing, params)
+    assert len(rec.calls) == 1  # no second turn was sampled on a drifted prefix
+
+    limits = EpisodeLimits(on_template_mismatch="resample", infra_retries=1)
+    t = await run_episode(task, env, rec, failing, params, limits)
+    assert t.status == "infra_error" and t.metadata["attempts"] == 2
+    assert all("scripted mismatch" in e for e in t.metadata["retried_errors"])
