@@ -149,9 +149,14 @@ class OrchestratorConfig(_Section):
     )
     partial_rollouts: bool = True
     seed: int = 0
-    backend: Literal["local"] = "local"  # a Ray backend is planned, not built yet
+    # where the run's parts live: local = this process (plus the learner child)
+    backend: Literal["local"] = "local"
     checkpoint_every: int = Field(5, ge=0, description="0 disables periodic checkpoints")
+    # evaluate on held-out tasks (env.eval_options) every N steps and at the last step:
+    # pass@k / maj@k logged as eval/* metrics; 0 = never
     eval_every: int = Field(0, ge=0)
+    eval_tasks: int = Field(16, ge=1, description="held-out tasks per evaluation")
+    eval_samples: int = Field(4, ge=1, description="samples per held-out task (k)")
     # torch intra-op threads on CPU. None: every core in sync mode; half the cores in async
     # mode, where the sampler and the learner compute at the same time (oversubscribing
     # OpenMP threads made both several times slower on 2 cores)

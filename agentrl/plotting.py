@@ -11,6 +11,7 @@ from typing import Any
 CURVES: list[tuple[str, str]] = [
     ("reward_mean", "reward"),
     ("success_rate", "success rate"),
+    ("eval/pass@1", "held-out pass@1 (eval_every)"),
     ("entropy", "entropy"),
     ("kl", "KL to reference"),
     ("pg/clip_frac", "clip fraction"),

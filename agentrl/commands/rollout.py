@@ -36,37 +36,34 @@ def rollout(
 
     from agentrl.config import load_config
     from agentrl.errors import AgentRLError
-    from agentrl.rollout.build import build_engine
     from agentrl.rollout.sinks import JsonlSink
     from agentrl.rollout.summary import summarize
+    from agentrl.runtime import assemble
 
     console = Console()
     out_dir = out or Path("runs") / f"rollout-{time.strftime('%Y%m%d-%H%M%S')}"
     groups: list[TrajectoryGroup] = []
 
     async def main() -> float:
-        engine = build_engine(cfg, split=split)
+        run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout", split=split))
         t0 = time.perf_counter()
-        try:
-            async with JsonlSink(out_dir / "trajectories.jsonl") as sink:
-                with Progress(
-                    "[progress.description]{task.description}",
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeElapsedColumn(),
-                    console=console,
-                    transient=True,
-                ) as progress:
-                    bar = progress.add_task("rollout", total=tasks)
+        async with run, JsonlSink(out_dir / "trajectories.jsonl") as sink:
+            with Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            ) as progress:
+                bar = progress.add_task("rollout", total=tasks)
 
-                    async def emit(group: TrajectoryGroup) -> None:
-                        await sink(group)
-                        groups.append(group)
-                        progress.advance(bar)
+                async def emit(group: TrajectoryGroup) -> None:
+                    await sink(group)
+                    groups.append(group)
+                    progress.advance(bar)
 
-                    await engine.produce(tasks, emit)
-        finally:
-            await engine.sampler.close()
+                await run.engine.produce(tasks, emit)
         return time.perf_counter() - t0
 
     try:

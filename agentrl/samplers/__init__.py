@@ -50,6 +50,7 @@ def create_sampler(
     """
     cls = _backend_class(backend)
     if backend != "hf":
+        _check_options(cls, options)
         return cls(model=model, **options)
 
     dtype = options.pop("dtype", None)

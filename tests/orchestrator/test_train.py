@@ -13,9 +13,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from agentrl.checkpoint import latest_checkpoint
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
-from agentrl.orchestrator import Orchestrator, latest_checkpoint
+from agentrl.learner.worker import LearnerProcess
+from agentrl.orchestrator import Orchestrator
 from agentrl.plotting import read_steps
 from tests.procs import alive
 
@@ -146,7 +148,7 @@ def test_async_mode_bounds_staleness(tmp_path, worker):
         "orchestrator.max_staleness=2",
         f"orchestrator.learner_worker={worker}",
     )
-    assert orch.learner_worker == worker
+    assert isinstance(orch.learner, LearnerProcess) == (worker == "process")
     steps = read_steps(tmp_path / "run")
     assert len(steps) == 4
     assert all(s["staleness/max"] <= 2 for s in steps)
@@ -199,7 +201,7 @@ def test_no_rollouts_beyond_what_the_steps_train(tmp_path, staleness):
     trained = 3 * 2  # steps x batch_groups
     steps = read_steps(tmp_path / "run")
     assert steps[-1]["buffer/released"] == trained
-    assert orch.cursor.next_index == len(finished) == trained + len(dropped)
+    assert orch.tasks.next_index == len(finished) == trained + len(dropped)
     # each step's rollout numbers cover the groups that finished since the step before (so
     # every finished group is counted once); a step during which none finished has none
     assert sum(s["groups_finished"] for s in steps) == len(finished)
@@ -288,5 +290,5 @@ def test_eval_reports_pass_and_maj_at_k(tmp_path):
     m = result["metrics"]
     assert 0.0 <= m["pass@1"] <= m["pass@2"] <= m["pass@4"] <= 1.0
     assert "maj@4" in m
-    with pytest.raises(Exception, match="neither a checkpoint"):
+    with pytest.raises(Exception, match="no complete checkpoint"):
         anyio.run(evaluate, cfg, tmp_path / "nowhere", 1, 2)

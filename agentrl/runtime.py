@@ -1,0 +1,312 @@
+"""One run assembly: every component of a run built from its config, for each role.
+
+    run = assemble(cfg, "train")        # blocking (loads models): call it off the event loop
+    async with run:                     # the run's resource scope is active inside
+        ...                             # run.sampler, run.engine, run.learner, run.weight_bus
+                                        # leaving closes sampler, learner, sandboxes, ...
+
+Roles: ``train`` (environment, sampler, learner in a thread or its own process, weight
+bus, rollout engine), ``rollout`` and ``eval`` (environment, sampler, engine; ``eval``
+uses ``env.eval_options`` and loads a checkpoint's weights into the sampler whatever its
+backend), and the learner child (:func:`load_learner`, which the thread learner uses too).
+Every entry point goes through here, so a config key means the same thing everywhere:
+sampler settings are forwarded to the backends that can honour them, and a setting a
+backend cannot honour is an error naming it, never silently dropped.
+
+Everything a run opens is registered in one :class:`~agentrl.resources.ResourceScope`;
+``async with run`` makes it the run scope for tools (the python tool's sandbox lives
+there) and closes it, in reverse order, on every exit path.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+
+from agentrl.config import Config
+from agentrl.errors import ConfigError
+from agentrl.resources import ResourceScope
+
+Role = Literal["train", "rollout", "eval"]
+
+
+# --- process settings ---------------------------------------------------------------------
+
+
+def learner_worker(cfg: Config) -> str:
+    """``orchestrator.learner_worker`` resolved: ``thread`` or ``process``."""
+    worker = cfg.orchestrator.learner_worker
+    if worker == "auto":
+        return "process" if cfg.orchestrator.max_staleness > 0 else "thread"
+    return worker
+
+
+def is_asynchronous(cfg: Config) -> bool:
+    return cfg.orchestrator.max_staleness > 0
+
+
+def apply_process_settings(cfg: Config) -> None:
+    """Allocator, torch threads and seeds for a process that runs part of `cfg`.
+
+    Call first thing: threads that allocated before keep their own malloc arena."""
+    import numpy as np
+    import torch
+
+    from agentrl.cpu import set_allocator, set_threads
+
+    set_allocator(cfg.orchestrator.cpu_allocator)
+    set_threads(cfg.orchestrator.cpu_threads, asynchronous=is_asynchronous(cfg))
+    seed = cfg.orchestrator.seed
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` = CUDA when present, else CPU; anything else as given."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# --- components -----------------------------------------------------------------------------
+
+
+def build_env(cfg: Config, split: str = "train") -> Any:
+    from agentrl.envs import make_env
+
+    options = dict(cfg.env.options)
+    if split == "eval":
+        options.update(cfg.env.eval_options)
+    return make_env(cfg.env.name, **options)
+
+
+def _user_set(section: Any, key: str) -> bool:
+    return key in section.model_fields_set
+
+
+def sampler_options(cfg: Config) -> dict[str, Any]:
+    """The keyword options `cfg` gives its sampler backend.
+
+    First-class settings (``sampler.max_batch_size``, ``drain_on_update``, ``device``,
+    ``model.dtype``, ``orchestrator.partial_rollouts``) are forwarded where the backend
+    honours them; one a backend cannot honour, set by the user, is a :class:`ConfigError`.
+    ``sampler.options`` holds backend-specific extras and may not repeat those."""
+    s, backend = cfg.sampler, cfg.sampler.backend
+    first_class = {"max_batch_size", "drain_on_update", "device", "dtype"}
+    doubled = sorted(first_class & set(s.options))
+    if doubled:
+        raise ConfigError(
+            f"sampler.options.{doubled[0]} repeats a first-class setting: set "
+            + ("model.dtype" if doubled[0] == "dtype" else f"sampler.{doubled[0]}")
+            + " instead"
+        )
+    options = dict(s.options)
+    # partial rollouts off = finish in-flight sequences on the old weights before a swap
+    drain = s.drain_on_update or not cfg.orchestrator.partial_rollouts
+    dtype = cfg.model.dtype
+    if backend == "hf":
+        options.update(max_batch_size=s.max_batch_size, drain_on_update=drain)
+        return options
+    if backend == "vllm":
+        if _user_set(s, "device") and s.device != "auto":
+            raise ConfigError(
+                f"sampler.device={s.device!r}: the vllm backend places itself (CUDA when the "
+                "vllm build has it); choose GPUs with CUDA_VISIBLE_DEVICES and leave "
+                "sampler.device at auto"
+            )
+        options.update(max_batch_size=s.max_batch_size, drain_on_update=drain, dtype=dtype)
+        return options
+    # openai: a server elsewhere decides its own placement, precision and batching
+    rejected = {
+        "model.dtype": _user_set(cfg.model, "dtype") and dtype != "auto",
+        "sampler.device": _user_set(s, "device") and s.device != "auto",
+        "orchestrator.partial_rollouts": _user_set(cfg.orchestrator, "partial_rollouts")
+        and cfg.orchestrator.partial_rollouts,
+    }
+    bad = [k for k, v in rejected.items() if v]
+    if bad:
+        why = {
+            "model.dtype": "the server's precision is set where it starts (vllm serve --dtype)",
+            "sampler.device": "the server places itself",
+            "orchestrator.partial_rollouts": "the openai backend finishes in-flight requests "
+            "before a weight reload, so rollouts never span two versions",
+        }[bad[0]]
+        raise ConfigError(
+            f"{bad[0]} cannot be honoured by sampler.backend=openai: {why}; remove it or "
+            "use sampler.backend=hf or vllm"
+        )
+    if _user_set(s, "max_batch_size"):
+        options["max_concurrency"] = s.max_batch_size  # requests in flight to the server
+    if s.base_url:
+        options["base_url"] = s.base_url
+    if s.api_key:
+        options["api_key"] = s.api_key
+    return options
+
+
+def build_sampler(cfg: Config, hf_model: tuple[Any, Any] | None = None) -> Any:
+    """The sampler `cfg` asks for. ``hf`` loads its own model copy on ``sampler.device``
+    unless `hf_model` gives a loaded ``(model, tokenizer)`` pair."""
+    from agentrl.models import load_model, load_tokenizer
+    from agentrl.samplers import create_sampler
+
+    options = sampler_options(cfg)
+    backend = cfg.sampler.backend
+    if backend == "hf":
+        if hf_model is None:
+            dtype = None if cfg.model.dtype == "auto" else cfg.model.dtype
+            hf_model = load_model(
+                cfg.model.name,
+                dtype=dtype,
+                device=resolve_device(cfg.sampler.device),
+                seed=cfg.model.seed,
+            )
+        return create_sampler("hf", model=hf_model, **options)
+    if backend == "openai":
+        options.setdefault("tokenizer", load_tokenizer(cfg.model.name))
+    return create_sampler(backend, model=cfg.model.name, **options)
+
+
+def build_engine(
+    cfg: Config, env: Any, sampler: Any, *, split: str = "train", group_size: int | None = None
+) -> Any:
+    """The rollout engine (renderer from the sampler's tokenizer and the env's tools)."""
+    from agentrl.chat import ChatRenderer
+    from agentrl.rollout import RolloutEngine
+
+    rollout_cfg = cfg.rollout
+    if group_size is not None:  # evaluation: k plain samples per task, no branching
+        rollout_cfg = rollout_cfg.model_copy(update={"group_size": group_size})
+        rollout_cfg.branching = rollout_cfg.branching.model_copy(update={"enabled": False})
+    renderer = ChatRenderer(
+        sampler.tokenizer, tools=env.tool_schemas(), template=cfg.model.chat_template
+    )
+    return RolloutEngine(
+        env,
+        sampler,
+        renderer,
+        rollout_cfg,
+        sampler_cfg=cfg.sampler,
+        seed=cfg.orchestrator.seed,
+        split=split,
+    )
+
+
+def load_learner(cfg: Config) -> Any:
+    """A :class:`~agentrl.learner.Learner` in this process, its kernels compiled (the thread
+    learner and the learner child both start here)."""
+    from agentrl.learner import Learner
+    from agentrl.models import load_model
+
+    policy, tokenizer = load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)
+    learner = Learner(policy, tokenizer, cfg)
+    learner.warmup()
+    return learner
+
+
+def start_learner(cfg: Config) -> Any:
+    """The learner `orchestrator.learner_worker` asks for: here, or in its own process
+    (started now; it loads its model while the caller builds the rest)."""
+    if learner_worker(cfg) == "thread":
+        return load_learner(cfg)
+    from agentrl.learner.worker import LearnerProcess
+    from agentrl.models import prepare_files
+
+    # a conversion the model needs (first run of the embedded default) happens once, here
+    prepare_files(cfg.model.name)
+    return LearnerProcess(cfg, asynchronous=is_asynchronous(cfg))
+
+
+# --- the assembly ---------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """The components of one run, owned by one resource scope."""
+
+    cfg: Config
+    role: Role
+    env: Any
+    sampler: Any
+    engine: Any
+    scope: ResourceScope = field(default_factory=lambda: ResourceScope("run"))
+    learner: Any = None
+    weight_bus: Any = None
+    _activation: Any = None
+
+    @property
+    def renderer(self) -> Any:
+        return self.engine.runner.renderer
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.sampler.tokenizer
+
+    async def __aenter__(self) -> Run:
+        self._activation = self.scope.active()
+        self._activation.__enter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.scope.aclose()
+        finally:
+            self._activation.__exit__(None, None, None)
+
+
+def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int = 1) -> Run:
+    """Build every component `role` needs from `cfg` (blocking: loads models).
+
+    `split` picks the environment's task split (default: train; eval for ``eval``);
+    `samples` is the group size of an ``eval`` run. On failure, whatever was started
+    (a learner process) is stopped before the error propagates."""
+    scope = ResourceScope("run")
+    learner = None
+    try:
+        split = split or ("eval" if role == "eval" else "train")
+        env = build_env(cfg, split)
+        hf_model = None
+        if role == "train":
+            learner = start_learner(cfg)
+            # a thread learner keeps a float32 copy; the sampler loads its own in its dtype
+        sampler = build_sampler(cfg, hf_model)
+        scope.push(sampler.close)
+        if learner is not None:
+            scope.push(lambda: anyio.to_thread.run_sync(learner.close))
+        engine = build_engine(
+            cfg, env, sampler, split=split, group_size=samples if role == "eval" else None
+        )
+        run = Run(cfg=cfg, role=role, env=env, sampler=sampler, engine=engine, scope=scope)
+        if role == "train":
+            from agentrl.weights import WeightBus
+
+            run.learner = learner
+            run.weight_bus = WeightBus()
+            run.weight_bus.register(sampler)
+            wait_ready = getattr(learner, "wait_ready", None)
+            if wait_ready is not None:
+                wait_ready()  # a child that cannot start fails the assembly, not the run
+        return run
+    except BaseException:
+        if learner is not None:
+            learner.close()
+        raise
+
+
+async def load_checkpoint_into_sampler(run: Run, checkpoint: str | Path) -> int:
+    """Give the sampler the policy weights of `checkpoint` (a run or checkpoint folder),
+    through the same update path as training, whatever the backend; returns the version."""
+    from agentrl.checkpoint import policy_weights_file, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(checkpoint)
+    weights, version = policy_weights_file(ckpt)
+    if version > run.sampler.version:
+        await run.sampler.update_weights(str(weights), version)
+    return version
