@@ -2,6 +2,8 @@
 
     from agentrl.algos import compute_advantages, policy_loss
     adv = compute_advantages("grpo", rewards, group_ids, valid=valid)          # [B]
+    adv, returns = estimate_advantages("gae", rewards, group_ids, values=values,
+                                       mask=loss_mask, gamma=1.0, lam=0.95)   # [B, T]
     loss, metrics = policy_loss("ppo", logprobs, old_logprobs, adv, loss_mask,
                                 eps_low=0.2, eps_high=0.28, agg="token-mean")
 
@@ -13,6 +15,7 @@ from agentrl.algos.advantages import (
     compute_advantages,
     compute_gae,
     dynamic_sampling_mask,
+    estimate_advantages,
     group_stats,
     place_outcome_rewards,
 )
@@ -37,7 +40,9 @@ from agentrl.algos.registry import (
     KL_ESTIMATORS,
     POLICY_LOSSES,
     TREE_ATTRIBUTIONS,
+    AdvantageRegistry,
     Registry,
+    keyword_parameters,
     register_advantage,
     register_aggregation,
     register_kl,
@@ -53,6 +58,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
     "TREE_ATTRIBUTIONS",
+    "AdvantageRegistry",
     "Registry",
     "TreeAttribution",
     "aggregate",
@@ -62,8 +68,10 @@ __all__ = [
     "dynamic_sampling_mask",
     "entropy_bonus",
     "entropy_from_logits",
+    "estimate_advantages",
     "group_stats",
     "importance_weights",
+    "keyword_parameters",
     "kl_divergence",
     "logprobs_from_logits",
     "maj_at_k",

@@ -5,7 +5,10 @@ with equal ids form one group) and are vectorised with ``index_add`` -- no per-g
 Python loops. ``valid`` (``[B]``, 0 for ``infra_error`` rows) removes rows from their
 group's statistics; such rows get advantage 0. A group with fewer than two valid rows has
 no baseline to compare against and gets advantage 0 (except ``reinforce_pp``, which never
-looks at groups).
+looks at groups). GAE is registered with ``needs_critic=True``: it also takes the critic's
+values and the loss mask and returns per-token advantages and value targets (see
+:mod:`agentrl.algos.registry` for the contract). Each estimator's keyword parameters are
+its options: nothing else is swallowed, so a misspelt option is an error, not a no-op.
 """
 
 from __future__ import annotations
@@ -93,7 +96,6 @@ def grpo(
     valid: Tensor | None = None,
     eps: float = 1e-6,
     norm_by_std: bool = True,
-    **_: Any,
 ) -> Tensor:
     v = _check_rows(rewards, group_ids, valid)
     count, _, mean, std = group_stats(rewards, group_ids, v)
@@ -105,13 +107,13 @@ def grpo(
 
 # Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training", eq. 3): A_i = r_i - mean(r)
 @register_advantage("dr_grpo")
-def dr_grpo(rewards: Tensor, group_ids: Tensor, *, valid: Tensor | None = None, **_: Any) -> Tensor:
+def dr_grpo(rewards: Tensor, group_ids: Tensor, *, valid: Tensor | None = None) -> Tensor:
     return grpo(rewards, group_ids, valid=valid, norm_by_std=False)
 
 
 # RLOO (Ahmadian et al. 2024, eq. 7): A_i = r_i - 1/(k-1) * sum_{j != i} r_j
 @register_advantage("rloo")
-def rloo(rewards: Tensor, group_ids: Tensor, *, valid: Tensor | None = None, **_: Any) -> Tensor:
+def rloo(rewards: Tensor, group_ids: Tensor, *, valid: Tensor | None = None) -> Tensor:
     v = _check_rows(rewards, group_ids, valid)
     count, total, _, _ = group_stats(rewards, group_ids, v)
     r = _clean(rewards, v)
@@ -137,7 +139,6 @@ def reinforce_pp(
     *,
     valid: Tensor | None = None,
     eps: float = 1e-6,
-    **_: Any,
 ) -> Tensor:
     v = _check_rows(rewards, group_ids, valid)
     return _out(_whiten(_clean(rewards, v), v, eps), rewards)
@@ -151,21 +152,56 @@ def reinforce_pp_baseline(
     *,
     valid: Tensor | None = None,
     eps: float = 1e-6,
-    **_: Any,
 ) -> Tensor:
     v = _check_rows(rewards, group_ids, valid)
     _, _, mean, _ = group_stats(rewards, group_ids, v)
     return _out(_whiten(_clean(rewards, v) - mean, v, eps), rewards)
 
 
+def estimate_advantages(
+    name: str,
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    valid: Tensor | None = None,
+    values: Tensor | None = None,
+    mask: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    **options: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """``(advantages, returns)`` with the estimator registered as ``name``.
+
+    Outcome rewards ``[B]``; ``options`` go to the estimator (``eps=``, ...). Estimators
+    registered with ``needs_critic=True`` (``"gae"``) also get ``values`` and ``mask``
+    ``[B, T]``, ``gamma`` and ``lam``, and give per-token advantages plus the value
+    targets ``returns`` ``[B, T]``; for the others ``returns`` is None.
+    """
+    fn = ADVANTAGES.get(name)
+    if ADVANTAGES.needs_critic(name):
+        advantages, returns = fn(
+            rewards, group_ids, valid=valid, values=values, mask=mask, gamma=gamma, lam=lam,
+            **options,
+        )  # fmt: skip
+        return advantages, returns
+    if values is not None:
+        raise ValueError(
+            f"advantage '{name}' uses no critic, so it takes no values=; pass values only to "
+            f"an estimator registered with needs_critic=True (such as 'gae')"
+        )
+    if valid is not None:
+        options["valid"] = valid
+    return fn(rewards, group_ids, **options), None
+
+
 def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kw: Any) -> Tensor:
     """Advantages from outcome rewards ``[B]`` with the estimator registered as ``name``.
 
-    ``kw`` goes to the estimator (``valid=``, ``eps=``, ...). ``"gae"`` also works here
-    when given ``values`` and ``mask`` ``[B, T]``: the outcome reward is placed on each
-    row's last trained token and the result is per token ``[B, T]``.
+    ``kw`` goes to :func:`estimate_advantages` (``valid=``, ``eps=``, ...). ``"gae"`` also
+    works here when given ``values`` and ``mask`` ``[B, T]``: the outcome reward is placed
+    on each row's last trained token and the result is per token ``[B, T]``.
     """
-    return ADVANTAGES.get(name)(rewards, group_ids, **kw)
+    return estimate_advantages(name, rewards, group_ids, **kw)[0]
 
 
 # GAE (Schulman et al. 2016, eq. 16): A_t = sum_l (gamma*lam)^l delta_{t+l},
@@ -220,18 +256,30 @@ def place_outcome_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
     return out
 
 
-@register_advantage("gae")
+def whiten_tokens(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
+    """``x`` shifted and scaled to mean 0, std 1 over the positions where ``mask`` is set."""
+    n = mask.sum()
+    if n <= 1:
+        return x
+    mean = (x * mask).sum() / n
+    std = (((x - mean) ** 2) * mask).sum().div(n - 1).sqrt()
+    return (x - mean) / (std + eps) * mask
+
+
+# GAE with outcome rewards on each row's last trained token, advantages whitened over the
+# batch's trained tokens as PPO implementations do (whiten_advantages=False keeps them raw).
+@register_advantage("gae", needs_critic=True)
 def gae(
     rewards: Tensor,
     group_ids: Tensor | None = None,
     *,
+    valid: Tensor | None = None,
     values: Tensor | None = None,
     mask: Tensor | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
-    valid: Tensor | None = None,
-    **_: Any,
-) -> Tensor:
+    whiten_advantages: bool = True,
+) -> tuple[Tensor, Tensor]:
     if values is None or mask is None:
         raise ValueError(
             "advantage 'gae' needs per-token values= and mask= [B, T] "
@@ -241,8 +289,10 @@ def gae(
     if valid is not None:
         m = m * valid.to(torch.float32)[:, None]
     token_rewards = rewards if rewards.dim() == 2 else place_outcome_rewards(rewards, m)
-    adv, _ = compute_gae(token_rewards, values, m, gamma, lam)
-    return adv
+    adv, returns = compute_gae(token_rewards, values, m, gamma, lam)
+    if whiten_advantages:
+        adv = whiten_tokens(adv, m)
+    return adv, returns
 
 
 def dynamic_sampling_mask(

@@ -10,7 +10,6 @@ off-policy weight and aggregates. Metrics are plain floats.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ from torch import Tensor
 
 from agentrl._suggest import suggest
 from agentrl.algos.aggregation import aggregate
-from agentrl.algos.registry import POLICY_LOSSES, register_policy_loss
+from agentrl.algos.registry import POLICY_LOSSES, keyword_parameters, register_policy_loss
 from agentrl.errors import UnknownNameError
 
 _LOG_RATIO_CLAMP = 20.0
@@ -194,15 +193,19 @@ def importance_weights(
     return torch.where(w <= cap, w, torch.zeros_like(w))
 
 
+_LOSS_INPUTS = ("logprobs", "old_logprobs", "advantages", "mask")
+
+
 def _check_kwargs(name: str, fn: Any, kw: dict[str, Any]) -> None:
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    named, takes_any = keyword_parameters(fn)
+    if takes_any:
         return
     for key in kw:
-        if key not in params:
+        if key not in named:
+            takes = [p for p in named if p not in _LOSS_INPUTS]
             raise ValueError(
-                f"policy loss '{name}' does not take '{key}'{suggest(key, params)}; "
-                f"it takes: {', '.join(p for p in params if p not in ('logprobs', 'old_logprobs', 'advantages', 'mask'))}"
+                f"policy loss '{name}' does not take '{key}'{suggest(key, takes)}; "
+                f"it takes: {', '.join(takes) or 'no keyword arguments'}"
             )
 
 

@@ -1,13 +1,25 @@
 """Name -> function registries, so configs pick algorithms by string and users add their own.
 
     @register_advantage("my_adv")
-    def my_adv(rewards, group_ids, *, valid=None, **kw): ...
+    def my_adv(rewards, group_ids, *, valid=None, my_option=1.0): ...
+
+    @register_advantage("my_gae", needs_critic=True)
+    def my_gae(rewards, group_ids, *, valid=None, values, mask, gamma, lam):
+        return advantages, returns  # both [B, T]
+
+Every estimator is called ``fn(rewards [B], group_ids [B], valid=[B], **options)`` and
+returns advantages, ``[B]`` per sequence or ``[B, T]`` per token. One registered with
+``needs_critic=True`` also gets the critic's ``values`` and the ``mask`` ``[B, T]``,
+``gamma`` and ``lam``, and returns ``(advantages [B, T], returns [B, T])`` -- the returns
+are the value loss's targets. Options (``algorithm.options`` in a config) reach a function
+through the keyword parameters it names (or its ``**kwargs``): see :func:`keyword_parameters`.
 
 Unknown names raise :class:`agentrl.errors.UnknownNameError` with close-name suggestions.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -56,22 +68,54 @@ class Registry(Generic[F]):
         return name in self._fns
 
 
-ADVANTAGES: Registry[Callable[..., Any]] = Registry("advantage")
+class AdvantageRegistry(Registry[Callable[..., Any]]):
+    """Advantage estimators, each marked with whether it needs a learned value function."""
+
+    def __init__(self) -> None:
+        super().__init__("advantage")
+        self._needs_critic: dict[str, bool] = {}
+
+    def register(
+        self, name: str, *, override: bool = False, needs_critic: bool = False
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        add = super().register(name, override=override)
+
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            add(fn)
+            self._needs_critic[name] = needs_critic
+            return fn
+
+        return deco
+
+    def needs_critic(self, name: str) -> bool:
+        """Whether the estimator `name` takes a critic's values (and returns value targets)."""
+        self.get(name)  # unknown names raise with suggestions
+        return self._needs_critic.get(name, False)
+
+
+ADVANTAGES = AdvantageRegistry()
 POLICY_LOSSES: Registry[Callable[..., Any]] = Registry("policy_loss")
 KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("kl")
 AGGREGATIONS: Registry[Callable[..., Any]] = Registry("aggregation")
 TREE_ATTRIBUTIONS: Registry[Callable[..., Any]] = Registry("tree_attribution")
 
 
-def register_advantage(name: str, *, override: bool = False) -> Callable[[F], F]:
-    """Register ``fn(rewards [B], group_ids [B], *, valid=None, **kw) -> advantages``."""
-    return ADVANTAGES.register(name, override=override)
+def register_advantage(
+    name: str, *, override: bool = False, needs_critic: bool = False
+) -> Callable[[F], F]:
+    """Register ``fn(rewards [B], group_ids [B], *, valid=None, **options) -> advantages``.
+
+    ``needs_critic=True``: ``fn`` also takes ``values=``, ``mask=`` ``[B, T]``, ``gamma=``
+    and ``lam=`` and returns ``(advantages [B, T], returns [B, T])``.
+    """
+    return ADVANTAGES.register(name, override=override, needs_critic=needs_critic)  # type: ignore[return-value]
 
 
 def register_policy_loss(name: str, *, override: bool = False) -> Callable[[F], F]:
     """Register ``fn(logprobs, old_logprobs, advantages [B,T], mask, **kw) -> (loss [B,T], metrics)``.
 
-    The returned per-token loss is then importance-weighted (off-policy correction) and
+    ``kw``: the clip settings it names (``eps_low``, ``eps_high``, ``dual_clip_c``) and
+    the options it names. The returned per-token loss is then importance-weighted (off-policy correction) and
     aggregated by :func:`agentrl.algos.policy_loss`.
     """
     return POLICY_LOSSES.register(name, override=override)
@@ -90,6 +134,17 @@ def register_aggregation(name: str, *, override: bool = False) -> Callable[[F], 
 def register_tree_attribution(name: str, *, override: bool = False) -> Callable[[F], F]:
     """Register ``fn(advantages [B], owner [B,T], loss_mask [B,T]) -> (adv [B,T], mask [B,T])``."""
     return TREE_ATTRIBUTIONS.register(name, override=override)
+
+
+def keyword_parameters(fn: Callable[..., Any]) -> tuple[list[str], bool]:
+    """(the keyword parameters `fn` names, whether it also takes ``**kwargs``)."""
+    params = inspect.signature(fn).parameters.values()
+    named = [
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
+    return named, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def plugin_modules() -> list[str]:

@@ -1,12 +1,20 @@
-"""The learner: logprob recomputation, losses, optimizer, weight publishing, checkpoints."""
+"""The learner: logprob recomputation, losses, optimizer, weight publishing, checkpoints.
+
+:class:`Learner` trains in this process; :class:`~agentrl.learner.worker.LearnerProcess`
+runs one in a child process; both are :class:`LearnerLike`.
+"""
 
 from agentrl.learner.checkpoint import atomic_directory, resolve_checkpoint
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.forward import token_logprobs
 from agentrl.learner.learner import Learner
+from agentrl.learner.objective import Objective
+from agentrl.learner.protocol import LearnerLike
 
 __all__ = [
     "Learner",
+    "LearnerLike",
+    "Objective",
     "ValueHead",
     "ValueModel",
     "atomic_directory",

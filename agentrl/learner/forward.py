@@ -5,10 +5,13 @@ only at positions that predict a trained token, in chunks
 (:func:`agentrl.algos.chunked_logprobs_entropy`), so prompt and observation positions
 never touch the vocabulary. Output alignment follows :mod:`agentrl.types`:
 ``logprobs[:, t] = log softmax(logits[:, t-1] / T)[input_ids[:, t]]``, 0 where not trained.
+:class:`PolicyForward` runs these per micro-batch under the learner's precision, with the
+critic's values when the advantage estimator needs them.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +19,10 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.fused import Fused
+from agentrl.learner.batching import BatchLayout
+from agentrl.learner.critic import ValueHead, ValueModel, shift_values
+from agentrl.learner.precision import Precision
+from agentrl.types import Batch
 
 
 @dataclass
@@ -150,3 +157,87 @@ def shared_prefix_logprobs(
     if keep_hidden:
         hidden = torch.cat([prefix_hidden.expand(B, -1, -1), suffix], dim=1)
     return TokenOutputs(lp, ent, hidden)
+
+
+@dataclass
+class PolicyForward:
+    """One micro-batch forward as the learner runs it: log-probs, entropy and values.
+
+    Values come from `value_head` on the policy's hidden states, or from a separate
+    `critic`; with neither, ``with_values`` must be false.
+    """
+
+    precision: Precision
+    temperature: float = 1.0
+    chunk: int = 512
+    fused: Fused = "auto"
+    value_head: ValueHead | None = None
+    critic: ValueModel | None = None
+
+    def __call__(
+        self,
+        model: Any,
+        input_ids: Tensor,
+        mask: Tensor,
+        *,
+        with_entropy: bool,
+        with_values: bool,
+        prefix_len: int = 0,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(logprobs, entropy, values) for one micro-batch, all float32 ``[b, L]``.
+
+        ``prefix_len > 0``: the rows share that many leading tokens (forwarded once)."""
+        forward = token_logprobs
+        if prefix_len > 0:
+            forward = functools.partial(shared_prefix_logprobs, prefix_len=prefix_len)
+        with self.precision.autocast(), self.precision.attention(input_ids.shape[1]):
+            out = forward(
+                model,
+                input_ids,
+                mask,
+                temperature=self.temperature,
+                chunk=self.chunk,
+                with_entropy=with_entropy,
+                fused=self.fused,
+                keep_hidden=with_values and self.value_head is not None,
+            )
+            values = None
+            if with_values:
+                if self.value_head is not None:
+                    assert out.hidden is not None
+                    values = shift_values(self.value_head(out.hidden))
+                else:
+                    assert self.critic is not None, "with_values needs a value head or a critic"
+                    values = shift_values(self.critic(input_ids))
+        ent = out.entropy.float() if out.entropy is not None else None
+        return out.logprobs.float(), ent, values.float() if values is not None else None
+
+    @torch.no_grad()
+    def whole_rows(
+        self,
+        model: Any,
+        batch: Batch,
+        layout: BatchLayout,
+        rows: Tensor,
+        *,
+        with_values: bool = False,
+        with_entropy: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(logprobs, entropy, values) ``[B, T]`` on CPU for `rows`, without gradients."""
+        B, T = batch.input_ids.shape
+        lp = torch.zeros(B, T)
+        ent = torch.zeros(B, T) if with_entropy else None
+        values = torch.zeros(B, T) if with_values else None
+        device = self.precision.device
+        for idx, L, P in layout.micro_batches(rows):
+            ids = batch.input_ids[idx, :L].to(device)
+            m = batch.loss_mask[idx, :L].to(device)
+            lp_mb, ent_mb, v_mb = self(
+                model, ids, m, with_entropy=with_entropy, with_values=with_values, prefix_len=P
+            )
+            lp[idx, :L] = lp_mb.cpu()
+            if ent is not None and ent_mb is not None:
+                ent[idx, :L] = ent_mb.cpu()
+            if values is not None and v_mb is not None:
+                values[idx, :L] = v_mb.cpu()
+        return lp, ent, values

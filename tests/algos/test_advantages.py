@@ -6,10 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrl.algos import (
+    ADVANTAGES,
     aggregate,
     compute_advantages,
     compute_gae,
     dynamic_sampling_mask,
+    estimate_advantages,
     place_outcome_rewards,
 )
 
@@ -154,12 +156,46 @@ def test_gae_through_registry_places_outcome_reward():
     placed = place_outcome_rewards(torch.tensor([2.0, -1.0]), mask)
     torch.testing.assert_close(placed, torch.tensor([[0, 0, 2.0, 0], [0, -1.0, 0, 0]]))
     values = torch.zeros(2, 4)
+    rewards, group_ids = torch.tensor([2.0, -1.0]), torch.tensor([0, 0])
+    raw = torch.tensor([[0, 2.0, 2.0, 0], [0, -1.0, 0, 0]])
     adv = compute_advantages(
-        "gae", torch.tensor([2.0, -1.0]), torch.tensor([0, 0]), values=values, mask=mask
+        "gae", rewards, group_ids, values=values, mask=mask, whiten_advantages=False
     )
-    torch.testing.assert_close(adv, torch.tensor([[0, 2.0, 2.0, 0], [0, -1.0, 0, 0]]))
+    torch.testing.assert_close(adv, raw)
     with pytest.raises(ValueError, match="values="):
         compute_advantages("gae", torch.tensor([1.0]), torch.tensor([0]))
+
+
+def test_gae_whitens_over_trained_tokens_and_returns_value_targets():
+    assert ADVANTAGES.needs_critic("gae") and not ADVANTAGES.needs_critic("grpo")
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+    values = torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.0, 0.25, 0.0, 0.0]])
+    rewards, group_ids = torch.tensor([2.0, -1.0]), torch.tensor([0, 0])
+    adv, returns = estimate_advantages(
+        "gae", rewards, group_ids, values=values, mask=mask, gamma=1.0, lam=1.0
+    )
+    raw = torch.tensor([[0.0, 1.5, 1.5, 0.0], [0.0, -1.25, 0.0, 0.0]])
+    torch.testing.assert_close(returns, (raw + values) * mask)  # targets from raw advantages
+    sel = adv[mask > 0]
+    assert float(sel.mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(sel.std()) == pytest.approx(1.0, abs=1e-5)
+    assert torch.all(adv[mask == 0] == 0)
+    # an infra_error row (valid 0) takes no part
+    valid = torch.tensor([1.0, 0.0])
+    adv_v, _ = estimate_advantages(
+        "gae", rewards, group_ids, valid=valid, values=values, mask=mask, whiten_advantages=False
+    )
+    torch.testing.assert_close(adv_v, raw * torch.tensor([[1.0], [0.0]]))
+
+
+def test_group_estimators_take_no_critic_and_no_unknown_options():
+    r, g = torch.tensor([1.0, 0.0]), torch.tensor([0, 0])
+    adv, returns = estimate_advantages("grpo", r, g, eps=1e-3)
+    assert returns is None and adv.shape == (2,)
+    with pytest.raises(ValueError, match="uses no critic"):
+        estimate_advantages("rloo", r, g, values=torch.zeros(2, 3))
+    with pytest.raises(TypeError, match="whiten_advantages"):
+        compute_advantages("dr_grpo", r, g, whiten_advantages=True)  # not silently swallowed
 
 
 def test_dynamic_sampling_drops_uniform_groups():

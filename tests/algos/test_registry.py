@@ -90,3 +90,39 @@ def test_users_register_their_own_without_editing_code():
             (algos.AGGREGATIONS, "test_sum"),
         ):
             reg._fns.pop(name, None)
+
+
+def test_advantages_declare_whether_they_need_a_critic():
+    @algos.register_advantage("test_critic_adv", needs_critic=True)
+    def critic_adv(rewards, group_ids, *, valid=None, values, mask, gamma, lam, scale=1.0):
+        adv = scale * (rewards[:, None] - values) * mask
+        return adv, adv + values
+
+    try:
+        assert algos.ADVANTAGES.needs_critic("test_critic_adv")
+        assert algos.ADVANTAGES.needs_critic("gae") and not algos.ADVANTAGES.needs_critic("rloo")
+        with pytest.raises(UnknownNameError, match="did you mean 'gae'"):
+            algos.ADVANTAGES.needs_critic("gea")
+        values, mask = torch.full((2, 3), 0.5), torch.ones(2, 3)
+        adv, returns = algos.estimate_advantages(
+            "test_critic_adv", torch.tensor([1.0, 0.0]), torch.zeros(2), values=values,
+            mask=mask, scale=2.0,
+        )  # fmt: skip
+        torch.testing.assert_close(adv[:, 0], torch.tensor([1.0, -1.0]))
+        torch.testing.assert_close(returns, adv + values)
+    finally:
+        algos.ADVANTAGES._fns.pop("test_critic_adv", None)
+
+
+def test_keyword_parameters_are_what_options_can_reach():
+    def loss(logprobs, old_logprobs, advantages, mask, *, scale=1.0): ...
+
+    def anything(*args, **kwargs): ...
+
+    assert algos.keyword_parameters(loss) == (
+        ["logprobs", "old_logprobs", "advantages", "mask", "scale"],
+        False,
+    )
+    assert algos.keyword_parameters(anything) == ([], True)
+    named, takes_any = algos.keyword_parameters(algos.ADVANTAGES.get("grpo"))
+    assert {"eps", "norm_by_std"} <= set(named) and not takes_any

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
+from agentrl.algos import (
+    ADVANTAGES,
+    POLICY_LOSSES,
+    Registry,
+    register_advantage,
+    register_policy_loss,
+)
 from agentrl.errors import ConfigError, UnknownNameError
-from agentrl.learner import Learner, ValueModel
+from agentrl.learner import Learner, LearnerLike, ValueModel
 from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup
 from tests.learner.conftest import hf_logprobs, make_cfg, make_groups, make_traj
 
@@ -342,21 +349,22 @@ def test_shared_prompt_forward_equals_the_plain_path(
         results.append(learner.step(groups))
         models.append(learner.model)
         learners.append(learner)
-    assert learners[0]._prefix is not None and int(learners[0]._prefix.min()) > 0
-    assert learners[1]._prefix is None
+    whole = Batch.from_groups(groups)
+    shared_prompt = learners[0].layout(whole).shared_prompt
+    assert shared_prompt is not None and int(shared_prompt.min()) > 0
+    assert learners[1].layout(whole).shared_prompt is None
     assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], rel=1e-4)
     assert results[0]["loss/total"] == pytest.approx(results[1]["loss/total"], rel=1e-4, abs=1e-6)
     # Adam's first update is about lr * sign(grad), which flips on near-zero gradients'
     # rounding, so compare the gradients of the two forward paths, not the updated weights
     learner = learners[1]
     batch = Batch.from_groups(groups[:1])
-    learners[0]._set_prefixes(batch)
-    prefix_len = int(learners[0]._prefix[0])
+    prefix_len = int(learners[0].layout(batch).shared_prompt[0])
     learner.model.train()
     grads = []
     for P in (0, prefix_len):
         learner.optimizer.zero_grad()
-        lp, ent, values = learner._forward(
+        lp, ent, values = learner.forward(
             learner.model, batch.input_ids, batch.loss_mask,
             with_entropy=True, with_values=learner.use_critic, prefix_len=P,
         )  # fmt: skip
@@ -364,7 +372,11 @@ def test_shared_prompt_forward_equals_the_plain_path(
         if values is not None:
             loss = loss + (values * batch.loss_mask).sum()
         loss.backward()
-        grads.append(torch.cat([p.grad.flatten() for p in learner._params() if p.grad is not None]))
+        grads.append(
+            torch.cat(
+                [p.grad.flatten() for p in learner.trained_parameters() if p.grad is not None]
+            )
+        )
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5)
     lp_shared = learners[0].compute_logprobs(groups)
     lp_plain = learners[1].compute_logprobs(groups)
@@ -375,29 +387,136 @@ def test_attention_kernels_give_the_same_logprobs_and_gradients(
     fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
     """``sdpa_backend`` picks a kernel, never a different function of the weights."""
-    from agentrl.learner import learner as learner_module
+    from agentrl.learner.precision import MATH_ATTENTION_MAX_TOKENS
 
     batch = Batch.from_groups(groups, pad_token_id=0)
     grads, lps = {}, {}
     for backend in ("torch", "math", "flash", "auto"):
         learner = Learner(fresh_model(), None, make_cfg(learner={"sdpa_backend": backend}))
         learner.model.train()
-        lp, _, _ = learner._forward(
+        lp, _, _ = learner.forward(
             learner.model, batch.input_ids, batch.loss_mask, with_entropy=False, with_values=False
         )
         (lp * batch.loss_mask).sum().backward()
         lps[backend] = lp.detach()
         grads[backend] = torch.cat(
-            [p.grad.flatten() for p in learner._params() if p.grad is not None]
+            [p.grad.flatten() for p in learner.trained_parameters() if p.grad is not None]
         )
     for backend in ("math", "flash", "auto"):
         torch.testing.assert_close(lps[backend], lps["torch"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(grads[backend], grads["torch"], atol=1e-5, rtol=1e-4)
     # auto: math for short CPU micro-batches, PyTorch's own dispatch beyond the bound
     learner = Learner(fresh_model(), None, make_cfg())
-    limit = learner_module.MATH_ATTENTION_MAX_TOKENS
+    limit = MATH_ATTENTION_MAX_TOKENS
     flash, math_ = torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.math_sdp_enabled
-    with learner._attention(limit):
+    with learner.precision.attention(limit):
         assert math_() and not flash()
-    with learner._attention(limit + 1):
+    with learner.precision.attention(limit + 1):
         assert flash()
+
+
+@pytest.fixture
+def registered() -> Iterator[list[tuple[Registry, str]]]:
+    """Names a test registers, removed again afterwards."""
+    names: list[tuple[Registry, str]] = []
+    yield names
+    for registry, name in names:
+        registry._fns.pop(name, None)
+
+
+def test_options_reach_a_registered_policy_loss(
+    fresh_model: Callable[[], torch.nn.Module],
+    groups: list[TrajectoryGroup],
+    registered: list[tuple[Registry, str]],
+) -> None:
+    # vanilla policy gradient (Williams 1992) scaled by an option: L_t = -scale * A_t * log pi
+    @register_policy_loss("test_scaled_pg")
+    def scaled_pg(logprobs, old_logprobs, advantages, mask, *, scale: float = 1.0):
+        return -scale * advantages * logprobs, {"scale": scale}
+
+    registered.append((POLICY_LOSSES, "test_scaled_pg"))
+    losses = {}
+    for scale in (1.0, 3.0):
+        alg = {"policy_loss": "test_scaled_pg", "options": {"scale": scale, "eps": 1e-3}}
+        learner = Learner(fresh_model(), None, make_cfg(algorithm=alg))
+        assert learner.objective.loss_options == {"scale": scale}
+        assert learner.objective.advantage_options == {"eps": 1e-3}  # grpo's option
+        metrics = learner.step(groups)
+        assert metrics["pg/scale"] == scale
+        losses[scale] = metrics["loss/pg"]
+    assert losses[3.0] == pytest.approx(3.0 * losses[1.0], rel=1e-5)
+
+
+def test_options_no_selected_function_takes_are_config_errors(
+    fresh_model: Callable[[], torch.nn.Module],
+) -> None:
+    with pytest.raises(ConfigError) as exc:
+        Learner(fresh_model(), None, make_cfg(algorithm={"options": {"esp": 0.1}}))
+    msg = str(exc.value)
+    assert "algorithm.options.esp" in msg and "did you mean 'eps'" in msg
+    assert "advantage 'grpo' takes eps, norm_by_std" in msg
+    assert "policy loss 'ppo' takes no options" in msg
+    # a GAE option with a group estimator does nothing, so it is refused too
+    with pytest.raises(ConfigError, match=r"algorithm\.options\.whiten_advantages"):
+        alg = {"options": {"whiten_advantages": False}}
+        Learner(fresh_model(), None, make_cfg(algorithm=alg))
+    # what the learner passes itself is set by its own field, not through options
+    with pytest.raises(ConfigError, match=r"set algorithm\.eps_high instead"):
+        Learner(fresh_model(), None, make_cfg(algorithm={"options": {"eps_high": 0.3}}))
+    with pytest.raises(ConfigError, match=r"algorithm\.options\.mask.*passed by the learner"):
+        Learner(fresh_model(), None, make_cfg(algorithm={"options": {"mask": None}}))
+
+
+def test_clip_settings_reach_only_losses_that_take_them(
+    fresh_model: Callable[[], torch.nn.Module],
+    groups: list[TrajectoryGroup],
+    registered: list[tuple[Registry, str]],
+) -> None:
+    @register_policy_loss("test_plain_pg")
+    def plain_pg(logprobs, old_logprobs, advantages, mask):
+        return -advantages * logprobs, {}
+
+    registered.append((POLICY_LOSSES, "test_plain_pg"))
+    learner = Learner(fresh_model(), None, make_cfg(algorithm={"policy_loss": "test_plain_pg"}))
+    assert learner.objective.loss_options == {}
+    assert math.isfinite(learner.step(groups)["loss/pg"])
+    with pytest.raises(ConfigError, match=r"algorithm\.eps_low is set but policy loss"):
+        alg = {"policy_loss": "test_plain_pg", "eps_low": 0.1}
+        Learner(fresh_model(), None, make_cfg(algorithm=alg))
+
+
+def test_a_registered_critic_estimator_trains_a_value_function(
+    fresh_model: Callable[[], torch.nn.Module],
+    groups: list[TrajectoryGroup],
+    registered: list[tuple[Registry, str]],
+) -> None:
+    """The learner asks the registry whether an estimator needs a critic; GAE is not special."""
+    from agentrl.algos import compute_gae, place_outcome_rewards
+
+    # TD(0) advantages (GAE with lambda = 0, Schulman et al. 2016, eq. 17), not whitened
+    @register_advantage("test_td0", needs_critic=True)
+    def td0(rewards, group_ids, *, valid, values, mask, gamma, lam):
+        m = mask * valid[:, None]
+        return compute_gae(place_outcome_rewards(rewards, m), values, m, gamma, 0.0)
+
+    registered.append((ADVANTAGES, "test_td0"))
+    with pytest.raises(ConfigError, match=r"algorithm\.advantage=test_td0 needs a value function"):
+        Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "test_td0"}))
+    cfg = make_cfg(algorithm={"advantage": "test_td0", "critic": True})
+    learner = Learner(fresh_model(), None, cfg)
+    assert learner.use_critic and learner.value_head is not None
+    metrics = learner.step(groups)
+    assert math.isfinite(metrics["loss/value"]) and "value/value_mean" in metrics
+
+
+def test_learner_and_learner_process_are_learner_like(
+    fresh_model: Callable[[], torch.nn.Module],
+) -> None:
+    from agentrl.learner.worker import LearnerProcess
+
+    learner = Learner(fresh_model(), None, make_cfg())
+    assert isinstance(learner, LearnerLike)
+    learner.close()  # nothing to release; callers close every learner the same way
+    methods = ("step", "state_dict_for_sampler", "save_checkpoint", "load_checkpoint", "close")
+    for name in methods:
+        assert callable(getattr(LearnerProcess, name)), name

@@ -1,0 +1,276 @@
+"""The step's objective, assembled from the registries of :mod:`agentrl.algos` by name.
+
+    objective = Objective(cfg.algorithm, attribution="soft", norm_length=512)
+    rewards, shaping = objective.shaped_rewards(batch)
+    advantages, loss_mask, returns = objective.advantages(batch, rewards, values)
+    loss, metrics = objective.loss(logprobs, entropy, values, ...)   # one micro-batch
+
+The loss is the policy loss (with its off-policy correction), minus the entropy bonus,
+plus the KL penalty to a reference policy, plus the value loss when the advantage
+estimator needs a critic. ``algorithm.options`` reach the advantage estimator and the
+policy loss by one rule (:func:`route_options`): each option goes to every one of the two
+that names it as a keyword parameter (or takes ``**kwargs``); an option neither takes, or
+one that shadows a setting the learner passes itself, is a :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import Tensor
+
+from agentrl._suggest import suggest
+from agentrl.algos import (
+    aggregate,
+    estimate_advantages,
+    kl_divergence,
+    overlong_penalty,
+    policy_loss,
+    tree_advantages,
+    tree_from_ids,
+    value_loss,
+)
+from agentrl.algos.registry import (
+    ADVANTAGES,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    TREE_ATTRIBUTIONS,
+    keyword_parameters,
+)
+from agentrl.config import AlgorithmConfig
+from agentrl.errors import ConfigError
+from agentrl.learner.metrics import masked_mean, unscaled, valid_mean
+from agentrl.types import Batch
+
+# the clip settings of algorithm.* that go to a policy loss naming them as parameters
+CLIP_SETTINGS = ("eps_low", "eps_high", "dual_clip_c")
+
+# keywords the learner passes itself, so an option may not take them over; where an
+# algorithm.* field sets it, the error names that field
+_SET_BY_FIELD = {
+    "gamma": "algorithm.gamma",
+    "lam": "algorithm.lam",
+    "eps_low": "algorithm.eps_low",
+    "eps_high": "algorithm.eps_high",
+    "dual_clip_c": "algorithm.dual_clip_c",
+    "agg": "algorithm.agg",
+    "norm_length": "algorithm.norm_length",
+    "correction": "algorithm.off_policy",
+    "is_cap": "algorithm.is_cap",
+}
+_ADVANTAGE_INPUTS = frozenset(keyword_parameters(estimate_advantages)[0])
+_LOSS_INPUTS = frozenset(keyword_parameters(policy_loss)[0]) | set(CLIP_SETTINGS)
+
+
+def route_options(
+    options: Mapping[str, Any],
+    receivers: Mapping[str, Callable[..., Any]],
+    reserved: frozenset[str] = _ADVANTAGE_INPUTS | _LOSS_INPUTS,
+) -> dict[str, dict[str, Any]]:
+    """Split ``algorithm.options`` among `receivers` (a label such as ``"advantage 'grpo'"``
+    -> its function): each option goes to every receiver that names it as a keyword
+    parameter or takes ``**kwargs``. Raises :class:`ConfigError` for an option in
+    `reserved` (the learner passes it) or one that no receiver takes."""
+    routed: dict[str, dict[str, Any]] = {label: {} for label in receivers}
+    signatures = {label: keyword_parameters(fn) for label, fn in receivers.items()}
+    for key, value in options.items():
+        if key in reserved:
+            field = _SET_BY_FIELD.get(key)
+            fix = f"set {field} instead" if field else "remove it from algorithm.options"
+            raise ConfigError(
+                f"algorithm.options.{key}: '{key}' is passed by the learner itself, not an "
+                f"option; {fix}"
+            )
+        takers = [
+            label for label, (named, takes_any) in signatures.items() if takes_any or key in named
+        ]
+        if not takers:
+            takes = []
+            for label, (named, _) in signatures.items():
+                own = [p for p in named if p not in reserved]
+                takes.append(f"{label} takes {', '.join(own) if own else 'no options'}")
+            known = [p for named, _ in signatures.values() for p in named if p not in reserved]
+            raise ConfigError(
+                f"algorithm.options.{key} is not an option of any selected function"
+                f"{suggest(key, known)}: {'; '.join(takes)}. Remove it, or pick an "
+                "algorithm that takes it"
+            )
+        for label in takers:
+            routed[label][key] = value
+    return routed
+
+
+class Objective:
+    """Advantages and the per-micro-batch loss that ``algorithm`` (the config section) names.
+
+    Every name is checked when this is built, so a typo fails before the first step.
+    """
+
+    def __init__(self, alg: AlgorithmConfig, *, attribution: str, norm_length: int) -> None:
+        self.alg = alg
+        self.attribution = attribution
+        self.norm_length = norm_length
+        advantage_fn = ADVANTAGES.get(alg.advantage)  # unknown names raise with suggestions
+        loss_fn = POLICY_LOSSES.get(alg.policy_loss)
+        if alg.kl:
+            KL_ESTIMATORS.get(alg.kl)
+        TREE_ATTRIBUTIONS.get(attribution)
+        self.needs_critic = ADVANTAGES.needs_critic(alg.advantage)
+        if alg.critic and not self.needs_critic:
+            raise ConfigError(
+                f"algorithm.critic is true but algorithm.advantage is '{alg.advantage}', which "
+                "uses no value function: set algorithm.critic=false, or pick an advantage "
+                "that needs one (algorithm.advantage=gae)"
+            )
+        if self.needs_critic and not alg.critic:
+            raise ConfigError(
+                f"algorithm.advantage={alg.advantage} needs a value function: "
+                "set algorithm.critic=true"
+            )
+        self.use_kl = bool(alg.kl) and alg.kl_coef > 0
+        adv_label = f"advantage '{alg.advantage}'"
+        loss_label = f"policy loss '{alg.policy_loss}'"
+        routed = route_options(alg.options, {adv_label: advantage_fn, loss_label: loss_fn})
+        self.advantage_options = routed[adv_label]
+        self.loss_options = {**self._clip_settings(loss_fn), **routed[loss_label]}
+
+    def _clip_settings(self, loss_fn: Callable[..., Any]) -> dict[str, Any]:
+        """The clip settings `loss_fn` takes; one set in the config that it ignores is an error."""
+        named, takes_any = keyword_parameters(loss_fn)
+        out = {}
+        for key in CLIP_SETTINGS:
+            if takes_any or key in named:
+                out[key] = getattr(self.alg, key)
+            elif key in self.alg.model_fields_set:
+                raise ConfigError(
+                    f"algorithm.{key} is set but policy loss '{self.alg.policy_loss}' takes no "
+                    f"{key}; remove algorithm.{key} or pick a loss that clips (such as ppo)"
+                )
+        return out
+
+    # --- before the updates ---------------------------------------------------------
+
+    def shaped_rewards(self, batch: Batch) -> tuple[Tensor, dict[str, float]]:
+        """The rewards advantages are computed from: DAPO's overlong shaping when it is on."""
+        rewards = batch.rewards.clone()
+        overlong = self.alg.overlong
+        if not overlong.enabled:
+            return rewards, {}
+        lengths = batch.response_lengths
+        penalty = overlong.coef * overlong_penalty(lengths, overlong.max_len, overlong.cache_len)
+        rewards = rewards + penalty * batch.valid
+        return rewards, {"overlong_penalty_mean": valid_mean(penalty, batch.valid)}
+
+    def advantages(
+        self, batch: Batch, rewards: Tensor, values: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(advantages [B, T], loss_mask [B, T], value targets [B, T] or None).
+
+        `values` are the critic's at the start of the step (when it needs one). Branch
+        trees attribute sequence advantages to tokens; their loss mask can change."""
+        alg, mask = self.alg, batch.loss_mask
+        is_tree = any(t.parent_id is not None for t in batch.trajectories)
+        inputs: dict[str, Any] = {"valid": batch.valid}
+        if self.needs_critic:
+            inputs.update(values=values, mask=mask, gamma=alg.gamma, lam=alg.lam)
+        adv, returns = estimate_advantages(
+            alg.advantage, rewards, batch.group_index, **inputs, **self.advantage_options
+        )
+        if is_tree:
+            if adv.dim() != 1:
+                raise ConfigError(
+                    f"algorithm.advantage={alg.advantage} gives per-token advantages, which "
+                    "branch trees (rollout.branching.enabled=true) cannot attribute: use a "
+                    "group estimator such as grpo"
+                )
+            trajs = batch.trajectories
+            parent, branch_pos = tree_from_ids(
+                [t.traj_id for t in trajs],
+                [t.parent_id for t in trajs],
+                [t.branch_position for t in trajs],
+            )
+            out = tree_advantages(self.attribution, adv, parent, branch_pos, mask, batch.input_ids)
+            return out.advantages, out.loss_mask.to(mask.dtype), returns
+        if self.needs_critic:
+            return adv, mask, returns
+        return (adv[:, None] if adv.dim() == 1 else adv) * mask, mask, returns
+
+    def denominator(self, loss_mask: Tensor) -> float:
+        """What a minibatch's loss is divided by (its tokens or its sequences), so that
+        micro-batches accumulate to the minibatch's loss."""
+        return float(loss_mask.sum()) if self.alg.agg == "token-mean" else float(len(loss_mask))
+
+    # --- one micro-batch ---------------------------------------------------------------
+
+    def loss(
+        self,
+        logprobs: Tensor,
+        entropy: Tensor | None,
+        values: Tensor | None,
+        *,
+        mask: Tensor,
+        old_logprobs: Tensor,
+        behavior_logprobs: Tensor,
+        advantages: Tensor,
+        ref_logprobs: Tensor | None,
+        old_values: Tensor | None,
+        returns: Tensor | None,
+        denominator: float,
+    ) -> tuple[Tensor, dict[str, float]]:
+        """The micro-batch's share of the minibatch loss, and its metrics (local means)."""
+        alg = self.alg
+        agg_kw = {"norm_length": self.norm_length, "denominator": denominator}
+        pg, pg_metrics = policy_loss(
+            alg.policy_loss,
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            agg=alg.agg,
+            behavior_logprobs=behavior_logprobs,
+            correction=alg.off_policy,
+            is_cap=alg.is_cap,
+            **self.loss_options,
+            **agg_kw,
+        )
+        metrics = {f"pg/{k}": v for k, v in pg_metrics.items() if k != "pg_loss"}
+        loss = pg
+        metrics["loss/pg"] = unscaled(pg, mask, denominator, alg.agg)
+        if entropy is not None:
+            # through the graph only when it is in the loss
+            ent = entropy if alg.entropy_coef else entropy.detach()
+            ent_term = aggregate(alg.agg, ent, mask, **agg_kw)
+            metrics["loss/entropy"] = unscaled(ent_term, mask, denominator, alg.agg)
+            metrics["entropy"] = masked_mean(entropy, mask)
+            if alg.entropy_coef:
+                loss = loss - alg.entropy_coef * ent_term
+        if ref_logprobs is not None:
+            assert alg.kl is not None
+            kl_tok = kl_divergence(alg.kl, logprobs, ref_logprobs)
+            kl_term = aggregate(alg.agg, kl_tok, mask, **agg_kw)
+            loss = loss + alg.kl_coef * kl_term
+            metrics["loss/kl"] = unscaled(kl_term, mask, denominator, alg.agg)
+            metrics["kl"] = masked_mean(kl_tok, mask)
+        if values is not None:
+            assert old_values is not None and returns is not None
+            vl, vl_metrics = value_loss(
+                values,
+                old_values,
+                returns,
+                mask,
+                clip=alg.value_clip if alg.value_clip > 0 else None,
+                agg=alg.agg,
+                **agg_kw,
+            )
+            loss = loss + alg.vf_coef * vl
+            metrics["loss/value"] = unscaled(vl, mask, denominator, alg.agg)
+            metrics.update({f"value/{k}": v for k, v in vl_metrics.items() if k != "vf_loss"})
+        return loss, metrics
+
+    # --- after the updates -------------------------------------------------------------
+
+    def entropy_metrics(self, entropy: Tensor, loss_mask: Tensor) -> dict[str, float]:
+        """Entropy of the policy at the start of the step, over the trained tokens."""
+        term = aggregate(self.alg.agg, entropy, loss_mask, norm_length=self.norm_length)
+        return {"entropy": masked_mean(entropy, loss_mask), "loss/entropy": float(term)}
