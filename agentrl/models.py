@@ -342,3 +342,37 @@ def _looks_like_alias(name: str) -> bool:
 def _file_key(path: Path) -> str:
     stat = path.stat()
     return f"{stat.st_size:x}{int(stat.st_mtime):x}"
+
+
+def resolve_model_dir(model: Any) -> Path:
+    """A local Hugging Face folder (config.json + safetensors) for `model`, for engines
+    that load from disk (the vllm and openai samplers).
+
+    Accepts a folder, the default alias or a ``.gguf`` file (converted once, as
+    :func:`load_model` does), or a transformers model whose ``name_or_path`` is a folder.
+    """
+    if not isinstance(model, str | os.PathLike):
+        name = getattr(model, "name_or_path", None) or getattr(
+            getattr(model, "config", None), "_name_or_path", None
+        )
+        if not name or not Path(name).is_dir():
+            raise ModelLoadError(
+                "the vllm and openai samplers load from disk and need a model folder, alias "
+                f"or .gguf path, got {type(model).__name__} (pass model={DEFAULT_MODEL!r} "
+                "or a folder)"
+            )
+        model = name
+    name = str(model)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"model folder {path} has no config.json")
+        return path
+    if name == DEFAULT_MODEL:
+        return _smollm2_dir()
+    if path.suffix == ".gguf" and path.exists():
+        return _gguf_dir(path)
+    raise ModelLoadError(
+        f"unknown model {name!r} for the vllm and openai samplers: use {DEFAULT_MODEL!r}, "
+        "a local folder with config.json + safetensors, or a .gguf file"
+    )

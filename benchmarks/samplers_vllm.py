@@ -129,7 +129,8 @@ def main() -> None:
 
     import anyio
 
-    from agentrl.samplers.vllm import VLLMSampler, configure_cpu_env
+    from agentrl.samplers.vllm import VLLMSampler
+    from agentrl.samplers.vllm_cpu import configure_cpu_env
 
     configure_cpu_env()
     sampler = VLLMSampler(args.model, dtype=args.dtype, max_model_len=1024, max_batch_size=32)

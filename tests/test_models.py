@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from agentrl.errors import ModelLoadError, UnknownNameError
-from agentrl.models import list_aliases, load_model, load_tokenizer, resolve_dtype
+from agentrl.models import (
+    list_aliases,
+    load_model,
+    load_tokenizer,
+    resolve_dtype,
+    resolve_model_dir,
+)
 
 
 def test_tiny_llama_is_seeded_and_uses_the_smollm2_tokenizer():
@@ -93,3 +99,14 @@ def test_local_folder_loads_like_the_original(tmp_path):
     assert type(again).__name__ == "LlamaForCausalLM" and not again.training
     assert torch.equal(again.state_dict()["lm_head.weight"], model.state_dict()["lm_head.weight"])
     assert tok("hello")["input_ids"] == tokenizer("hello")["input_ids"]
+
+
+def test_model_dir_resolution_errors_name_the_fix(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"config\.json"):
+        resolve_model_dir(tmp_path)
+    with pytest.raises(ModelLoadError, match="smollm2-135m-instruct"):
+        resolve_model_dir("no-such-model")
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert resolve_model_dir(str(folder)) == folder

@@ -4,6 +4,7 @@
 runs one in a child process; both are :class:`LearnerLike`.
 """
 
+from agentrl.learner.checkpoint import atomic_directory, resolve_checkpoint
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.forward import token_logprobs
 from agentrl.learner.learner import Learner
@@ -16,5 +17,7 @@ __all__ = [
     "Objective",
     "ValueHead",
     "ValueModel",
+    "atomic_directory",
+    "resolve_checkpoint",
     "token_logprobs",
 ]

@@ -35,7 +35,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import traceback
 from collections.abc import Sequence
@@ -47,6 +46,7 @@ import torch
 from torch import Tensor
 
 from agentrl.errors import AgentRLError
+from agentrl.weights.shared import SharedWeights, map_file, views
 
 log = logging.getLogger(__name__)
 
@@ -56,75 +56,6 @@ START_TIMEOUT_S = 600.0
 
 class LearnerError(AgentRLError):
     """The learner process failed to start or died."""
-
-
-# --- shared weights ------------------------------------------------------------------------
-
-
-def _layout(state: dict[str, Tensor]) -> tuple[dict[torch.dtype, int], dict[str, tuple]]:
-    """Slots in one flat buffer per dtype: name -> (dtype, offset, shape). Entries that
-    share storage (tied embeddings) share a slot."""
-    sizes: dict[torch.dtype, int] = {}
-    seen: dict[tuple[int, torch.dtype, tuple[int, ...]], tuple] = {}
-    spec: dict[str, tuple] = {}
-    for name, t in state.items():
-        key = (t.data_ptr(), t.dtype, tuple(t.shape))
-        if key not in seen:
-            off = sizes.get(t.dtype, 0)
-            seen[key] = (t.dtype, off, tuple(t.shape))
-            sizes[t.dtype] = off + t.numel()
-        spec[name] = seen[key]
-    return sizes, spec
-
-
-def _views(buffers: dict[torch.dtype, Tensor], spec: dict[str, tuple]) -> dict[str, Tensor]:
-    out = {}
-    for name, (dtype, off, shape) in spec.items():
-        n = 1
-        for d in shape:
-            n *= d
-        out[name] = buffers[dtype][off : off + n].view(shape)
-    return out
-
-
-def _shm_dir() -> Path:
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-
-
-def _map(path: str, dtype: torch.dtype, numel: int) -> Tensor:
-    """A tensor over the file at `path`, shared (writes reach every process mapping it)."""
-    return torch.from_file(path, shared=True, size=numel, dtype=dtype)
-
-
-class _SharedWeights:
-    """The child's side: flat buffers in shared memory files mirroring the state dict.
-
-    The parent maps the files and unlinks them at once (the mappings stay valid), so
-    nothing is left in /dev/shm however either process ends afterwards."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        state = model.state_dict()
-        sizes, self.spec = _layout(state)
-        self.files: dict[torch.dtype, tuple[str, int]] = {}
-        self.buffers: dict[torch.dtype, Tensor] = {}
-        for dt, n in sizes.items():
-            fd, path = tempfile.mkstemp(prefix="agentrl-learner-", dir=_shm_dir())
-            os.close(fd)
-            self.files[dt] = (path, n)
-            self.buffers[dt] = _map(path, dt, n)
-        self.views = _views(self.buffers, self.spec)
-        self.refresh(model)
-
-    def refresh(self, model: torch.nn.Module) -> None:
-        with torch.no_grad():
-            for name, t in model.state_dict().items():
-                self.views[name].copy_(t.detach())
-
-    def unlink(self) -> None:
-        for path, _ in self.files.values():
-            with contextlib.suppress(OSError):
-                os.unlink(path)
 
 
 # --- the child -----------------------------------------------------------------------------
@@ -157,7 +88,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(lifeline)
-    shared: _SharedWeights | None = None
+    shared: SharedWeights | None = None
     try:
         cfg, asynchronous, path, plugins = conn.recv()
         sys.path[:] = path + [p for p in sys.path if p not in path]
@@ -175,8 +106,8 @@ def _serve(conn: Connection, lifeline: int) -> None:
         policy, tokenizer = load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)
         learner = Learner(policy, tokenizer, cfg)
         learner.warmup()
-        shared = _SharedWeights(learner.model)
-        conn.send(("ready", (learner.version, learner.step_count, shared.files, shared.spec)))
+        shared = SharedWeights(learner.model)
+        conn.send(("ready", (learner.version, learner.step_count, shared.files, shared.slots)))
     except BaseException as e:
         if shared is not None:
             shared.unlink()
@@ -300,13 +231,13 @@ class LearnerProcess:
                 "not ones registered in a script's __main__; move them into a module, or set "
                 "orchestrator.learner_worker=thread to train in this process"
             ) from exc
-        self.version, self.step_count, files, spec = payload
+        self.version, self.step_count, files, slots = payload
         buffers = {}
         for dt, (path, n) in files.items():
-            buffers[dt] = _map(path, dt, n)
+            buffers[dt] = map_file(path, dt, n)
             with contextlib.suppress(OSError):
                 os.unlink(path)  # mapped on both sides now; nothing to clean up later
-        self._weights = _views(buffers, spec)
+        self._weights = views(buffers, slots)
         self._ready = True
 
     def _recv(self, doing: str) -> tuple[str, Any]:

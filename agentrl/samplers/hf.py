@@ -34,10 +34,10 @@ import torch
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.decode_attention import use_decode_attention
-from agentrl.samplers.hf_weights import WeightSpec
 from agentrl.samplers.kv_cache import GrowingCache
 from agentrl.samplers.prefix_cache import PrefixCache, PrefixEntry
 from agentrl.samplers.sampling import sample_next
+from agentrl.weights.spec import WeightSpec
 
 
 def _dynamic_cache() -> Any:

@@ -34,7 +34,10 @@ import anyio
 import httpx
 
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError
+from agentrl.models import DEFAULT_MODEL, resolve_model_dir
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.weights.files import shm_root
+from agentrl.weights.spec import WeightSpec
 
 _TOKEN_PREFIX = "token_id:"
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -188,7 +191,7 @@ class OpenAISampler(Sampler):
             raise SamplerError(f"{self.api_url}/models lists no model")
         if self.model not in served:
             local = self.model is not None and (
-                self.model == "smollm2-135m-instruct" or Path(self.model).expanduser().exists()
+                self.model == DEFAULT_MODEL or Path(self.model).expanduser().exists()
             )
             if self.model is not None and not (local and len(served) == 1):
                 raise SamplerError(
@@ -196,8 +199,6 @@ class OpenAISampler(Sampler):
                     f"it serves {', '.join(served)} (set the sampler's model to one of them)"
                 )
             if local and self.model_dir is None:
-                from agentrl.samplers.vllm import resolve_model_dir
-
                 self.model_dir = resolve_model_dir(self.model)
             self.model = served[0]
         self._model_checked = True
@@ -267,35 +268,18 @@ class OpenAISampler(Sampler):
             )
         if self.model_dir is None:
             raise WeightUpdateError("reload_endpoint=True needs model_dir= (the served folder)")
-        from agentrl.samplers.vllm import WeightSpec, shm_root, write_shm_checkpoint
-
         async with self._update_lock:
             if version <= self._version:
                 raise WeightUpdateError(
                     f"weight versions only go up: got {version}, sampler is at {self._version}"
                 )
+            if self._shm_dir is None:
+                self._shm_dir = shm_root() / f"agentrl-openai-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            # a state dict is checked and written to /dev/shm; a folder is checked
             spec = WeightSpec.from_folder(self.model_dir)
-            if isinstance(weights, str | os.PathLike):
-                from agentrl.samplers.vllm import _safetensors_shapes
-
-                path = Path(weights)
-                spec.check(_safetensors_shapes(path), f"checkpoint {path}")
-            elif isinstance(weights, Mapping):
-                if self._shm_dir is None:
-                    self._shm_dir = (
-                        shm_root() / f"agentrl-openai-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-                    )
-                path = await anyio.to_thread.run_sync(
-                    write_shm_checkpoint,
-                    weights,
-                    spec,
-                    self._shm_dir / f"v{version}",
-                    self.model_dir,
-                )
-            else:
-                raise WeightUpdateError(
-                    f"weights must be a state dict or a folder, got {type(weights).__name__}"
-                )
+            path = await anyio.to_thread.run_sync(
+                spec.stage, weights, self._shm_dir / f"v{version}", self._version, self.model_dir
+            )
             self._gate = anyio.Event()
             try:
                 await self._idle.wait()

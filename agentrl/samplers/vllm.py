@@ -27,12 +27,13 @@ requests stay in flight), swaps the weights, sets the new label, resets the KV/p
 versions) and resumes; tokens carry exactly the version that produced them.
 
 Transports: CPU -> a safetensors folder in ``/dev/shm`` + ``collective_rpc("reload_weights")``;
-CUDA -> vLLM's NCCL weight-transfer engine (``_NcclTransport``, UNTESTED here: no GPU).
+CUDA -> vLLM's NCCL weight-transfer engine (:mod:`agentrl.samplers.vllm_nccl`, UNTESTED
+here: no GPU). Updates are checked against the model folder's
+:class:`~agentrl.weights.spec.WeightSpec` first.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
@@ -40,175 +41,23 @@ import logging
 import math
 import os
 import shutil
-import socket
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from agentrl.errors import ModelLoadError, PromptError, SamplerError, WeightUpdateError
+from agentrl.errors import PromptError, SamplerError, WeightUpdateError
+from agentrl.models import DEFAULT_MODEL, resolve_model_dir
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.samplers.vllm_cpu import configure_cpu_env
+from agentrl.samplers.vllm_nccl import NcclWeightSender
+from agentrl.weights.files import shm_root
+from agentrl.weights.spec import WeightSpec
 
 logger = logging.getLogger(__name__)
-
-_DEFAULT_MODEL = "smollm2-135m-instruct"
-_TIED_HEAD = "lm_head.weight"
-
-
-# --- model folders and weight files (shared with the openai backend) ----------------------
-
-
-def resolve_model_dir(model: Any) -> Path:
-    """A local Hugging Face folder (config.json + safetensors) for `model`.
-
-    Accepts a folder, a ``.gguf`` file or alias (converted once by ``agentrl.models``), or a
-    transformers model whose ``name_or_path`` is such a folder.
-    """
-    if not isinstance(model, str | os.PathLike):
-        name = getattr(model, "name_or_path", None) or getattr(
-            getattr(model, "config", None), "_name_or_path", None
-        )
-        if not name or not Path(name).is_dir():
-            raise ModelLoadError(
-                f"the vllm backend needs a model folder, alias or .gguf path, got "
-                f"{type(model).__name__} (pass model='smollm2-135m-instruct' or a folder)"
-            )
-        model = name
-    name = str(model)
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").exists():
-            raise ModelLoadError(f"model folder {path} has no config.json")
-        return path
-    from agentrl import models
-
-    if name == _DEFAULT_MODEL:
-        builder = getattr(models, "model_dir", None)
-        return Path(builder(name)) if builder else models._smollm2_dir()
-    if path.suffix == ".gguf" and path.exists():
-        return models._build_once(
-            models.cache_root() / "models" / f"gguf-{path.stem}-{models._file_key(path)}",
-            lambda tmp: models.convert_gguf(path, tmp),
-            "model.safetensors",
-        )
-    raise ModelLoadError(
-        f"unknown model {name!r} for the vllm backend: use {_DEFAULT_MODEL!r}, a local "
-        "folder with config.json + safetensors, or a .gguf file"
-    )
-
-
-@dataclass(frozen=True)
-class WeightSpec:
-    """Names and shapes a checkpoint for this model must have (read from its headers)."""
-
-    shapes: dict[str, tuple[int, ...]]
-    tied_head: bool
-
-    @classmethod
-    def from_folder(cls, folder: Path) -> WeightSpec:
-        shapes = _safetensors_shapes(folder)
-        config = json.loads((folder / "config.json").read_text())
-        tied = bool(config.get("tie_word_embeddings", False)) and _TIED_HEAD not in shapes
-        return cls(shapes, tied)
-
-    def check(self, shapes: Mapping[str, tuple[int, ...]], what: str) -> set[str]:
-        """Raise WeightUpdateError on missing/extra keys or wrong shapes; returns keys to drop."""
-        drop = {_TIED_HEAD} if self.tied_head and _TIED_HEAD in shapes else set()
-        given = set(shapes) - drop
-        missing = sorted(set(self.shapes) - given)
-        extra = sorted(given - set(self.shapes))
-        if missing or extra:
-            raise WeightUpdateError(
-                f"{what} does not match the model: "
-                + (f"missing {len(missing)} keys {_few(missing)}" if missing else "")
-                + ("; " if missing and extra else "")
-                + (f"unexpected {len(extra)} keys {_few(extra)}" if extra else "")
-                + ". Publish the full state dict of the same architecture "
-                "(model.state_dict()); the sampler keeps its previous version"
-            )
-        wrong = [
-            f"{k}: {tuple(shapes[k])} != {self.shapes[k]}"
-            for k in sorted(given)
-            if tuple(shapes[k]) != self.shapes[k]
-        ]
-        if wrong:
-            raise WeightUpdateError(
-                f"{what} has {len(wrong)} tensors of the wrong shape ({_few(wrong)}); "
-                "the sampler keeps its previous version"
-            )
-        return drop
-
-
-def _few(items: Sequence[str], n: int = 3) -> str:
-    return ", ".join(items[:n]) + (", ..." if len(items) > n else "")
-
-
-def _safetensors_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor shapes from the headers of every ``*.safetensors`` in `folder` (no data read)."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise WeightUpdateError(f"no *.safetensors files in {folder}")
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in files:
-        with open(file, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(size))
-        for name, info in header.items():
-            if name != "__metadata__":
-                shapes[name] = tuple(info["shape"])
-    return shapes
-
-
-def write_shm_checkpoint(
-    state_dict: Mapping[str, Any], spec: WeightSpec, folder: Path, model_dir: Path
-) -> Path:
-    """Validate `state_dict` against `spec` and write it as a safetensors folder."""
-    import torch
-    from safetensors.torch import save_file
-
-    if not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
-        bad = [k for k, v in state_dict.items() if not isinstance(v, torch.Tensor)]
-        raise WeightUpdateError(f"weights must be torch tensors; not tensors: {_few(bad)}")
-    drop = spec.check({k: tuple(v.shape) for k, v in state_dict.items()}, "the weights dict")
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items() if k not in drop}
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    # tied tensors share storage; safetensors refuses shared storage, so clone those
-    seen: set[int] = set()
-    for k, v in tensors.items():
-        ptr = v.untyped_storage().data_ptr()
-        if ptr in seen:
-            tensors[k] = v.clone()
-        seen.add(ptr)
-    save_file(tensors, str(tmp / "model.safetensors"))
-    shutil.copy(model_dir / "config.json", tmp / "config.json")
-    shutil.rmtree(folder, ignore_errors=True)
-    os.rename(tmp, folder)
-    return folder
-
-
-def shm_root() -> Path:
-    base = Path("/dev/shm")
-    return base if base.is_dir() and os.access(base, os.W_OK) else Path(tempfile.gettempdir())
-
-
-def configure_cpu_env() -> None:
-    """Size vLLM-CPU for this machine unless the user already set the variables."""
-    cores = os.cpu_count() or 1
-    # OpenMP's spinning barriers collapse when the cores are oversubscribed (measured on a
-    # shared 2-core box: 0.7 s/token with 2 threads vs 0.12 s with 1), so a busy machine
-    # gets one thread
-    busy = os.getloadavg()[0] > cores
-    threads = "0" if cores == 1 or busy else f"0-{cores - 1}"
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", threads)
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB
 
 
 def _cuda_available() -> bool:
@@ -244,7 +93,7 @@ class VLLMSampler(Sampler):
 
     def __init__(
         self,
-        model: Any = _DEFAULT_MODEL,
+        model: Any = DEFAULT_MODEL,
         *,
         dtype: str = "auto",
         max_model_len: int | None = None,
@@ -286,7 +135,7 @@ class VLLMSampler(Sampler):
         self._gate: anyio.Event | None = None  # set while draining for an update
         self._ids = itertools.count()
         self._shm_dir = shm_root() / f"agentrl-vllm-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._nccl: _NcclTransport | None = None
+        self._nccl: NcclWeightSender | None = None
         self.last_update_seconds: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -516,33 +365,23 @@ class VLLMSampler(Sampler):
             if self._use_nccl():
                 if not isinstance(weights, Mapping):
                     raise WeightUpdateError("the NCCL transport needs a state dict of tensors")
-                self._spec.check({k: tuple(v.shape) for k, v in weights.items()}, "weights dict")
-                await self._swap(version, lambda: self._nccl_send(weights))
+                tensors = self._spec.validate(weights, self._version)
+                await self._swap(version, lambda: self._nccl_send(tensors))
             else:
-                path = await self._stage(weights, version)
+                # a state dict is checked and written to /dev/shm; a folder is checked
+                path = await anyio.to_thread.run_sync(
+                    self._spec.stage,
+                    weights,
+                    self._shm_dir / f"v{version}",
+                    self._version,
+                    self.model_dir,
+                )
                 try:
                     await self._swap(version, lambda: self._reload_from(path))
                 finally:
                     if path.parent == self._shm_dir:
                         shutil.rmtree(path, ignore_errors=True)
             self.last_update_seconds = time.perf_counter() - t0
-
-    async def _stage(self, weights: WeightsLike, version: int) -> Path:
-        """Validate the update and put it where the engine can read it."""
-        if isinstance(weights, str | os.PathLike):
-            path = Path(weights)
-            if not path.is_dir():
-                raise WeightUpdateError(f"weights path {path} is not a folder of safetensors")
-            self._spec.check(_safetensors_shapes(path), f"checkpoint {path}")
-            return path
-        if not isinstance(weights, Mapping):
-            raise WeightUpdateError(
-                f"weights must be a state dict or a safetensors folder, got {type(weights).__name__}"
-            )
-        folder = self._shm_dir / f"v{version}"
-        return await anyio.to_thread.run_sync(
-            write_shm_checkpoint, weights, self._spec, folder, self.model_dir
-        )
 
     async def _swap(self, version: int, load: Any) -> None:
         """Pause (or drain), load, relabel, reset caches, resume."""
@@ -583,11 +422,9 @@ class VLLMSampler(Sampler):
     async def _nccl_send(self, weights: Mapping[str, Any]) -> None:
         # UNTESTED: written against vLLM 0.32's NCCL weight-transfer engine; no GPU here.
         if self._nccl is None:
-            self._nccl = _NcclTransport(self._engine)
+            self._nccl = NcclWeightSender(self._engine)
             await anyio.to_thread.run_sync(self._nccl.init)
-        drop = {_TIED_HEAD} if self._spec.tied_head else set()
-        tensors = {k: v for k, v in weights.items() if k not in drop}
-        await anyio.to_thread.run_sync(self._nccl.send, tensors)
+        await anyio.to_thread.run_sync(self._nccl.send, weights)
 
 
 def _topk_entropy(top_logprobs: Sequence[float]) -> float:
@@ -612,99 +449,3 @@ def _span_versions(spans: Any, n_tokens: int, fallback: int) -> list[int]:
         for i in range(span.start, min(span.end, n_tokens)):
             versions[i] = label
     return versions
-
-
-# --- NCCL transport (CUDA only) -------------------------------------------------------------
-
-
-class _NcclTransport:
-    """Trainer side of vLLM's NCCL weight-transfer engine, driven from this process.
-
-    UNTESTED in this repository's CI (no GPU). This process is NCCL rank 0 (the sender) and
-    the engine's worker(s) join as ranks 1..N; ``send`` broadcasts a state dict of CUDA
-    tensors. Runs in a worker thread; calls back into the event loop for the engine RPCs.
-    """
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.loop = asyncio.get_running_loop()
-        self.trainer: Any = None
-        self.source = _DictSource()
-
-    def init(self) -> None:
-        from vllm.distributed.weight_transfer.nccl_engine import (
-            NCCLTrainerInitInfo,
-            NCCLTrainerWeightTransferEngine,
-        )
-
-        world = 1 + int(self.engine.vllm_config.parallel_config.world_size)
-        info = NCCLTrainerInitInfo(
-            master_address="127.0.0.1", master_port=_free_port(), world_size=world, rank=0
-        )
-        self.trainer = NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=_LoopClient(self.engine, self.loop), source=self.source
-        )
-
-    def send(self, tensors: Mapping[str, Any]) -> None:
-        self.source.tensors = tensors
-        self.trainer.send_weights()
-
-    def shutdown(self) -> None:
-        if self.trainer is not None:
-            self.trainer.shutdown()
-
-
-class _DictSource:
-    """A ``vllm`` WeightSource over a plain state dict (duck-typed: metadata + iteration)."""
-
-    def __init__(self) -> None:
-        self.tensors: Mapping[str, Any] = {}
-
-    def metadata(self) -> list[Any]:
-        from vllm.distributed.weight_transfer.base import ParamMeta
-
-        return [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in self.tensors.items()]
-
-    def held_names(self) -> None:
-        return None
-
-    def __iter__(self) -> Iterator[tuple[str, Any]]:
-        for k, v in self.tensors.items():
-            yield k, v.detach().to("cuda").contiguous()
-
-
-class _LoopClient:
-    """``VLLMWeightSyncClient`` (sync) over an in-process ``AsyncLLM``, called from threads.
-
-    vLLM calls these from its own helper threads, so they hop onto the event loop with
-    ``asyncio.run_coroutine_threadsafe`` (the engine is asyncio-only anyway).
-    """
-
-    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self.engine = engine
-        self.loop = loop
-
-    def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-        self._run(self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info)))
-
-    def start_weight_update(self) -> None:
-        self._run(self.engine.start_weight_update())
-
-    def update_weights(self, update_info: Any) -> None:
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        self._run(self.engine.update_weights(WeightTransferUpdateRequest(update_info)))
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._run(self.engine.finish_weight_update())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

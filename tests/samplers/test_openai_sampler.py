@@ -26,9 +26,10 @@ from anyio.from_thread import start_blocking_portal  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError  # noqa: E402
+from agentrl.models import resolve_model_dir  # noqa: E402
 from agentrl.samplers.base import SamplingParams  # noqa: E402
 from agentrl.samplers.openai_compat import OpenAISampler  # noqa: E402
-from agentrl.samplers.vllm import configure_cpu_env, resolve_model_dir  # noqa: E402
+from agentrl.samplers.vllm_cpu import configure_cpu_env  # noqa: E402
 
 SERVED = "smollm2"
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)

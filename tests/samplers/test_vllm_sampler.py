@@ -22,8 +22,9 @@ from anyio.from_thread import start_blocking_portal  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from agentrl.errors import PromptError, WeightUpdateError  # noqa: E402
+from agentrl.models import resolve_model_dir  # noqa: E402
 from agentrl.samplers.base import SamplingParams  # noqa: E402
-from agentrl.samplers.vllm import VLLMSampler, resolve_model_dir  # noqa: E402
+from agentrl.samplers.vllm import VLLMSampler  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",

@@ -11,9 +11,9 @@ delivers to all samplers concurrently through ``sampler.update_weights(payload, 
 - ``state_dict``: the tensors themselves. The hf sampler copies them into its own
   parameters between two decode steps; the vllm sampler (which has no ``weight_payload``)
   stages or broadcasts them itself (shared-memory folder on CPU, NCCL on GPU).
-- ``safetensors_dir``: a safetensors folder written once under ``/dev/shm/agentrl-weights/
-  v<N>`` (a temp folder where /dev/shm is missing) and shared by every sampler that asks
-  for it (e.g. several vLLM-CPU engines: set ``sampler.weight_payload = "safetensors_dir"``);
+- ``safetensors_dir``: a safetensors folder written once under ``<shm>/agentrl-weights/
+  v<N>`` (``<shm>`` is :func:`~agentrl.weights.files.shm_root`: /dev/shm, else the temp
+  folder) and shared by every sampler that asks for it (e.g. several vLLM-CPU engines: set ``sampler.weight_payload = "safetensors_dir"``);
   older versions are removed after delivery.
 
 A new transport (NCCL broadcast, Ray object store) is a class with ``prepare`` and
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,8 +36,7 @@ import torch
 
 from agentrl._suggest import suggest
 from agentrl.errors import UnknownNameError, WeightUpdateError
-
-DEFAULT_SHM_ROOT = Path("/dev/shm/agentrl-weights")
+from agentrl.weights.files import shm_root, write_safetensors_dir
 
 
 class WeightTransport(Protocol):
@@ -73,9 +71,7 @@ class SafetensorsDirTransport:
     name = "safetensors_dir"
 
     def __init__(self, root: str | Path | None = None) -> None:
-        if root is None:
-            root = DEFAULT_SHM_ROOT if DEFAULT_SHM_ROOT.parent.is_dir() else None
-        self.root = Path(root) if root else Path(tempfile.gettempdir()) / "agentrl-weights"
+        self.root = Path(root) if root else shm_root() / "agentrl-weights"
 
     def folder(self, version: int) -> Path:
         return self.root / f"v{version}"
@@ -84,22 +80,9 @@ class SafetensorsDirTransport:
         return await anyio.to_thread.run_sync(self._write, version, state)
 
     def _write(self, version: int, state: Mapping[str, torch.Tensor]) -> Path:
-        from safetensors.torch import save_file
-
-        target = self.folder(version)
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.tmp-", dir=self.root))
-        try:
-            save_file(
-                _unshared(state), str(tmp / "model.safetensors"), metadata={"version": str(version)}
-            )
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        return target
+        return write_safetensors_dir(
+            state, self.folder(version), metadata={"version": str(version)}
+        )
 
     async def release(self, keep_version: int) -> None:
         def _clean() -> None:
@@ -247,16 +230,3 @@ def _nbytes(state: Mapping[str, torch.Tensor]) -> int:
             seen.add(key)
             total += t.numel() * t.element_size()
     return total
-
-
-def _unshared(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop aliases of tied tensors (safetensors refuses shared storage) and make contiguous."""
-    seen: set[tuple[int, int]] = set()
-    out = {}
-    for name, t in state.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = t.detach().to("cpu").contiguous()
-    return out
