@@ -81,6 +81,9 @@ class RolloutConfig(_Section):
     on_template_mismatch: Literal["error", "resample"] = "error"
     infra_retries: int = Field(1, ge=0)
     episode_timeout_s: float = Field(300.0, gt=0)
+    # how one sample is produced: "episode" (the environment-driven runner) or a workflow,
+    # `async def run_episode(ctx) -> Trajectory`, by registered name or "module:function"
+    workflow: str = "episode"
     branching: BranchingConfig = Field(default_factory=BranchingConfig)
 
 

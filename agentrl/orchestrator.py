@@ -95,7 +95,7 @@ class Orchestrator:
                 capacity=(cfg.orchestrator.max_staleness + 1) * cfg.learner.batch_groups,
                 on_evict=self._evicted,
             )
-            self.tasks = TaskCursor(self.env, cfg.orchestrator.seed)
+            self.tasks = TaskCursor.for_env(self.env, cfg.orchestrator.seed)  # endless: epochs
             self.evaluator = None
             if cfg.orchestrator.eval_every:  # held-out tasks through the training sampler
                 self.evaluator = Evaluator.for_training(cfg, self.sampler)
@@ -187,18 +187,19 @@ class Orchestrator:
                 tg.start_soon(self._run_group)
 
     async def _run_group(self) -> None:
-        index, task = self.tasks.take()  # in flight (re-issued after a resume) until buffered
+        taken = self.tasks.take()  # in flight (re-issued after a resume) until buffered
+        assert taken is not None  # the training stream is endless
+        index, task = taken
         try:
             group = await self.rollout.run_task(task, index=index)
             self._rollout_tokens += sum(t.num_model_tokens for t in group.trajectories)
             self._finished.append(summarize_group(group))
             self.events.publish(GroupFinished(group=group, step=self.step))
             admission = await self.buffer.put(group)
-            admitted, reason = admission.admitted, admission.reason
         finally:
             self.tasks.settle(index)
-        if not admitted:
-            self.events.publish(GroupDropped(task_id=group.task_id, reason=reason))
+        if not admission:
+            self.events.publish(GroupDropped(task_id=group.task_id, reason=admission.reason))
             self._replace(1)
 
     def _evicted(self, groups: list[TrajectoryGroup]) -> None:

@@ -1,19 +1,20 @@
 """The task cursor: a run's position in its environment's task stream.
 
-    cursor = TaskCursor(env, seed=0)
-    index, task = cursor.take()         # in flight from now on
+    cursor = TaskCursor.for_env(env, seed=0)
+    index, task = cursor.take()         # in flight from now on (None when the tasks ran out)
     cursor.settle(index)                # its group was buffered, trained or dropped
     state = cursor.state_dict()         # a checkpoint: tasks in flight are re-issued
 
-Tasks are indexed in the order the environment generates them, one epoch after another
-(epoch e is ``env.tasks(split, seed + e)``), generated lazily and memoised so a resumed run
-sees the same order. A task taken but not settled when a checkpoint is written is taken
-again first after a resume: none is skipped, and a group is trained at most once.
+Tasks are indexed in the order the source generates them, one epoch after another (epoch
+e of an environment is ``env.tasks(split, seed + e)``), generated lazily and memoised so a
+resumed run sees the same order; `epochs` bounds the stream (None: endless). A task taken
+but not settled when a checkpoint is written is taken again first after a resume: none is
+skipped, and a group is trained at most once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from agentrl.errors import DatasetError
@@ -22,45 +23,71 @@ from agentrl.errors import DatasetError
 class TaskCursor:
     """Hands out ``(index, task)`` pairs and remembers which are still in flight."""
 
-    def __init__(self, env: Any, seed: int = 0, split: str = "train") -> None:
-        self._env = env
+    def __init__(
+        self,
+        source: Callable[[int], Iterable[dict[str, Any]]],
+        seed: int = 0,
+        epochs: int | None = None,
+        what: str = "tasks",
+    ) -> None:
+        self._source = source  # seed -> one epoch of tasks
         self._seed = seed
-        self._split = split
+        self._epochs = epochs
+        self._what = what
         self._epoch = -1
         self._cache: list[dict[str, Any]] = []
         self._iter: Iterator[dict[str, Any]] | None = None
-        self._epoch_len: int | None = None
+        self._exhausted = False
         self.next_index = 0
         self.reissue: list[int] = []
         self.in_flight: set[int] = set()
 
-    def task(self, index: int) -> dict[str, Any]:
-        """The task at `index` of the endless stream."""
-        while index >= len(self._cache):
+    @classmethod
+    def for_env(
+        cls, env: Any, seed: int = 0, split: str = "train", epochs: int | None = None
+    ) -> TaskCursor:
+        return cls(
+            lambda s: env.tasks(split=split, seed=s), seed, epochs, what=f"{split!r} tasks"
+        )
+
+    @classmethod
+    def over(cls, tasks: Iterable[dict[str, Any]], epochs: int | None = 1) -> TaskCursor:
+        """A cursor over a fixed task list (repeated `epochs` times)."""
+        fixed = list(tasks)
+        return cls(lambda _: fixed, epochs=epochs)
+
+    def task(self, index: int) -> dict[str, Any] | None:
+        """The task at `index` of the stream, or None past its end."""
+        while index >= len(self._cache) and not self._exhausted:
             if self._iter is None:
+                if self._epochs is not None and self._epoch + 1 >= self._epochs:
+                    self._exhausted = True
+                    break
                 self._epoch += 1
-                self._iter = iter(self._env.tasks(split=self._split, seed=self._seed + self._epoch))
+                self._iter = iter(self._source(self._seed + self._epoch))
             try:
                 self._cache.append(next(self._iter))
             except StopIteration:
-                if self._epoch_len is None:
-                    self._epoch_len = len(self._cache)
-                    if self._epoch_len == 0:
-                        raise DatasetError(
-                            f"the environment produced no {self._split!r} tasks; check "
-                            "env.options (the task source) of the config"
-                        ) from None
                 self._iter = None
-        return self._cache[index]
+                if not self._cache:
+                    raise DatasetError(
+                        f"the environment produced no {self._what}; check env.options "
+                        "(the task source) of the config"
+                    ) from None
+        return self._cache[index] if index < len(self._cache) else None
 
-    def take(self) -> tuple[int, dict[str, Any]]:
-        """The next task (re-issued ones first); it is in flight until :meth:`settle`."""
+    def take(self) -> tuple[int, dict[str, Any]] | None:
+        """The next task (re-issued ones first), in flight until :meth:`settle`; None when
+        a bounded stream has run out."""
         if self.reissue:
             index = self.reissue.pop(0)
         else:
             index = self.next_index
+            if self.task(index) is None:
+                return None
             self.next_index += 1
         task = self.task(index)
+        assert task is not None  # re-issued indices were handed out before
         self.in_flight.add(index)
         return index, task
 

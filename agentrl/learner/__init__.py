@@ -4,7 +4,6 @@
 runs one in a child process; both are :class:`LearnerLike`.
 """
 
-from agentrl.learner.checkpoint import atomic_directory, resolve_checkpoint
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.forward import token_logprobs
 from agentrl.learner.learner import Learner
@@ -17,7 +16,5 @@ __all__ = [
     "Objective",
     "ValueHead",
     "ValueModel",
-    "atomic_directory",
-    "resolve_checkpoint",
     "token_logprobs",
 ]

@@ -33,15 +33,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentrl.config import AlgorithmConfig, Config, LearnerConfig
-from agentrl.errors import CheckpointError
-from agentrl.learner.batching import BatchLayout
-from agentrl.learner.checkpoint import (
+from agentrl.checkpoint import (
     atomic_directory,
     capture_rng_state,
     resolve_checkpoint,
     restore_rng_state,
 )
+from agentrl.config import AlgorithmConfig, Config, LearnerConfig
+from agentrl.errors import CheckpointError
+from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.forward import PolicyForward
 from agentrl.learner.metrics import WeightedMeans, batch_metrics

@@ -220,7 +220,7 @@ class Objective:
     ) -> tuple[Tensor, dict[str, float]]:
         """The micro-batch's share of the minibatch loss, and its metrics (local means)."""
         alg = self.alg
-        agg_kw = {"norm_length": self.norm_length, "denominator": denominator}
+        agg_kw: dict[str, Any] = {"norm_length": self.norm_length, "denominator": denominator}
         pg, pg_metrics = policy_loss(
             alg.policy_loss,
             logprobs,

@@ -4,8 +4,13 @@
     await engine.produce(16, JsonlSink("out/trajectories.jsonl"))      # N groups, then stop
 
     send, recv = anyio.create_memory_object_stream[TrajectoryGroup](4)
-    engine.set_tasks(env.tasks("train", seed), cursor=ckpt["data_cursor"])
-    tg.start_soon(engine.run_forever, send)                            # bounded, backpressured
+    engine.cursor.load_state_dict(ckpt["cursor"])                      # resume point
+    tg.start_soon(engine.produce, None, send)                          # bounded, backpressured
+
+Tasks come from one :class:`~agentrl.tasks.TaskCursor` (the environment's `split`, one
+pass, unless `tasks` or a cursor is given). Each sample of a group is an episode of the
+built-in runner or of the configured workflow (``rollout.workflow``, see
+:mod:`agentrl.rollout.workflow`); ARPO trees grow in the built-in runner.
 
 Every episode runs under one anyio task group and holds a slot of a
 :class:`anyio.CapacityLimiter` (``rollout.concurrency``); generation requests of all
@@ -16,9 +21,8 @@ sandbox session) in a shielded ``finally``.
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -26,9 +30,12 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from agentrl.chat import Renderer, require_renderer
 from agentrl.envs.base import Environment
+from agentrl.errors import ConfigError
 from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, new_id
 from agentrl.rollout.group import BranchPolicy, run_branching_group, run_group
+from agentrl.rollout.workflow import BUILTIN, Workflow, resolve_workflow
 from agentrl.samplers.base import Sampler, SamplingParams
+from agentrl.tasks import TaskCursor
 from agentrl.types import TrajectoryGroup
 
 GroupSink = Callable[[TrajectoryGroup], Awaitable[Any]] | MemoryObjectSendStream[TrajectoryGroup]
@@ -81,6 +88,7 @@ class RolloutEngine:
         split: str = "train",
         context_length: int | None = None,
         vocab_size: int | None = None,
+        workflow: Workflow | None = None,
     ) -> None:
         """`cfg` is a :class:`agentrl.config.RolloutConfig`; sampling params come from
         `params`, else from `sampler_cfg` (a :class:`SamplerConfig`), with the renderer's
@@ -101,33 +109,18 @@ class RolloutEngine:
         self.runner = EpisodeRunner(env, sampler, renderer, params, self.limits)
         self._vocab_size = vocab_size
         self.limiter = anyio.CapacityLimiter(config.concurrency)
-        self._tasks: Iterator[dict[str, Any]] | None = None
-        self._task_source = tasks
-        self._split = split
-        self._next_index = 0
-        self._done: set[int] = set()
-        self._low_watermark = 0
+        self.workflow: Workflow | None = workflow or resolve_workflow(config.workflow)
+        if self.workflow is not None and self.branching is not None:
+            raise ConfigError(
+                f"rollout.branching grows ARPO trees inside the built-in episode runner; set "
+                f"rollout.workflow={BUILTIN} (got {config.workflow!r}) or turn branching off"
+            )
+        self.cursor = (
+            TaskCursor.over(tasks)
+            if tasks is not None
+            else TaskCursor.for_env(env, seed, split, epochs=1)
+        )
         self.groups_emitted = 0
-
-    # --- tasks and the data cursor -------------------------------------------------------
-
-    def set_tasks(self, tasks: Iterable[dict[str, Any]], cursor: int = 0) -> None:
-        """Use `tasks`, skipping the first `cursor` (a checkpoint's ``data_cursor``)."""
-        if cursor < 0:
-            raise ValueError(f"cursor must be >= 0 (got {cursor})")
-        self._tasks = itertools.islice(iter(tasks), cursor, None)
-        self._next_index = cursor
-        self._low_watermark = cursor
-        self._done = set()
-
-    @property
-    def data_cursor(self) -> int:
-        """Number of tasks consumed whose groups have all been emitted (in order)."""
-        return self._low_watermark
-
-    @property
-    def tasks_started(self) -> int:
-        return self._next_index
 
     @property
     def group_width(self) -> int:
@@ -138,21 +131,6 @@ class RolloutEngine:
     def max_groups_in_flight(self) -> int:
         # enough groups to keep every episode slot busy, and one more to fill gaps
         return math.ceil(self.config.concurrency / self.group_width) + 1
-
-    def _task_iter(self) -> Iterator[dict[str, Any]]:
-        if self._tasks is None:
-            source = self._task_source
-            if source is None:
-                source = self.env.tasks(self._split, self.seed)
-            self.set_tasks(source, 0)
-        assert self._tasks is not None
-        return self._tasks
-
-    def _mark_done(self, index: int) -> None:
-        self._done.add(index)
-        while self._low_watermark in self._done:
-            self._done.discard(self._low_watermark)
-            self._low_watermark += 1
 
     # --- groups ----------------------------------------------------------------------------
 
@@ -176,24 +154,24 @@ class RolloutEngine:
             )
         else:
             group = await run_group(
-                task, self.runner, self.config.group_size, self.limiter, seed=seed, group_id=gid
+                task,
+                self.runner,
+                self.config.group_size,
+                self.limiter,
+                seed=seed,
+                group_id=gid,
+                workflow=self.workflow,
             )
         group.metadata["task_index"] = index
         return group
 
-    async def run_group(
-        self, task: dict[str, Any], group_id: str | None = None, index: int | None = None
-    ) -> TrajectoryGroup:
-        """One group for `task` outside the task stream (the orchestrator's entry point)."""
-        if index is None:
-            index = self._next_index
-        group = await self.run_task(task, index, group_id=group_id)
-        return group
-
-    async def _produce(self, n_groups: int | None, sink: GroupSink) -> int:
+    async def produce(self, n_groups: int | None, sink: GroupSink) -> int:
+        """Emit `n_groups` groups to `sink` (all of them when None; fewer if the tasks run
+        out), then return how many. Does not close `sink`; cancelling the caller stops it."""
+        if n_groups is not None and n_groups < 0:
+            raise ValueError(f"n_groups must be >= 0 or None (got {n_groups})")
         emit = _emitter(sink)
         slots = anyio.Semaphore(self.max_groups_in_flight)
-        tasks = self._task_iter()
         emitted_here = 0
 
         async def one(task: dict[str, Any], index: int) -> None:
@@ -203,7 +181,7 @@ class RolloutEngine:
                 await emit(group)  # blocks while a bounded stream is full: backpressure
                 emitted_here += 1
                 self.groups_emitted += 1
-                self._mark_done(index)
+                self.cursor.settle(index)
             finally:
                 slots.release()
 
@@ -211,25 +189,13 @@ class RolloutEngine:
             started = 0
             while n_groups is None or started < n_groups:
                 await slots.acquire()
-                task = next(tasks, None)
-                if task is None:
+                taken = self.cursor.take()
+                if taken is None:
                     slots.release()
                     break
-                index = self._next_index
-                self._next_index += 1
                 started += 1
-                tg.start_soon(one, task, index)
+                tg.start_soon(one, taken[1], taken[0])
         return emitted_here
-
-    async def produce(self, n_groups: int, sink: GroupSink) -> int:
-        """Emit `n_groups` groups (fewer if the tasks run out) to `sink`, then return."""
-        if n_groups < 0:
-            raise ValueError(f"n_groups must be >= 0 (got {n_groups})")
-        return await self._produce(n_groups, sink)
-
-    async def run_forever(self, sink: GroupSink) -> int:
-        """Emit groups until the tasks run out or the caller cancels. Does not close `sink`."""
-        return await self._produce(None, sink)
 
     async def collect(self, n_groups: int) -> list[TrajectoryGroup]:
         """Convenience: produce `n_groups` and return them (in completion order)."""

@@ -26,6 +26,7 @@ from agentrl.rollout.episode import (
     new_id,
     run_attempts,
 )
+from agentrl.rollout.workflow import Workflow, episode_function
 from agentrl.samplers.base import Generation
 from agentrl.types import Trajectory, TrajectoryGroup
 
@@ -90,18 +91,19 @@ async def run_group(
     *,
     seed: int | None = None,
     group_id: str | None = None,
+    workflow: Workflow | None = None,
 ) -> TrajectoryGroup:
-    """G independent samples of `task`, run concurrently (each holds a `limiter` slot)."""
+    """G independent samples of `task`, run concurrently (each holds a `limiter` slot),
+    by the built-in episode runner or by `workflow`."""
     gid = group_id or new_id()
     task_id = str(task.get("id", ""))
     out: list[Trajectory | None] = [None] * group_size
+    episode = episode_function(workflow, runner, task)
 
     async def one(i: int) -> None:
         template = Trajectory(task_id=task_id, group_id=gid, traj_id=f"{gid}-{i}")
         async with limiter:
-            out[i] = await run_attempts(
-                runner, lambda t: runner.start(task, t, _seed(seed, i)), template
-            )
+            out[i] = await episode(template, _seed(seed, i))
 
     async with anyio.create_task_group() as tg:
         for i in range(group_size):

@@ -45,28 +45,38 @@ async def test_produce_n_groups_to_a_jsonl_sink(sampler, renderer, tmp_path):
     assert len(groups) == 5 and all(len(g.trajectories) == 3 for g in groups)
     assert sorted(g.metadata["task_index"] for g in groups) == [0, 1, 2, 3, 4]
     assert 1 < CountingEnv.peak <= 5  # episodes overlap, never above the concurrency limit
-    assert engine.data_cursor == 5 == engine.tasks_started
+    assert engine.cursor.state_dict() == {"next_index": 5, "reissue": []}
     again = groups[0].to_dict()
     assert TrajectoryGroup.from_dict(again).to_dict() == again
 
 
-async def test_data_cursor_resume_skips_consumed_tasks(sampler, renderer):
+async def test_cursor_resume_skips_consumed_tasks(sampler, renderer):
     tasks = [{"id": f"t{i}", "question": f"Compute {i}."} for i in range(10)]
     env = ScriptedToolEnv(tool_turns=0)
     first = _engine(env, sampler, renderer, tasks)
     done = await first.collect(4)
     assert sorted(g.task_id for g in done) == ["t0", "t1", "t2", "t3"]
-    assert first.data_cursor == 4
+    saved = first.cursor.state_dict()
+    assert saved == {"next_index": 4, "reissue": []}
 
-    resumed = _engine(env, sampler, renderer)
-    resumed.set_tasks(tasks, cursor=first.data_cursor)
+    resumed = _engine(env, sampler, renderer, tasks)
+    resumed.cursor.load_state_dict(saved)
     more = await resumed.collect(3)
     assert sorted(g.task_id for g in more) == ["t4", "t5", "t6"]
-    assert resumed.data_cursor == 7
     rest = await resumed.collect(100)  # the tasks run out: fewer groups, no error
     assert sorted(g.task_id for g in rest) == ["t7", "t8", "t9"]
-    with pytest.raises(ValueError, match="cursor must be >= 0"):
-        resumed.set_tasks(tasks, cursor=-1)
+
+
+async def test_tasks_in_flight_at_a_checkpoint_are_reissued_first(sampler, renderer):
+    tasks = [{"id": f"t{i}", "question": f"Compute {i}."} for i in range(6)]
+    engine = _engine(ScriptedToolEnv(tool_turns=0), sampler, renderer, tasks)
+    for _ in range(3):
+        engine.cursor.take()
+    engine.cursor.settle(1)  # t0 and t2 were still running when the checkpoint was written
+    resumed = _engine(ScriptedToolEnv(tool_turns=0), sampler, renderer, tasks)
+    resumed.cursor.load_state_dict(engine.cursor.state_dict())
+    again = await resumed.collect(6)
+    assert sorted(g.task_id for g in again) == ["t0", "t2", "t3", "t4", "t5"]
 
 
 async def test_run_forever_is_backpressured_by_a_bounded_stream(sampler, renderer):
@@ -74,14 +84,14 @@ async def test_run_forever_is_backpressured_by_a_bounded_stream(sampler, rendere
     engine = _engine(env, sampler, renderer, group_size=2, concurrency=4)
     send, receive = anyio.create_memory_object_stream[TrajectoryGroup](1)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(engine.run_forever, send)
+        tg.start_soon(engine.produce, None, send)
         await anyio.sleep(3.0)  # nobody reads: the engine must stop taking tasks
-        stalled = engine.tasks_started
+        stalled = engine.cursor.next_index
         assert stalled <= engine.max_groups_in_flight + 1
         await anyio.sleep(1.0)
-        assert engine.tasks_started == stalled
+        assert engine.cursor.next_index == stalled
         got = [await receive.receive() for _ in range(6)]  # reading lets it go on
-        assert engine.tasks_started > stalled
+        assert engine.cursor.next_index > stalled
         tg.cancel_scope.cancel()
     assert len({g.group_id for g in got}) == 6
     assert ScriptedToolEnv.open_instances == set()

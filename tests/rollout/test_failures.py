@@ -76,7 +76,7 @@ async def test_hanging_tool_times_out_and_the_run_continues(sampler, renderer):
                 assert t.status == "infra_error" and "timed out" in t.error
             else:
                 assert t.status == "ok"
-    assert engine.data_cursor == 4
+    assert engine.cursor.state_dict() == {"next_index": 4, "reissue": []}
     assert ScriptedToolEnv.open_instances == set()
 
 
@@ -107,7 +107,7 @@ async def test_cancellation_closes_everything_and_leaves_no_process(sampler, ren
     send, receive = anyio.create_memory_object_stream[TrajectoryGroup](1)
     received: list[TrajectoryGroup] = []
     async with JsonlSink(tmp_path / "t.jsonl") as sink, anyio.create_task_group() as tg:
-        tg.start_soon(engine.run_forever, send)
+        tg.start_soon(engine.produce, None, send)
         async with receive:
             async for group in receive:
                 await sink(group)
@@ -119,6 +119,6 @@ async def test_cancellation_closes_everything_and_leaves_no_process(sampler, ren
     assert len(ProcessSessionEnv.pids) > 8
     assert ScriptedToolEnv.open_instances == set()
     assert live_descendants() == set()
-    assert engine.data_cursor <= engine.tasks_started
+    assert engine.cursor.in_flight  # cancelled groups stay in flight: a resume re-runs them
     groups = read_jsonl_groups((tmp_path / "t.jsonl").read_text().splitlines())
     assert [g.group_id for g in groups] == [g.group_id for g in received]
