@@ -32,7 +32,7 @@ from agentrl.chat import Renderer, require_renderer
 from agentrl.envs.base import Environment
 from agentrl.errors import ConfigError
 from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, new_id
-from agentrl.rollout.group import BranchPolicy, run_branching_group, run_group
+from agentrl.rollout.group import run_branching_group, run_group
 from agentrl.rollout.workflow import BUILTIN, Workflow, resolve_workflow
 from agentrl.samplers.base import Sampler, SamplingParams
 from agentrl.tasks import TaskCursor
@@ -103,9 +103,7 @@ class RolloutEngine:
         self.seed = seed
         ctx = context_length if context_length is not None else sampler.context_length
         self.limits = EpisodeLimits.from_config(config, context_length=ctx)
-        self.branching = (
-            BranchPolicy.from_config(config.branching) if config.branching.enabled else None
-        )
+        self.branching = config.branching if config.branching.enabled else None
         self.runner = EpisodeRunner(env, sampler, renderer, params, self.limits)
         self._vocab_size = vocab_size
         self.limiter = anyio.CapacityLimiter(config.concurrency)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
+from agentrl.config import BranchingConfig
 from agentrl.rollout.episode import (
     EpisodeRunner,
     EpisodeState,
@@ -31,52 +31,17 @@ from agentrl.samplers.base import Generation
 from agentrl.types import Trajectory, TrajectoryGroup
 
 
-@dataclass(frozen=True)
-class BranchPolicy:
-    """The branching rule; built from :class:`agentrl.config.BranchingConfig`."""
-
-    budget: int = 8  # M
-    initial: int = 2  # N
-    branches: int = 2  # Z
-    entropy_window: int = 20  # k
-    alpha: float = 0.2
-    beta: float = 0.5
-    tau: float = 0.5
-    mode: str = "stochastic"
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("stochastic", "threshold"):
-            raise ValueError(
-                f"branching mode must be 'stochastic' or 'threshold' (got {self.mode!r})"
-            )
-        if not 1 <= self.initial <= self.budget:
-            raise ValueError(
-                f"branching needs 1 <= initial <= budget (got initial={self.initial}, budget={self.budget})"
-            )
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> BranchPolicy:
-        return cls(
-            budget=cfg.budget,
-            initial=cfg.initial,
-            branches=cfg.branches,
-            entropy_window=cfg.entropy_window,
-            alpha=cfg.alpha,
-            beta=cfg.beta,
-            tau=cfg.tau,
-            mode=cfg.mode,
-        )
-
-    def score(self, delta_h: float) -> float:
-        return self.alpha + self.beta * delta_h
-
-    def decide(self, delta_h: float, rng: random.Random) -> tuple[bool, float]:
-        """(branch?, probability or score) for an entropy change ΔH."""
-        s = self.score(delta_h)
-        if self.mode == "threshold":
-            return s > self.tau, s
-        p = min(max(s, 0.0), 1.0)
-        return rng.random() < p, p
+def decide_branch(
+    policy: BranchingConfig, delta_h: float, rng: random.Random
+) -> tuple[bool, float]:
+    """(branch?, probability or score) for an entropy change ΔH: the score is
+    α + β·ΔH, a probability clamped to [0, 1] (``stochastic``) or compared with τ
+    (``threshold``)."""
+    s = policy.alpha + policy.beta * delta_h
+    if policy.mode == "threshold":
+        return s > policy.tau, s
+    p = min(max(s, 0.0), 1.0)
+    return rng.random() < p, p
 
 
 def _seed(base: int | None, index: int) -> int | None:
@@ -115,7 +80,7 @@ async def run_group(
 async def run_branching_group(
     task: dict[str, Any],
     runner: EpisodeRunner,
-    policy: BranchPolicy,
+    policy: BranchingConfig,
     limiter: anyio.CapacityLimiter,
     vocab_size: int,
     *,
@@ -160,7 +125,7 @@ async def run_branching_group(
         if h_post is None or state.initial_entropy is None:
             return
         delta_h = (h_post - state.initial_entropy) / ln_v
-        branch, p = policy.decide(delta_h, rng)
+        branch, p = decide_branch(policy, delta_h, rng)
         point = {
             "position": snap.position,
             "h_post": h_post / ln_v,

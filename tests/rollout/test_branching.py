@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from agentrl.algos import tree_advantages, tree_from_ids
-from agentrl.config import RolloutConfig, SamplerConfig
-from agentrl.rollout import BranchPolicy, RolloutEngine, check_shared_prefixes
+from agentrl.config import BranchingConfig, RolloutConfig, SamplerConfig
+from agentrl.rollout import RolloutEngine, check_shared_prefixes, decide_branch
 from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup
 
 from .scripted import ScriptedToolEnv
@@ -149,13 +149,13 @@ def test_branch_policy_rule():
     import random
 
     rng = random.Random(0)
-    sto = BranchPolicy(alpha=0.2, beta=0.5, mode="stochastic")
-    assert sto.decide(10.0, rng) == (True, 1.0)  # clamp to 1
-    assert sto.decide(-10.0, rng) == (False, 0.0)  # clamp to 0
-    thr = BranchPolicy(alpha=0.2, beta=0.5, tau=0.5, mode="threshold")
-    assert thr.decide(0.61, rng)[0] and not thr.decide(0.59, rng)[0]
+    sto = BranchingConfig(alpha=0.2, beta=0.5, mode="stochastic")
+    assert decide_branch(sto, 10.0, rng) == (True, 1.0)  # clamp to 1
+    assert decide_branch(sto, -10.0, rng) == (False, 0.0)  # clamp to 0
+    thr = BranchingConfig(alpha=0.2, beta=0.5, tau=0.5, mode="threshold")
+    assert decide_branch(thr, 0.61, rng)[0] and not decide_branch(thr, 0.59, rng)[0]
     with pytest.raises(ValueError, match="initial"):
-        BranchPolicy(budget=2, initial=3)
+        BranchingConfig(budget=2, initial=3)
 
 
 def _seg_model(ids, lp=-1.0, v=0):
