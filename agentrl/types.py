@@ -16,7 +16,7 @@ shifts logits by one to compute the same quantity.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -325,8 +325,3 @@ class Batch:
             response_lengths=torch.tensor([t.response_length for t in trajs], dtype=torch.long),
             trajectories=trajs,
         )
-
-
-def read_jsonl_groups(lines: Iterable[str]) -> list[TrajectoryGroup]:
-    """Parse JSONL lines written by :meth:`TrajectoryGroup.to_json`."""
-    return [TrajectoryGroup.from_json(line) for line in lines if line.strip()]

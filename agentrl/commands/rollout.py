@@ -121,27 +121,6 @@ MASKED = "dim cyan"
 PROMPT = "dim"
 
 
-def _load_groups(path: Path) -> list[TrajectoryGroup]:
-    from agentrl.errors import DatasetError
-    from agentrl.types import TrajectoryGroup
-
-    file = path / "trajectories.jsonl" if path.is_dir() else path
-    if not file.is_file():
-        raise DatasetError(
-            f"no trajectories at {file}: pass a trajectories.jsonl file or a run folder "
-            "written by `agentrl rollout` / `agentrl train`"
-        )
-    groups = []
-    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            groups.append(TrajectoryGroup.from_json(line))
-        except (ValueError, KeyError, TypeError) as e:
-            raise DatasetError(f"{file}:{n}: not a trajectory group ({e})") from None
-    return groups
-
-
 def _segment_panel(seg: Any, title: str, style: str) -> Any:
     from rich.panel import Panel
     from rich.text import Text
@@ -256,10 +235,11 @@ def inspect(
     from rich.console import Console
 
     from agentrl.errors import AgentRLError
+    from agentrl.rollout.sinks import read_groups
 
     console = Console()
     try:
-        groups = _load_groups(path)
+        groups = read_groups(path)
     except AgentRLError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from None

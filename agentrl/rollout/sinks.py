@@ -1,4 +1,4 @@
-"""Sinks for trajectory groups: where an engine sends what it produced."""
+"""Sinks for trajectory groups: where an engine sends what it produced, and reading it back."""
 
 from __future__ import annotations
 
@@ -42,3 +42,25 @@ class JsonlSink:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+def read_groups(path: str | Path) -> list[TrajectoryGroup]:
+    """The groups in a ``trajectories.jsonl`` (or the run folder holding one), in order."""
+    from agentrl.errors import DatasetError
+
+    path = Path(path)
+    file = path / "trajectories.jsonl" if path.is_dir() else path
+    if not file.is_file():
+        raise DatasetError(
+            f"no trajectories at {file}: pass a trajectories.jsonl file or a run folder "
+            "written by `agentrl rollout` / `agentrl train`"
+        )
+    groups = []
+    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            groups.append(TrajectoryGroup.from_json(line))
+        except (ValueError, KeyError, TypeError) as e:
+            raise DatasetError(f"{file}:{n}: not a trajectory group ({e})") from None
+    return groups

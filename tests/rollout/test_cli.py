@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.types import read_jsonl_groups
+from agentrl.rollout.sinks import read_groups
 
 CONFIG = """
 model: {name: tiny-llama}
@@ -52,7 +52,7 @@ def run_dir(tmp_path_factory):
 
 def test_rollout_writes_groups_and_prints_a_summary(run_dir):
     out, output = run_dir
-    groups = read_jsonl_groups((out / "trajectories.jsonl").read_text().splitlines())
+    groups = read_groups(out / "trajectories.jsonl")
     assert len(groups) == 3
     assert all(len(g.trajectories) == 4 and g.is_tree for g in groups)
     for label in (
@@ -72,7 +72,7 @@ def test_rollout_writes_groups_and_prints_a_summary(run_dir):
 
 def test_inspect_shows_turns_masks_tools_and_the_tree(run_dir):
     out, _ = run_dir
-    groups = read_jsonl_groups((out / "trajectories.jsonl").read_text().splitlines())
+    groups = read_groups(out / "trajectories.jsonl")
     flat = [t for g in groups for t in g.trajectories]
     index = next(i for i, t in enumerate(flat) if t.parent_id is not None)
     result = CliRunner().invoke(app, ["inspect", str(out), "--index", str(index)])
@@ -92,7 +92,7 @@ def test_inspect_styles_trained_and_masked_tokens_differently(run_dir):
     from agentrl.commands.rollout import MASKED, TRAINED, show_trajectory
 
     out, _ = run_dir
-    (group,) = read_jsonl_groups((out / "trajectories.jsonl").read_text().splitlines()[:1])
+    group = read_groups(out)[0]
     console = Console(record=True, file=io.StringIO(), color_system="standard", width=120)
     show_trajectory(console, group, group.trajectories[0])
     ansi = console.export_text(styles=True)

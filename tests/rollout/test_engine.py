@@ -9,7 +9,8 @@ import pytest
 
 from agentrl.config import RolloutConfig, SamplerConfig
 from agentrl.rollout import JsonlSink, RolloutEngine
-from agentrl.types import TrajectoryGroup, read_jsonl_groups
+from agentrl.rollout.sinks import read_groups
+from agentrl.types import TrajectoryGroup
 
 from .scripted import ScriptedToolEnv
 
@@ -41,7 +42,7 @@ async def test_produce_n_groups_to_a_jsonl_sink(sampler, renderer, tmp_path):
     async with JsonlSink(tmp_path / "out.jsonl") as sink:
         n = await engine.produce(5, sink)
     assert n == 5 and sink.count == 5
-    groups = read_jsonl_groups((tmp_path / "out.jsonl").read_text().splitlines())
+    groups = read_groups(tmp_path / "out.jsonl")
     assert len(groups) == 5 and all(len(g.trajectories) == 3 for g in groups)
     assert sorted(g.metadata["task_index"] for g in groups) == [0, 1, 2, 3, 4]
     assert 1 < CountingEnv.peak <= 5  # episodes overlap, never above the concurrency limit

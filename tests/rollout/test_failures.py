@@ -10,7 +10,8 @@ import pytest
 
 from agentrl.config import RolloutConfig, SamplerConfig
 from agentrl.rollout import JsonlSink, RolloutEngine
-from agentrl.types import TrajectoryGroup, read_jsonl_groups
+from agentrl.rollout.sinks import read_groups
+from agentrl.types import TrajectoryGroup
 from tests.procs import live_descendants
 
 from .scripted import (
@@ -120,5 +121,5 @@ async def test_cancellation_closes_everything_and_leaves_no_process(sampler, ren
     assert ScriptedToolEnv.open_instances == set()
     assert live_descendants() == set()
     assert engine.cursor.in_flight  # cancelled groups stay in flight: a resume re-runs them
-    groups = read_jsonl_groups((tmp_path / "t.jsonl").read_text().splitlines())
+    groups = read_groups(tmp_path / "t.jsonl")
     assert [g.group_id for g in groups] == [g.group_id for g in received]
