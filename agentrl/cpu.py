@@ -4,9 +4,8 @@ the C allocator treats freed memory.
 glibc hands every freed block above its mmap threshold (128 KiB, adapting up to 32 MiB)
 back to the kernel, and a worker thread's arena cannot hold a block over 64 MiB at all, so
 a loop that allocates a fresh ``[rows, vocab]`` tensor each iteration pays page faults on
-every touch of it. On 2 CPU cores that cost more than the arithmetic: a tiny-model learner
-step took 0.72 s with glibc's defaults and 0.49 s with ``reuse``
-(``benchmarks/learner_step.py --model tiny-llama``). ``reuse`` raises both thresholds and
+every touch of it. On a small CPU that can cost more than the arithmetic
+(``benchmarks/learner_step.py`` compares both allocators). ``reuse`` raises both thresholds and
 puts every thread on the main arena, so freed memory stays in the process for the next
 allocation, as PyTorch's caching allocator does on a GPU. The price: resident memory stays
 near its peak. Threads that allocated before the call keep their own arena, so apply it

@@ -4,9 +4,8 @@
 the two matmuls but in the element-wise passes over each ``[chunk, V]`` block of logits:
 max, scale and shift, clamp, exp, the two sums, and in backward the rebuilt softmax and its
 gradient. Eagerly every pass is its own sweep over the block and its own ``exp``; compiled
-(inductor's C++ backend) they fuse into one or two vectorised loops over each row. At
-1,024 tokens x 49k vocabulary the forward passes took 101 ms eagerly and 24 ms compiled
-on 2 cores.
+(inductor's C++ backend) they fuse into one or two vectorised loops over each row
+(``benchmarks/learner_step.py`` compares ``learner.fused_logprobs`` on and off).
 
 The compiled kernels compute exactly what the eager passes do (same shift, same exp floor,
 same float32 arithmetic, up to summation order), see ``tests/algos/test_fused.py``.

@@ -1,9 +1,8 @@
 """Attention for one-token decode steps on CPU, registered with transformers.
 
 PyTorch's CPU ``scaled_dot_product_attention`` (the flash kernel) is slow for a single
-query position: for SmolLM2-135M's shapes (32 rows, 9 query / 3 key-value heads, 550
-cached positions, bf16) one call took 9.8 ms, where two plain matmuls and a softmax take
-3.0 ms; with 30 layers that was most of a decode step. :func:`decode_attention` does the
+query position, several times slower than two plain matmuls and a softmax at small-model
+shapes, and it runs once per layer per decode step. :func:`decode_attention` does the
 plain version for ``q_len == 1`` (the query heads that share a key/value head are batched
 into one matmul, no ``repeat_kv``) and hands everything else (prefill, sliding windows,
 soft-capping, dropout) to transformers' own SDPA path unchanged.

@@ -1,10 +1,8 @@
 """A transformers KV cache whose appends write in place.
 
 transformers' ``DynamicCache`` appends a decode step's keys/values with ``torch.cat``, so
-every step copies the whole cache of every layer: O(context) work per generated token. For
-SmolLM2-135M with 32 rows at ~300 tokens of context on 2 CPU cores that copy was 31% of a
-decode step under the profiler (41 of 133 ms); ``benchmarks/kv_cache.py`` measures 151 vs
-127 tokens/s at 512 prompt tokens and 80 vs 71 at 1,024. :class:`GrowingCache` keeps each
+every step copies the whole cache of every layer: O(context) work per generated token
+(``benchmarks/kv_cache.py`` compares the two caches). :class:`GrowingCache` keeps each
 layer's keys/values in a buffer with spare positions and writes new ones into it; the
 buffer grows by :data:`HEADROOM` positions at a time, so a copy happens once per
 ``HEADROOM`` steps instead of every step (the spare positions cost ``HEADROOM`` tokens of
