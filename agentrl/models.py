@@ -60,11 +60,6 @@ _ALIASES: dict[str, ModelAlias] = {
 }
 
 
-def list_aliases() -> dict[str, str]:
-    """Alias -> one-line description."""
-    return {name: alias.description for name, alias in _ALIASES.items()}
-
-
 def cache_root() -> Path:
     return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
 

@@ -151,23 +151,21 @@ def sampler_options(cfg: Config) -> dict[str, Any]:
     return options
 
 
-def build_sampler(cfg: Config, hf_model: tuple[Any, Any] | None = None) -> Any:
-    """The sampler `cfg` asks for. ``hf`` loads its own model copy on ``sampler.device``
-    unless `hf_model` gives a loaded ``(model, tokenizer)`` pair."""
+def build_sampler(cfg: Config) -> Any:
+    """The sampler `cfg` asks for; ``hf`` loads its own model copy on ``sampler.device`` in
+    ``model.dtype`` (the learner keeps float32 masters of its own)."""
     from agentrl.models import load_model, load_tokenizer
     from agentrl.samplers import create_sampler
 
     options = sampler_options(cfg)
     backend = cfg.sampler.backend
     if backend == "hf":
-        if hf_model is None:
-            dtype = None if cfg.model.dtype == "auto" else cfg.model.dtype
-            hf_model = load_model(
-                cfg.model.name,
-                dtype=dtype,
-                device=resolve_device(cfg.sampler.device),
-                seed=cfg.model.seed,
-            )
+        hf_model = load_model(
+            cfg.model.name,
+            dtype=None if cfg.model.dtype == "auto" else cfg.model.dtype,
+            device=resolve_device(cfg.sampler.device),
+            seed=cfg.model.seed,
+        )
         return create_sampler("hf", model=hf_model, **options)
     if backend == "openai":
         options.setdefault("tokenizer", load_tokenizer(cfg.model.name))
@@ -221,7 +219,7 @@ def start_learner(cfg: Config) -> Any:
 
     # a conversion the model needs (first run of the embedded default) happens once, here
     prepare_files(cfg.model.name)
-    return LearnerProcess(cfg, asynchronous=is_asynchronous(cfg))
+    return LearnerProcess(cfg)
 
 
 # --- the assembly ---------------------------------------------------------------------------
@@ -272,11 +270,9 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
     try:
         split = split or ("eval" if role == "eval" else "train")
         env = build_env(cfg, split)
-        hf_model = None
-        if role == "train":
+        if role == "train":  # a learner process loads its model while this one builds the rest
             learner = start_learner(cfg)
-            # a thread learner keeps a float32 copy; the sampler loads its own in its dtype
-        sampler = build_sampler(cfg, hf_model)
+        sampler = build_sampler(cfg)
         scope.push(sampler.close)
         if learner is not None:
             scope.push(lambda: anyio.to_thread.run_sync(learner.close))
@@ -284,15 +280,13 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
             cfg, env, sampler, split=split, group_size=samples if role == "eval" else None
         )
         run = Run(cfg=cfg, role=role, env=env, sampler=sampler, engine=engine, scope=scope)
-        if role == "train":
+        if learner is not None:
             from agentrl.weights import WeightBus
 
+            learner.wait_ready()  # a learner that cannot start fails the assembly, not the run
             run.learner = learner
             run.weight_bus = WeightBus()
             run.weight_bus.register(sampler)
-            wait_ready = getattr(learner, "wait_ready", None)
-            if wait_ready is not None:
-                wait_ready()  # a child that cannot start fails the assembly, not the run
         return run
     except BaseException:
         if learner is not None:

@@ -381,6 +381,9 @@ class Learner:
         self.version = int(meta["version"])
         self.step_count = int(meta["step"])
 
+    def wait_ready(self) -> None:
+        """Ready when constructed (see :class:`~agentrl.learner.LearnerLike`)."""
+
     def close(self) -> None:
         """Nothing to release in this process (see :class:`~agentrl.learner.LearnerLike`)."""
 

@@ -22,6 +22,11 @@ class LearnerLike(Protocol):
     version: int  # the policy version its current weights are (0 before the first step)
     step_count: int  # training steps taken
 
+    def wait_ready(self) -> None:
+        """Block until it can train (a child process has loaded its model); raises if it
+        cannot start."""
+        ...
+
     def step(self, groups: Sequence[Any]) -> dict[str, float]:
         """One training step on trajectory groups; flat float metrics. Blocking."""
         ...

