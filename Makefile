@@ -21,7 +21,7 @@ test-integration: setup
 VLLM_VENV ?= .venv-vllm
 test-vllm:
 	VENV_VLLM=$(VLLM_VENV) bash scripts/setup_vllm.sh
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/samplers/test_vllm_sampler.py tests/samplers/test_openai_sampler.py
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/samplers/test_vllm_sampler.py tests/samplers/test_openai_sampler.py tests/samplers/test_vllm_eval.py
 
 demo: setup
 	$(VENV)/bin/agentrl train configs/demo.yaml

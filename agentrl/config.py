@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentrl._suggest import suggest
 from agentrl.errors import ConfigError
@@ -92,6 +92,9 @@ class OverlongConfig(_Section):
     max_len: int = Field(1024, ge=1, description="L_max")
     cache_len: int = Field(256, ge=0, description="L_cache: soft-penalty interval")
     coef: float = 1.0
+    # DAPO overlong filtering: truncated samples (a limit hit, or the last turn cut at
+    # max_new_tokens) leave the loss; independent of the soft penalty (`enabled`)
+    filter: bool = False
 
 
 class AlgorithmConfig(_Section):
@@ -103,9 +106,23 @@ class AlgorithmConfig(_Section):
     dual_clip_c: float | None = Field(None, gt=1.0)
     kl: str | None = None  # k1 | k2 | k3 | k3+ ; None disables the KL term
     kl_coef: float = Field(0.0, ge=0.0)
+    # REINFORCE++: the KL penalty goes into the per-token reward (r_t - kl_coef * KL_t)
+    # instead of the loss; needs `kl`, kl_coef > 0 and a token-reward advantage
+    kl_in_reward: bool = False
     entropy_coef: float = 0.0
+    # off-policy corrections (docs/off_policy.md); the is_* keys act under tis / decoupled
     off_policy: Literal["none", "tis", "decoupled"] = "none"
     is_cap: float = Field(2.0, gt=0.0, description="cap of truncated importance weights")
+    is_mode: Literal["truncate", "mask"] = "truncate"  # above is_cap: cap the weight, or drop
+    is_level: Literal["token", "sequence"] = "token"  # sequence: prod of the row's token ratios
+    # drop tokens whose pi_old/pi_behave is outside [is_mask_low, is_mask_high]: token =
+    # IcePop, geometric = whole sequences by their geometric-mean ratio (or a registered mask)
+    is_mask: str | None = None
+    is_mask_low: float = Field(0.5, ge=0.0)
+    is_mask_high: float = Field(5.0, gt=0.0)
+    # decoupled's pi_prox: recompute = a no-grad pass at the start of the step; loglinear =
+    # AReaL's interpolation between behaviour and current log-probs (no extra pass)
+    proximal: Literal["recompute", "loglinear"] = "recompute"
     dynamic_sampling: bool = False
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     gamma: float = Field(1.0, ge=0.0, le=1.0)
@@ -143,6 +160,12 @@ class LearnerConfig(_Section):
     sdpa_backend: Literal["auto", "torch", "math", "flash"] = "auto"
     critic_lr: float | None = None
 
+    @field_validator("bf16", "fused_logprobs", mode="before")
+    @classmethod
+    def _on_off(cls, v: Any) -> Any:
+        # YAML reads a bare on/off as a boolean (`--set learner.bf16=off`)
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
 
 class OrchestratorConfig(_Section):
     max_steps: int = Field(20, ge=1)
@@ -152,8 +175,9 @@ class OrchestratorConfig(_Section):
     )
     partial_rollouts: bool = True
     seed: int = 0
-    # where the run's parts live: local = this process (plus the learner child)
-    backend: Literal["local"] = "local"
+    # where the run's parts live: local = this process (plus the learner child); ray = the
+    # same classes in Ray actors sized by the `ray` section (see docs/ray.md)
+    backend: Literal["local", "ray"] = "local"
     checkpoint_every: int = Field(5, ge=0, description="0 disables periodic checkpoints")
     # evaluate on held-out tasks (env.eval_options) every N steps and at the last step:
     # pass@k / maj@k logged as eval/* metrics; 0 = never
@@ -212,6 +236,38 @@ class LoggingConfig(_Section):
         return data
 
 
+class RayRoleConfig(_Section):
+    """One role's Ray actors: how many, and what each one reserves."""
+
+    replicas: int = Field(1, ge=1)
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    # custom Ray resources a node must offer (`ray start --resources='{"rollout": 8}'`)
+    resources: dict[str, float] = Field(default_factory=dict)
+
+
+class RayConfig(_Section):
+    """Placement under ``orchestrator.backend: ray`` (ignored by ``local``)."""
+
+    # an existing cluster ("ray://host:10001", "host:6379", "auto"); None: RAY_ADDRESS when
+    # set, else a local Ray instance started for the run (and stopped with it)
+    address: str | None = None
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a local instance")
+    samplers: RayRoleConfig = Field(default_factory=RayRoleConfig)
+    rollout_workers: RayRoleConfig = Field(default_factory=RayRoleConfig)
+    learner: RayRoleConfig = Field(default_factory=RayRoleConfig)
+    # how weights travel from the learner to the samplers: object_store = put once, every
+    # replica reads it; gloo / nccl = a torch.distributed broadcast group (CPU / GPU)
+    weight_transport: Literal["object_store", "gloo", "nccl"] = "object_store"
+    # PACK keeps a role's bundles on few nodes; SPREAD over many; STRICT_* insist
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    max_restarts: int = Field(3, ge=0, description="restarts of a dead sampler/rollout actor")
+    # an episode stays on its replica (warm prefix cache) unless that replica has this many
+    # more requests in flight than the least busy one
+    sticky_slack: int = Field(8, ge=0)
+    start_timeout_s: float = Field(60.0, gt=0, description="wait for resources and actors")
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
@@ -221,6 +277,7 @@ class Config(_Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

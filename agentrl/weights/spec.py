@@ -117,16 +117,18 @@ class WeightSpec:
         config_from: str | os.PathLike[str] | None = None,
     ) -> Path:
         """A checked safetensors folder an engine can reload from: a given folder as it is,
-        or a state dict written to `folder` (with `config_from`'s config.json)."""
+        or a state dict or single file written to `folder` (with `config_from`'s config.json)."""
         if isinstance(weights, str | os.PathLike):
             path = Path(weights)
-            if not path.is_dir():
+            if path.is_dir():
+                self.check(read_shapes(path), current_version, path)
+                return path
+            if not (path.is_file() and path.suffix == ".safetensors"):
                 raise WeightUpdateError(
-                    f"weights path {path} is not a folder of safetensors files; pass a state "
-                    "dict or a checkpoint folder"
+                    f"weights path {path} is neither a folder of safetensors files nor a "
+                    ".safetensors file; pass a state dict, a file or a checkpoint folder"
                 )
-            self.check(read_shapes(path), current_version, path)
-            return path
+            # one file (a training checkpoint's policy): staged with the model's config
         state = self.validate(weights, current_version)
         return write_safetensors_dir(state, folder, config_from=config_from)
 
