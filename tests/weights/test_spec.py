@@ -91,7 +91,7 @@ def test_bad_state_dicts_are_rejected_before_anything_is_written(
 
 def test_bad_folders_name_the_path(tiny_dir, state_dict, tmp_path):
     spec = WeightSpec.from_folder(tiny_dir)
-    with pytest.raises(WeightUpdateError, match="not a folder"):
+    with pytest.raises(WeightUpdateError, match="neither a folder"):
         spec.stage(tmp_path / "nowhere", tmp_path / "v1", 0)
     del state_dict["model.norm.weight"]
     other = write_safetensors_dir(state_dict, tmp_path / "partial")
