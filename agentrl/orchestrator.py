@@ -296,6 +296,8 @@ class Orchestrator:
             reused = stats["prefix_reused_tokens"] - self._prefill_seen[1]
             out["sampler/prefix_reuse_frac"] = reused / max(fed + reused, 1)
             self._prefill_seen = (stats["prefill_tokens"], stats["prefix_reused_tokens"])
+        # a placement's own counters (ray: requests lost with a replica, weights missed)
+        out.update({k: v for k, v in stats.items() if k.startswith("placement/")})
         out.update(self.buffer.metrics())
         return out
 

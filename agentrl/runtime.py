@@ -264,7 +264,12 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
 
     `split` picks the environment's task split (default: train; eval for ``eval``);
     `samples` is the group size of an ``eval`` run. On failure, whatever was started
-    (a learner process) is stopped before the error propagates."""
+    (a learner process) is stopped before the error propagates.
+    ``orchestrator.backend: ray`` builds the same parts in Ray actors (agentrl.placement)."""
+    if cfg.orchestrator.backend == "ray":
+        from agentrl.placement import assemble_on_ray
+
+        return assemble_on_ray(cfg, role, split=split, samples=samples)
     scope = ResourceScope("run")
     learner = None
     try:

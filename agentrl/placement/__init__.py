@@ -1,0 +1,26 @@
+"""Placement of a run's parts: ``orchestrator.backend: ray`` puts the same classes in Ray
+actors (sampler replicas, rollout workers that own their sandboxes, the learner).
+
+- :mod:`~agentrl.placement.assemble`: :func:`assemble_on_ray`, what ``runtime.assemble``
+  returns for ray.
+- :mod:`~agentrl.placement.cluster`: connecting, resource checks, placement groups.
+- :mod:`~agentrl.placement.actors`: the thin actor shells.
+- :mod:`~agentrl.placement.driver`: the driver's handles (learner, weight bus, engine).
+- :mod:`~agentrl.placement.router`: least-outstanding-work routing with episode stickiness
+  (knows nothing of Ray).
+
+Ray is imported only when a Ray run starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def assemble_on_ray(cfg: Any, role: str, **kwargs: Any) -> Any:
+    from agentrl.placement.assemble import assemble_on_ray as assemble
+
+    return assemble(cfg, role, **kwargs)
+
+
+__all__ = ["assemble_on_ray"]

@@ -1,0 +1,268 @@
+"""Thin actor shells: each builds one of the ordinary classes and forwards calls to it.
+
+The classes (a Sampler from :func:`agentrl.runtime.build_sampler`, a RolloutEngine from
+:func:`agentrl.runtime.build_engine`, a Learner from :func:`agentrl.runtime.load_learner`)
+do not know Ray; these shells are what Ray places (``ray.remote(SamplerShell)``), and a
+test can construct any shell in-process without Ray. Every shell owns one
+:class:`~agentrl.resources.ResourceScope` closed by :meth:`close`, and applies the run's
+process settings (seed, allocator) with torch threads sized to the CPUs Ray gave it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agentrl.config import Config
+from agentrl.resources import ResourceScope
+from agentrl.samplers.base import Generation, SamplingParams
+
+log = logging.getLogger("agentrl.placement")
+
+
+def _process_settings(cfg: Config, num_cpus: float) -> None:
+    import torch
+
+    from agentrl.runtime import apply_process_settings
+
+    apply_process_settings(cfg)
+    threads = cfg.orchestrator.cpu_threads or max(1, int(num_cpus))
+    torch.set_num_threads(threads)
+
+
+def _node() -> str:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # constructed without Ray (tests)
+        return "local"
+
+
+class SamplerShell:
+    """One sampler replica."""
+
+    def __init__(self, cfg: Config, index: int) -> None:
+        from agentrl.runtime import build_sampler, resolve_device
+
+        _process_settings(cfg, cfg.ray.samplers.num_cpus)
+        self.index = index
+        self.sampler = build_sampler(cfg)
+        self._incarnation = uuid.uuid4().hex  # new after every restart
+        self._device = resolve_device(cfg.sampler.device) if cfg.sampler.backend == "hf" else "cpu"
+        self._receiver: Any = None
+
+    async def describe(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "node": _node(),
+            "pid": os.getpid(),
+            "incarnation": self._incarnation,
+            "version": self.sampler.version,
+            "context_length": self.sampler.context_length,
+            "vocab_size": self.sampler.vocab_size,
+        }
+
+    async def incarnation(self) -> str:
+        return self._incarnation
+
+    async def version(self) -> int:
+        return self.sampler.version
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams
+    ) -> tuple[Generation, dict[str, float]]:
+        generation = await self.sampler.generate(prompt_ids, params)
+        return generation, self.sampler.stats()
+
+    async def update_weights(self, payload: Any, version: int) -> int:
+        """Swap to `version` from whatever the transport sent; returns the version now held."""
+        from agentrl.weights.broadcast import BroadcastPayload
+        from agentrl.weights.ray_object_store import ObjectStoreWeights
+
+        if isinstance(payload, ObjectStoreWeights):
+            state: Any = await payload.fetch()
+        elif isinstance(payload, BroadcastPayload):
+            if self._receiver is None:
+                raise RuntimeError("weight broadcast before this replica joined a group")
+            state = await anyio.to_thread.run_sync(self._receiver.receive, payload.layout)
+        else:
+            state = payload  # a state dict or a folder, as in one process
+        if version > self.sampler.version:
+            await self.sampler.update_weights(state, version)
+        return self.sampler.version
+
+    async def join_group(self, address: Any) -> None:
+        from agentrl.weights.broadcast import BroadcastReceiver
+
+        device = "cuda" if address.backend == "nccl" else "cpu"
+        if self._receiver is None or self._receiver.device != device:
+            self._receiver = BroadcastReceiver(device)
+        await anyio.to_thread.run_sync(self._receiver.join, address)
+
+    async def stats(self) -> dict[str, float]:
+        return self.sampler.stats()
+
+    async def close(self) -> None:
+        await self.sampler.close()
+
+
+class RolloutWorkerShell:
+    """Runs episodes on its node: its own environment (and sandboxes), an engine whose
+    sampler is a :class:`~agentrl.placement.router.ReplicaRouter` over the replicas."""
+
+    def __init__(self, cfg: Config, index: int, replicas: list[Any]) -> None:
+        import ray
+
+        from agentrl.models import load_tokenizer
+        from agentrl.placement.router import ReplicaRouter
+        from agentrl.runtime import build_engine, build_env
+
+        _process_settings(cfg, cfg.ray.rollout_workers.num_cpus)
+        self.index = index
+        self.scope = ResourceScope(f"rollout-worker-{index}")
+        self.env = build_env(cfg)
+        tokenizer = load_tokenizer(cfg.model.name)
+        info = ray.get(replicas[0].describe.remote())  # started with us: they boot together
+        self.router = ReplicaRouter(
+            [ActorReplica(r) for r in replicas],
+            tokenizer=tokenizer,
+            context_length=info["context_length"],
+            vocab_size=info["vocab_size"],
+            versions=[info["version"]] * len(replicas),
+            sticky_slack=cfg.ray.sticky_slack,
+        )
+        self.engine = build_engine(cfg, self.env, self.router)
+
+    async def describe(self) -> dict[str, Any]:
+        return {"index": self.index, "node": _node(), "pid": os.getpid()}
+
+    async def run_task(self, task: dict[str, Any], index: int) -> Any:
+        with self.scope.active():  # tools open their sandboxes in this worker's scope
+            return await self.engine.run_task(task, index=index)
+
+    async def set_versions(self, versions: list[int | None]) -> None:
+        self.router.set_versions(versions)
+
+    async def router_state(self) -> dict[str, Any]:
+        r = self.router
+        return {"served": list(r.served), "counters": dict(r.counters), "versions": r.versions}
+
+    async def close(self) -> None:
+        await self.scope.aclose()
+
+
+class ActorReplica:
+    """A sampler actor as the router sees it: ``generate`` that awaits the actor."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Any:
+        return await self.handle.generate.remote(prompt_ids, params)
+
+
+class ReplicaClient:
+    """A sampler replica as the learner's WeightBus sees it (a Sampler for the bus)."""
+
+    backend = "ray-replica"
+
+    def __init__(self, handle: Any, transport: str) -> None:
+        self.handle = handle
+        self.weight_payload = transport  # the bus prepares this transport's payload for it
+        self.held: int | None = None  # version it holds, None after a missed publish
+        self.missed = 0
+
+    async def update_weights(self, payload: Any, version: int) -> None:
+        from agentrl.placement.router import ReplicaRouter
+
+        try:
+            self.held = await self.handle.update_weights.remote(payload, version)
+        except Exception as e:
+            if not ReplicaRouter.is_replica_failure(e):
+                raise
+            # dead or restarting: it is skipped by the routers until a later publish
+            self.held, self.missed = None, self.missed + 1
+            log.warning("sampler replica missed weights v%d: %s", version, e)
+
+    async def join_group(self, address: Any) -> None:
+        await self.handle.join_group.remote(address)
+
+    async def incarnation(self) -> str:
+        return await self.handle.incarnation.remote()
+
+
+class LearnerShell:
+    """The learner, and the weight bus that publishes from its process to the replicas.
+
+    An async actor: ``publish`` awaits the replicas; the blocking calls (``step``,
+    checkpoints) hold the actor's loop, which is what they mean (one step at a time)."""
+
+    def __init__(self, cfg: Config) -> None:
+        from agentrl.runtime import load_learner
+
+        _process_settings(cfg, cfg.ray.learner.num_cpus)
+        self.cfg = cfg
+        self.learner = load_learner(cfg)
+        self.replicas: list[ReplicaClient] = []
+        self.bus: Any = None
+        self._transport: Any = None
+
+    async def describe(self) -> dict[str, Any]:
+        return {"node": _node(), "pid": os.getpid(), "version": self.learner.version}
+
+    def connect_replicas(self, handles: list[Any]) -> None:
+        from agentrl.weights import WeightBus
+
+        kind = self.cfg.ray.weight_transport
+        transports: dict[str, Any] = {}
+        if kind == "object_store":
+            import agentrl.weights.ray_object_store  # noqa: F401 - registers the transport
+
+            name = "ray_object_store"
+        else:
+            from agentrl.weights.broadcast import BroadcastTransport
+
+            name = kind
+            self._transport = BroadcastTransport(kind, lambda: self.replicas)
+            transports[name] = self._transport
+        self.replicas = [ReplicaClient(h, name) for h in handles]
+        self.bus = WeightBus(transports)
+        for client in self.replicas:
+            self.bus.register(client)
+
+    def step(self, groups: list[Any]) -> tuple[dict[str, float], int, int]:
+        metrics = self.learner.step(groups)
+        return metrics, self.learner.version, self.learner.step_count
+
+    async def publish(self) -> dict[str, Any]:
+        """Publish the current weights to every replica; returns what each one holds."""
+        version = self.learner.version
+        weights = self.learner.state_dict_for_sampler()
+        report = await self.bus.publish(version, weights)
+        return {
+            "version": version,
+            "held": [c.held for c in self.replicas],
+            "missed": sum(c.missed for c in self.replicas),
+            "seconds": report.total_s,
+            "bytes": report.bytes,
+            "prepare_s": report.prepare_s,
+        }
+
+    def save_checkpoint(self, directory: str) -> str:
+        return str(self.learner.save_checkpoint(Path(directory)))
+
+    def load_checkpoint(self, directory: str) -> tuple[int, int]:
+        self.learner.load_checkpoint(Path(directory))
+        return self.learner.version, self.learner.step_count
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        self.learner.close()

@@ -1,0 +1,176 @@
+"""The driver's side of a Ray run: what the orchestrator holds in place of local parts.
+
+- :class:`RemoteLearner`: a :class:`~agentrl.learner.protocol.LearnerLike` over the learner
+  actor (blocking calls, as the thread learner's are).
+- :class:`RayWeightBus`: ``publish(version, weights)`` asks the learner actor to publish
+  from its own process (the weights never pass through the driver), then tells the
+  routers which version each replica holds.
+- :class:`RemoteEngine`: ``run_task(task, index)`` on the rollout worker with the fewest
+  groups in flight; a worker that dies has its group run again on another (counted).
+- :class:`DriverSampler`: the orchestrator's ``sampler``: a router over the replicas
+  (evaluation generates through it) whose ``stats()`` are the replicas' own plus the
+  ``placement/*`` counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.errors import InfraError
+from agentrl.placement.router import ReplicaRouter
+
+log = logging.getLogger("agentrl.placement")
+
+
+@dataclass(frozen=True)
+class LearnerWeights:
+    """Stands for the learner's current weights, which stay in the learner actor."""
+
+    version: int
+
+
+class RemoteLearner:
+    def __init__(self, ray: Any, handle: Any) -> None:
+        self._ray = ray
+        self.handle = handle
+        info = ray.get(handle.describe.remote())
+        self.version: int = info["version"]
+        self.step_count = 0
+        self.node = info["node"]
+        self._closed = False
+
+    def step(self, groups: Any) -> dict[str, float]:
+        metrics, self.version, self.step_count = self._ray.get(
+            self.handle.step.remote(list(groups))
+        )
+        return metrics
+
+    def state_dict_for_sampler(self, dtype: Any = None) -> Any:
+        return LearnerWeights(self.version)
+
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        return Path(self._ray.get(self.handle.save_checkpoint.remote(str(directory))))
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        self.version, self.step_count = self._ray.get(
+            self.handle.load_checkpoint.remote(str(directory))
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._ray.get(self.handle.close.remote(), timeout=30)
+        except Exception as e:  # already dead: nothing left to close
+            log.debug("learner actor close: %s", e)
+        self._ray.kill(self.handle)
+
+
+class DriverSampler(ReplicaRouter):
+    """The replicas as one sampler, for the orchestrator and the evaluator."""
+
+    backend = "ray"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.placement_counters: dict[str, float] = {}
+
+    def stats(self) -> dict[str, float]:
+        out = super().stats()
+        out.update({f"placement/{k}": v for k, v in self.placement_counters.items()})
+        return out
+
+
+class RayWeightBus:
+    def __init__(
+        self,
+        learner: RemoteLearner,
+        sampler: DriverSampler,
+        samplers: list[Any],
+        workers: list[Any],
+        engine: RemoteEngine,
+    ) -> None:
+        self.learner = learner
+        self.sampler = sampler
+        self.samplers = samplers
+        self.workers = workers
+        self.engine = engine
+        self.version: int | None = None
+        self.last: dict[str, Any] = {}
+
+    async def publish(self, version: int, weights: Any) -> dict[str, Any]:
+        if isinstance(weights, LearnerWeights) and weights.version != version:
+            raise ValueError(f"publishing version {version} with weights of {weights.version}")
+        report = await self.learner.handle.publish.remote()
+        held: list[int | None] = report["held"]
+        self.version = version
+        self.last = report
+        self.sampler.set_versions(held)
+        await asyncio.gather(*(w.set_versions.remote(held) for w in self.workers))
+        await self._refresh_stats(report)
+        return report
+
+    async def _refresh_stats(self, report: dict[str, Any]) -> None:
+        """Once per step: the replicas' sampler counters and the placement counters."""
+
+        async def quiet(ref: Any) -> Any:
+            try:
+                return await ref
+            except Exception:  # a replica restarting: its numbers come next step
+                return None
+
+        stats = await asyncio.gather(*(quiet(s.stats.remote()) for s in self.samplers))
+        for i, s in enumerate(stats):
+            if s is not None:
+                self.sampler._stats[i] = s
+        states = await asyncio.gather(*(quiet(w.router_state.remote()) for w in self.workers))
+        lost = sum(s["counters"]["requests_lost"] for s in states if s)
+        self.sampler.placement_counters = {
+            "sampler_requests_lost": float(lost),
+            "groups_redispatched": float(self.engine.counters["groups_redispatched"]),
+            "weights_missed": float(report["missed"]),
+            "publish_seconds": float(report["seconds"]),
+        }
+
+
+@dataclass
+class _Runner:
+    renderer: Any  # what Run.renderer reads (engine.runner.renderer)
+
+
+class RemoteEngine:
+    """Groups run on rollout worker actors (least groups in flight first)."""
+
+    def __init__(self, workers: list[Any], renderer: Any, retries: int) -> None:
+        self.workers = workers
+        self.runner = _Runner(renderer)
+        self.retries = retries
+        self.outstanding = [0] * len(workers)
+        self.counters = {"groups_redispatched": 0}
+
+    async def run_task(
+        self, task: dict[str, Any], index: int = 0, group_id: str | None = None
+    ) -> Any:
+        failures: list[str] = []
+        for _attempt in range(self.retries + 1):
+            i = min(range(len(self.workers)), key=lambda k: (self.outstanding[k], k))
+            self.outstanding[i] += 1
+            try:
+                return await self.workers[i].run_task.remote(task, index)
+            except Exception as e:
+                if not ReplicaRouter.is_replica_failure(e):
+                    raise
+                failures.append(f"worker {i}: {e}")
+                self.counters["groups_redispatched"] += 1
+                log.warning("rollout worker %d died; task %d runs again (%s)", i, index, e)
+            finally:
+                self.outstanding[i] -= 1
+        raise InfraError(
+            f"task {index}: every attempt lost its rollout worker ({'; '.join(failures)}); "
+            "raise ray.max_restarts or check the workers' logs"
+        )
