@@ -7,7 +7,10 @@ Actors ``put`` finished :class:`~agentrl.types.TrajectoryGroup` s; the learner t
   but the learner masks them out of the loss and the baseline; a group left with fewer
   than ``min_valid`` valid samples cannot form a baseline and is dropped;
 * DAPO dynamic sampling (when on) -- a group whose valid rewards are all equal has zero
-  advantage everywhere and is dropped; actors keep sampling until the batch is full;
+  advantage everywhere and is dropped; actors keep sampling until the batch is full, but
+  not forever: after ``max_dropped`` such groups in a row (a warning half way) the buffer
+  raises :class:`~agentrl.errors.TrainingStalledError`, or with ``on_max_dropped="train"``
+  admits them until a group with differing rewards comes;
 * the staleness gate -- ``learner_version - oldest token version <= max_staleness``,
   checked on admission and again on release, since the learner moves on while a group
   waits.
@@ -21,6 +24,7 @@ Capacity is bounded: ``put`` waits while the buffer is full (backpressure on the
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +32,10 @@ from typing import Any
 
 import anyio
 
+from agentrl.errors import TrainingStalledError
 from agentrl.types import TrajectoryGroup
+
+log = logging.getLogger(__name__)
 
 COUNTER_NAMES = (
     "received",  # groups offered to put()
@@ -37,6 +44,7 @@ COUNTER_NAMES = (
     "dropped_stale",  # staleness gate on admission
     "dropped_stale_in_buffer",  # went stale while waiting in the buffer
     "dropped_all_equal",  # dynamic sampling
+    "admitted_all_equal",  # dynamic sampling gave up waiting (on_max_dropped: train)
     "dropped_infra",  # fewer than min_valid valid samples
     "masked_infra_trajectories",  # infra_error samples masked inside admitted groups
     "trajectories_admitted",
@@ -88,6 +96,8 @@ class Buffer:
         min_valid: int = 2,
         learner_version: int = 0,
         on_evict: Callable[[list[TrajectoryGroup]], None] | None = None,
+        max_dropped: int = 64,
+        on_max_dropped: str = "error",
     ) -> None:
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(
@@ -97,12 +107,19 @@ class Buffer:
             raise ValueError(f"buffer capacity must be >= 1 (got {capacity})")
         if min_valid < 1:
             raise ValueError(f"min_valid must be >= 1 (got {min_valid})")
+        if max_dropped < 1:
+            raise ValueError(f"max_dropped must be >= 1 (got {max_dropped})")
+        if on_max_dropped not in ("error", "train"):
+            raise ValueError(f"on_max_dropped must be 'error' or 'train' (got {on_max_dropped!r})")
         self.max_staleness = max_staleness
         self.capacity = capacity
         self.dynamic_sampling = dynamic_sampling
         self.min_valid = min_valid
         self.learner_version = learner_version
         self.on_evict = on_evict
+        self.max_dropped = max_dropped
+        self.on_max_dropped = on_max_dropped
+        self.dropped_in_a_row = 0  # all-equal groups since the last admitted one
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self._groups: deque[TrajectoryGroup] = deque()
         self._cond = anyio.Condition()
@@ -141,6 +158,10 @@ class Buffer:
         """Admit `group` (waiting while the buffer is full); says why when it is dropped."""
         self.counters["received"] += 1
         reason = self.check(group)
+        forced = reason == "dropped_all_equal" and not self._keep_waiting(group)
+        if forced:
+            self.counters["admitted_all_equal"] += 1
+            reason = "dropped_stale" if self._is_stale(group) else None
         if reason is not None:
             self.counters[reason] += 1
             return Admission(reason)
@@ -154,6 +175,8 @@ class Buffer:
                 self.counters["dropped_stale"] += 1
                 return Admission("dropped_stale")
             self._groups.append(group)
+            if not forced:  # a group with a learning signal: dynamic sampling is working
+                self.dropped_in_a_row = 0
             self.counters["admitted"] += 1
             self.counters["trajectories_admitted"] += len(group.trajectories)
             self.counters["masked_infra_trajectories"] += len(group.trajectories) - len(
@@ -161,6 +184,30 @@ class Buffer:
             )
             self._cond.notify_all()
         return ADMITTED
+
+    def _keep_waiting(self, group: TrajectoryGroup) -> bool:
+        """Dynamic sampling's bound (verl's ``max_num_gen_batches``): True while dropping
+        all-equal groups may still lead somewhere; warns half way, then raises
+        :class:`TrainingStalledError` or (``on_max_dropped="train"``) admits the group."""
+        self.dropped_in_a_row += 1
+        n, limit = self.dropped_in_a_row, self.max_dropped
+        cause = (
+            f"{n} groups in a row had all rewards equal (last: {group.rewards[0]:g} for every "
+            "sample), so dynamic sampling dropped them: the model never (or always) succeeds "
+            "at these tasks"
+        )
+        fix = (
+            "make the tasks easier (or harder), raise rollout.group_size, raise "
+            "algorithm.max_dropped_groups, set algorithm.on_max_dropped=train to train on "
+            "them anyway, or turn algorithm.dynamic_sampling off"
+        )
+        if n == max(limit // 2, 1) and n < limit:
+            log.warning("%s; still sampling (gives up after %d). To fix: %s", cause, limit, fix)
+        if n < limit:
+            return True
+        if self.on_max_dropped == "error":
+            raise TrainingStalledError(f"{cause}; stopping. To fix: {fix}")
+        return False
 
     def _evict_stale(self) -> None:
         if self.max_staleness is None:

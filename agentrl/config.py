@@ -124,6 +124,10 @@ class AlgorithmConfig(_Section):
     # AReaL's interpolation between behaviour and current log-probs (no extra pass)
     proximal: Literal["recompute", "loglinear"] = "recompute"
     dynamic_sampling: bool = False
+    # dynamic sampling's bound: after this many all-equal groups in a row (a warning half
+    # way), stop with an error naming the likely cause, or (train) train on them anyway
+    max_dropped_groups: int = Field(64, ge=1)
+    on_max_dropped: Literal["error", "train"] = "error"
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(1.0, ge=0.0, le=1.0)

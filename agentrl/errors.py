@@ -85,3 +85,19 @@ class TemplateMismatchError(AgentRLError):
 
 class CheckpointError(AgentRLError):
     """A checkpoint is missing, incomplete or incompatible."""
+
+
+class TrainingStalledError(AgentRLError):
+    """Training cannot make progress (every sampled group is dropped, say)."""
+
+
+def user_error(e: BaseException) -> AgentRLError | None:
+    """The :class:`AgentRLError` behind `e`, also when a task group wrapped it in an
+    exception group (the first one found); None for anything else (a bug: show it)."""
+    if isinstance(e, AgentRLError):
+        return e
+    for inner in getattr(e, "exceptions", ()):  # BaseExceptionGroup
+        found = user_error(inner)
+        if found is not None:
+            return found
+    return None

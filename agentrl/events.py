@@ -295,12 +295,22 @@ class ProgressDisplay:
         self._soft_wrap = not self._console.is_terminal
         self._max_steps = max_steps
         self._groups = 0
+        self._dropped = 0  # groups dropped since the last trained step
         self._t0 = time.time()
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, GroupFinished):
             self._groups += 1
+        elif isinstance(event, GroupDropped):
+            self._dropped += 1
+            if self._dropped >= 8 and self._dropped & (self._dropped - 1) == 0:  # 8, 16, 32..
+                self._print(
+                    f"[yellow]waiting for a batch: {self._dropped} groups dropped since the "
+                    f"last step (last reason: {event.reason})[/] "
+                    f"[dim]{time.time() - self._t0:.0f}s[/]"
+                )
         elif isinstance(event, BatchTrained):
+            self._dropped = 0
             m = event.metrics
             # no rollout numbers: no group finished during this step (it trained earlier ones)
             reward = f"{m['reward_mean']:.3f}" if "reward_mean" in m else "-"

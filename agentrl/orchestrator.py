@@ -91,6 +91,8 @@ class Orchestrator:
             self.buffer = Buffer(
                 max_staleness=cfg.orchestrator.max_staleness,
                 dynamic_sampling=cfg.algorithm.dynamic_sampling,
+                max_dropped=cfg.algorithm.max_dropped_groups,
+                on_max_dropped=cfg.algorithm.on_max_dropped,
                 # never below the permits in flight, so put() only waits when the learner lags
                 capacity=(cfg.orchestrator.max_staleness + 1) * cfg.learner.batch_groups,
                 on_evict=self._evicted,

@@ -268,3 +268,37 @@ def test_state_dict_roundtrip_is_json() -> None:
         assert batch[1].trajectories[0].behavior_logprobs == [0.0, 0.0, 0.0, -1.0, -2.0]
 
     anyio.run(main)
+
+
+def test_dynamic_sampling_gives_up_with_a_message_naming_the_cause(caplog):
+    from agentrl.errors import TrainingStalledError
+
+    buf = Buffer(dynamic_sampling=True, max_dropped=4)
+
+    async def main() -> None:
+        for i in range(3):
+            assert (await buf.put(make_group([0.0, 0.0], task_id=f"t{i}"))).reason == (
+                "dropped_all_equal"
+            )
+        assert "2 groups in a row had all rewards equal" in caplog.text  # warned half way
+        await buf.put(make_group([1.0, 0.0], task_id="mixed"))  # a signal resets the count
+        for i in range(3):
+            await buf.put(make_group([1.0, 1.0], task_id=f"u{i}"))
+        with pytest.raises(TrainingStalledError, match=r"4 groups in a row.*dynamic_sampling"):
+            await buf.put(make_group([1.0, 1.0], task_id="last"))
+
+    anyio.run(main)
+
+
+def test_dynamic_sampling_can_train_on_what_there_is():
+    buf = Buffer(dynamic_sampling=True, max_dropped=2, on_max_dropped="train", capacity=8)
+
+    async def main() -> None:
+        assert not await buf.put(make_group([0.0, 0.0], task_id="a"))
+        assert await buf.put(make_group([0.0, 0.0], task_id="b"))  # the bound: admitted
+        assert await buf.put(make_group([0.0, 0.0], task_id="c"))  # and so on, until a signal
+        assert await buf.put(make_group([1.0, 0.0], task_id="d"))
+        assert not await buf.put(make_group([0.0, 0.0], task_id="e"))  # waiting again
+
+    anyio.run(main)
+    assert buf.counters["admitted_all_equal"] == 2 and buf.counters["dropped_all_equal"] == 2

@@ -35,7 +35,7 @@ def rollout(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from agentrl.config import load_config
-    from agentrl.errors import AgentRLError
+    from agentrl.errors import user_error
     from agentrl.rollout.sinks import JsonlSink
     from agentrl.rollout.summary import summarize
     from agentrl.runtime import assemble
@@ -71,8 +71,11 @@ def rollout(
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(cfg.to_yaml())
         elapsed = anyio.run(main)
-    except AgentRLError as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
+    except Exception as e:
+        error = user_error(e)
+        if error is None:
+            raise
+        typer.secho(f"error: {error}", fg="red", err=True)
         raise typer.Exit(2) from None
     stats = summarize(groups)
     stats["wall_s"] = elapsed

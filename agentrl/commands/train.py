@@ -33,7 +33,7 @@ def train(
     import anyio
 
     from agentrl.config import load_config
-    from agentrl.errors import AgentRLError
+    from agentrl.errors import user_error
     from agentrl.orchestrator import train as run_train
 
     try:
@@ -45,8 +45,11 @@ def train(
             cfg = load_config(config, set_ or [])
             target = run_dir or Path(cfg.orchestrator.run_dir or _default_run_dir(config))
         anyio.run(run_train, cfg, target, resume is not None)
-    except AgentRLError as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
+    except Exception as e:
+        error = user_error(e)
+        if error is None:
+            raise
+        typer.secho(f"error: {error}", fg="red", err=True)
         raise typer.Exit(2) from None
     if summary:
         _print_summary(target)
@@ -124,15 +127,18 @@ def eval_(
 
     from agentrl.config import load_config
     from agentrl.cpu import set_allocator
-    from agentrl.errors import AgentRLError
+    from agentrl.errors import user_error
     from agentrl.evaluation import evaluate, print_eval
 
     try:
         cfg = load_config(config, set_ or [])
         set_allocator(cfg.orchestrator.cpu_allocator)  # before the sampler's thread starts
         result = anyio.run(evaluate, cfg, checkpoint, n_tasks, samples)
-    except AgentRLError as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
+    except Exception as e:
+        error = user_error(e)
+        if error is None:
+            raise
+        typer.secho(f"error: {error}", fg="red", err=True)
         raise typer.Exit(2) from None
     print_eval(result)
     if out:

@@ -26,3 +26,12 @@ class ParityEnv(Environment):
     async def step(self, turn: AssistantTurn) -> StepResult:
         even = bool(turn.token_ids) and turn.token_ids[0] % 2 == 0
         return StepResult(reward=1.0 if even else 0.0, done=True, info={"extracted": str(even)})
+
+
+class ConstantEnv(ParityEnv):
+    """Every sample scores the same: dynamic sampling can never form a batch."""
+
+    name = "constant"
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        return StepResult(reward=0.0, done=True, info={"extracted": "0"})

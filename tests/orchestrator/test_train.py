@@ -292,3 +292,33 @@ def test_eval_reports_pass_and_maj_at_k(tmp_path):
     assert "maj@4" in m
     with pytest.raises(Exception, match="no complete checkpoint"):
         anyio.run(evaluate, cfg, tmp_path / "nowhere", 1, 2)
+
+
+def test_a_run_that_can_never_form_a_batch_stops_with_a_clear_error(tmp_path):
+    # every reward equal: dynamic sampling drops every group; the run must not spin
+    (tmp_path / "c.yaml").write_text("{}\n")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli",
+            "train",
+            str(tmp_path / "c.yaml"),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--no-summary",
+            *[f"--set={o}" for o in BASE],
+            "--set=env.name=tests.orchestrator.parity_env:ConstantEnv",
+            "--set=algorithm.dynamic_sampling=true",
+            "--set=algorithm.max_dropped_groups=4",
+            "--set=orchestrator.max_staleness=0",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "error: 4 groups in a row had all rewards equal" in out.stderr
+    assert "Traceback" not in out.stderr
