@@ -8,7 +8,7 @@
                                 eps_low=0.2, eps_high=0.28, agg="token-mean")
 
 Add your own with ``@register_advantage``, ``@register_policy_loss``, ``@register_kl``,
-``@register_aggregation`` or ``@register_tree_attribution``; configs then name them.
+``@register_aggregation``, ``@register_tree_attribution`` or ``@register_off_policy_mask``; configs then name them.
 """
 
 from agentrl.algos.advantages import (
@@ -28,9 +28,14 @@ from agentrl.algos.logprobs import (
     logprobs_from_logits,
     sequence_logprobs_entropy,
 )
+from agentrl.algos.offpolicy import (
+    correction_weights,
+    importance_weights,
+    loglinear_proximal_logprobs,
+    rejection_mask,
+)
 from agentrl.algos.policy import (
     entropy_bonus,
-    importance_weights,
     policy_loss,
     value_loss,
 )
@@ -38,6 +43,7 @@ from agentrl.algos.registry import (
     ADVANTAGES,
     AGGREGATIONS,
     KL_ESTIMATORS,
+    OFF_POLICY_MASKS,
     POLICY_LOSSES,
     TREE_ATTRIBUTIONS,
     AdvantageRegistry,
@@ -46,16 +52,18 @@ from agentrl.algos.registry import (
     register_advantage,
     register_aggregation,
     register_kl,
+    register_off_policy_mask,
     register_policy_loss,
     register_tree_attribution,
 )
-from agentrl.algos.shaping import overlong_penalty
+from agentrl.algos.shaping import kl_penalized_rewards, overlong_filter, overlong_penalty
 from agentrl.algos.tree import TreeAttribution, tree_advantages, tree_from_ids, tree_owner
 
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "OFF_POLICY_MASKS",
     "POLICY_LOSSES",
     "TREE_ATTRIBUTIONS",
     "AdvantageRegistry",
@@ -65,6 +73,7 @@ __all__ = [
     "chunked_logprobs_entropy",
     "compute_advantages",
     "compute_gae",
+    "correction_weights",
     "dynamic_sampling_mask",
     "entropy_bonus",
     "entropy_from_logits",
@@ -73,8 +82,11 @@ __all__ = [
     "importance_weights",
     "keyword_parameters",
     "kl_divergence",
+    "kl_penalized_rewards",
+    "loglinear_proximal_logprobs",
     "logprobs_from_logits",
     "maj_at_k",
+    "overlong_filter",
     "overlong_penalty",
     "pass_at_k",
     "place_outcome_rewards",
@@ -82,8 +94,10 @@ __all__ = [
     "register_advantage",
     "register_aggregation",
     "register_kl",
+    "register_off_policy_mask",
     "register_policy_loss",
     "register_tree_attribution",
+    "rejection_mask",
     "sequence_logprobs_entropy",
     "tree_advantages",
     "tree_from_ids",

@@ -131,15 +131,31 @@ def _whiten(x: Tensor, v: Tensor, eps: float) -> Tensor:
     return torch.where(v > 0, (x - mean) / (var.sqrt() + eps), torch.zeros_like(x))
 
 
-# REINFORCE++ (Hu 2025, eq. 8-9): A = (r - mean_batch(r)) / std_batch(r) -- no group baseline
-@register_advantage("reinforce_pp")
+# REINFORCE++ (Hu 2025, eq. 8-9): A = (r - mean_batch(r)) / std_batch(r) -- no group baseline.
+# With per-token rewards r_t (eq. 5: the outcome on the last token minus beta * KL_t):
+# A_t = whiten_batch(G_t), G_t = sum_{s >= t} gamma^(s-t) r_s over the trained tokens.
+@register_advantage("reinforce_pp", token_rewards=True)
 def reinforce_pp(
     rewards: Tensor,
     group_ids: Tensor | None = None,
     *,
     valid: Tensor | None = None,
     eps: float = 1e-6,
+    mask: Tensor | None = None,
+    gamma: float = 1.0,
 ) -> Tensor:
+    if rewards.dim() == 2:
+        if mask is None or mask.shape != rewards.shape:
+            raise ValueError(
+                "per-token rewards [B, T] need mask= [B, T] of the same shape (got "
+                f"{None if mask is None else tuple(mask.shape)} for {tuple(rewards.shape)})"
+            )
+        m = mask.to(torch.float32)
+        if valid is not None:
+            m = m * valid.to(torch.float32)[:, None]
+        zeros = torch.zeros_like(rewards, dtype=torch.float32)
+        returns, _ = compute_gae(rewards * m, zeros, m, gamma=gamma, lam=1.0)
+        return whiten_tokens(returns, m, eps)
     v = _check_rows(rewards, group_ids, valid)
     return _out(_whiten(_clean(rewards, v), v, eps), rewards)
 
@@ -178,6 +194,9 @@ def estimate_advantages(
     targets ``returns`` ``[B, T]``; for the others ``returns`` is None.
     """
     fn = ADVANTAGES.get(name)
+    token_rewards = rewards.dim() == 2 and ADVANTAGES.takes_token_rewards(name)
+    if token_rewards and not ADVANTAGES.needs_critic(name):
+        return fn(rewards, group_ids, valid=valid, mask=mask, gamma=gamma, **options), None
     if ADVANTAGES.needs_critic(name):
         advantages, returns = fn(
             rewards, group_ids, valid=valid, values=values, mask=mask, gamma=gamma, lam=lam,

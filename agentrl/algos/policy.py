@@ -17,12 +17,12 @@ from torch import Tensor
 
 from agentrl._suggest import suggest
 from agentrl.algos.aggregation import aggregate
+from agentrl.algos.offpolicy import correction_weights
 from agentrl.algos.registry import POLICY_LOSSES, keyword_parameters, register_policy_loss
 from agentrl.errors import UnknownNameError
 
 _LOG_RATIO_CLAMP = 20.0
 CORRECTIONS = ("none", "tis", "decoupled")
-IS_MODES = ("truncate", "mask")
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> float:
@@ -173,26 +173,6 @@ def gspo_token_loss(
     return loss, metrics
 
 
-def importance_weights(
-    old_logprobs: Tensor,
-    behavior_logprobs: Tensor,
-    *,
-    cap: float = 2.0,
-    mode: str = "truncate",
-) -> Tensor:
-    """Detached per-token weights pi_old / pi_behavior, truncated at ``cap`` (TIS) or, with
-    ``mode="mask"``, zeroed above it (AReaL's behaviour-importance mask)."""
-    if cap <= 0:
-        raise ValueError(f"is_cap must be > 0 (got {cap})")
-    if mode not in IS_MODES:
-        raise ValueError(f"is_mode must be one of {IS_MODES} (got {mode!r})")
-    log_w = (old_logprobs - behavior_logprobs).detach().clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    w = torch.exp(log_w)
-    if mode == "truncate":
-        return w.clamp(max=cap)
-    return torch.where(w <= cap, w, torch.zeros_like(w))
-
-
 _LOSS_INPUTS = ("logprobs", "old_logprobs", "advantages", "mask")
 
 
@@ -223,6 +203,10 @@ def policy_loss(
     correction: str = "none",
     is_cap: float = 2.0,
     is_mode: str = "truncate",
+    is_level: str = "token",
+    is_mask: str | None = None,
+    is_mask_low: float = 0.5,
+    is_mask_high: float = 2.0,
     **kw: Any,
 ) -> tuple[Tensor, dict[str, float]]:
     """Aggregated policy loss (to minimise) and metrics, with an optional off-policy correction.
@@ -237,6 +221,10 @@ def policy_loss(
         ``min(pi_prox / pi_behavior, is_cap)`` (detached); ``is_mode="mask"`` drops tokens
         above the cap instead, as AReaL's code does.
       Both weightings are the same formula; they differ in what ``old_logprobs`` holds.
+      ``is_level="sequence"`` weights every token by its row's product of ratios;
+      ``is_mask`` (``"token"``: IcePop, ``"geometric"``: the sequence's geometric-mean
+      ratio) also drops tokens whose ratio lies outside ``[is_mask_low, is_mask_high]``.
+      See :mod:`agentrl.algos.offpolicy`.
     ``kw`` goes to the loss (``eps_low``, ``eps_high``, ``dual_clip_c``). ``agg``,
     ``norm_length`` and ``denominator`` go to :func:`agentrl.algos.aggregate`.
     """
@@ -273,12 +261,24 @@ def policy_loss(
                 f"correction='{correction}' needs behavior_logprobs= (the sampler's log-probs); "
                 "pass them or use correction='none'"
             )
-        w = importance_weights(old_logprobs, behavior_logprobs, cap=is_cap, mode=is_mode)
+        w, w_metrics = correction_weights(
+            old_logprobs,
+            behavior_logprobs,
+            mask,
+            cap=is_cap,
+            mode=is_mode,
+            level=is_level,
+            reject=is_mask,
+            low=is_mask_low,
+            high=is_mask_high,
+        )
         tok_loss = tok_loss * w.to(tok_loss.dtype)
-        metrics["is_weight_mean"] = _masked_mean(w, mask)
-        metrics["is_weight_max"] = _masked_max(w, mask)
-        raw = torch.exp((old_logprobs - behavior_logprobs).clamp(-20, 20))
-        metrics["is_capped_frac"] = _masked_mean(raw > is_cap, mask)
+        metrics.update(w_metrics)
+    elif is_mask is not None:
+        raise ValueError(
+            f"is_mask='{is_mask}' compares the learner's log-probs with the sampler's: use "
+            "correction='tis' or 'decoupled' (with correction='none' they are the same)"
+        )
 
     log_ratio = (logprobs.detach() - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     # k3 estimate of KL(pi_old || pi_theta) on the trained tokens

@@ -74,18 +74,31 @@ class AdvantageRegistry(Registry[Callable[..., Any]]):
     def __init__(self) -> None:
         super().__init__("advantage")
         self._needs_critic: dict[str, bool] = {}
+        self._token_rewards: dict[str, bool] = {}
 
     def register(
-        self, name: str, *, override: bool = False, needs_critic: bool = False
+        self,
+        name: str,
+        *,
+        override: bool = False,
+        needs_critic: bool = False,
+        token_rewards: bool = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         add = super().register(name, override=override)
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
             add(fn)
             self._needs_critic[name] = needs_critic
+            self._token_rewards[name] = token_rewards or needs_critic
             return fn
 
         return deco
+
+    def takes_token_rewards(self, name: str) -> bool:
+        """Whether `name` also takes per-token rewards ``[B, T]`` (with ``mask=`` and
+        ``gamma=``), as a KL penalty folded into the reward needs."""
+        self.get(name)
+        return self._token_rewards.get(name, False)
 
     def needs_critic(self, name: str) -> bool:
         """Whether the estimator `name` takes a critic's values (and returns value targets)."""
@@ -98,17 +111,22 @@ POLICY_LOSSES: Registry[Callable[..., Any]] = Registry("policy_loss")
 KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("kl")
 AGGREGATIONS: Registry[Callable[..., Any]] = Registry("aggregation")
 TREE_ATTRIBUTIONS: Registry[Callable[..., Any]] = Registry("tree_attribution")
+OFF_POLICY_MASKS: Registry[Callable[..., Any]] = Registry("off_policy_mask")
 
 
 def register_advantage(
-    name: str, *, override: bool = False, needs_critic: bool = False
+    name: str, *, override: bool = False, needs_critic: bool = False, token_rewards: bool = False
 ) -> Callable[[F], F]:
     """Register ``fn(rewards [B], group_ids [B], *, valid=None, **options) -> advantages``.
 
     ``needs_critic=True``: ``fn`` also takes ``values=``, ``mask=`` ``[B, T]``, ``gamma=``
     and ``lam=`` and returns ``(advantages [B, T], returns [B, T])``.
+    ``token_rewards=True`` (implied by ``needs_critic``): ``fn`` also accepts per-token
+    rewards ``[B, T]`` with ``mask=`` and ``gamma=`` (``algorithm.kl_in_reward`` needs it).
     """
-    return ADVANTAGES.register(name, override=override, needs_critic=needs_critic)  # type: ignore[return-value]
+    return ADVANTAGES.register(  # type: ignore[return-value]
+        name, override=override, needs_critic=needs_critic, token_rewards=token_rewards
+    )
 
 
 def register_policy_loss(name: str, *, override: bool = False) -> Callable[[F], F]:
@@ -136,6 +154,12 @@ def register_tree_attribution(name: str, *, override: bool = False) -> Callable[
     return TREE_ATTRIBUTIONS.register(name, override=override)
 
 
+def register_off_policy_mask(name: str, *, override: bool = False) -> Callable[[F], F]:
+    """Register ``fn(log_ratio [B,T], mask [B,T], *, low, high) -> keep [B,T]`` (1 keeps a
+    token in the loss, 0 drops it); ``log_ratio`` is log(pi_old / pi_behave), detached."""
+    return OFF_POLICY_MASKS.register(name, override=override)
+
+
 def keyword_parameters(fn: Callable[..., Any]) -> tuple[list[str], bool]:
     """(the keyword parameters `fn` names, whether it also takes ``**kwargs``)."""
     params = inspect.signature(fn).parameters.values()
@@ -152,7 +176,15 @@ def plugin_modules() -> list[str]:
     the same registrations (the learner process imports them). ``__main__`` is left out:
     a script's top level cannot be imported elsewhere without running it again."""
     mods = set()
-    for reg in (ADVANTAGES, POLICY_LOSSES, KL_ESTIMATORS, AGGREGATIONS, TREE_ATTRIBUTIONS):
+    registries = (
+        ADVANTAGES,
+        POLICY_LOSSES,
+        KL_ESTIMATORS,
+        AGGREGATIONS,
+        TREE_ATTRIBUTIONS,
+        OFF_POLICY_MASKS,
+    )
+    for reg in registries:
         for fn in reg._fns.values():
             mod = getattr(fn, "__module__", None) or ""
             if mod and mod != "__main__" and mod.split(".")[0] != "agentrl":

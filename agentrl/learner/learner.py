@@ -7,9 +7,11 @@
 Per step:
 1. :meth:`Batch.from_groups`; the rewards shaped by the objective (DAPO overlong).
 2. One no-grad pass at the start (when needed): the proximal log-probs for ``tis`` /
-   ``decoupled``, the critic's values when the advantage estimator needs them, and the
-   exact sampler-vs-learner gap; reference log-probs when a KL term is on.
-3. Advantages from the registry (:class:`~agentrl.learner.objective.Objective`).
+   ``decoupled`` (not under ``proximal: loglinear``, which interpolates them per
+   micro-batch instead), the critic's values when the advantage estimator needs them,
+   and the exact sampler-vs-learner gap; reference log-probs when a KL term is on.
+3. Advantages from the registry (:class:`~agentrl.learner.objective.Objective`), from
+   per-token rewards when the KL is in the reward; DAPO's overlong filter on the mask.
 4. ``ppo_epochs`` x ``minibatches`` optimizer steps; each minibatch is split into
    micro-batches (:mod:`agentrl.learner.batching`) whose gradients accumulate, every
    micro-batch loss divided by the whole minibatch's token / sequence count, so
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.algos import loglinear_proximal_logprobs
 from agentrl.checkpoint import (
     atomic_directory,
     capture_rng_state,
@@ -137,6 +140,8 @@ class Learner:
         )
         self.version = 0
         self.step_count = 0
+        # the pi_old log-probs the loss used in the last step's first epoch (for inspection)
+        self.last_old_logprobs: Tensor | None = None
 
     def _critic_module(self) -> torch.nn.Module:
         module = self.critic if self.critic is not None else self.value_head
@@ -211,7 +216,11 @@ class Learner:
 
         # 1. start-of-step pass: proximal log-probs, values, reference log-probs
         n_updates = lcfg.ppo_epochs * lcfg.minibatches
-        need_prox = alg.off_policy != "none" or n_updates > 1 or self.use_critic
+        loglinear = objective.loglinear
+        # kl_in_reward: the KL of the learner's own log-probs, not the sampler's, against pi_ref
+        need_prox = (not loglinear and (alg.off_policy != "none" or n_updates > 1)) or (
+            self.use_critic or alg.kl_in_reward
+        )
         prox_lp: Tensor | None = None
         start_entropy: Tensor | None = None
         old_values: Tensor | None = None
@@ -232,11 +241,19 @@ class Learner:
         metrics["time/no_grad_pass_s"] = time.perf_counter() - t_fwd
 
         # 2. advantages
-        advantages, loss_mask, returns = objective.advantages(batch, rewards, old_values)
-        trained_rows = torch.nonzero(loss_mask.sum(dim=1) > 0).flatten()
         old_lp = prox_lp if (alg.off_policy != "none" and prox_lp is not None) else None
-        if old_lp is None:
+        if old_lp is None or loglinear:
             old_lp = batch.behavior_logprobs
+        adv_rewards = rewards  # [B], or [B, T] with the KL penalty folded in
+        if alg.kl_in_reward and ref_lp is not None:
+            kl_lp = prox_lp if prox_lp is not None else batch.behavior_logprobs
+            adv_rewards, kl_metrics = objective.kl_rewards(batch, rewards, kl_lp, ref_lp)
+            metrics.update(kl_metrics)
+        advantages, loss_mask, returns = objective.advantages(batch, adv_rewards, old_values)
+        loss_mask, filter_metrics = objective.filter_truncated(batch, loss_mask)
+        metrics.update(filter_metrics)
+        trained_rows = torch.nonzero(loss_mask.sum(dim=1) > 0).flatten()
+        used_old_lp = torch.zeros(B, T)
 
         # 3. PPO epochs x minibatches with gradient accumulation
         self.model.train()
@@ -245,6 +262,7 @@ class Learner:
         grad_norms: list[float] = []
         nonfinite = 0
         dev = self.device
+        updates = 0  # optimizer updates taken so far in this step
         for epoch in range(lcfg.ppo_epochs):
             perm = trained_rows[torch.randperm(len(trained_rows), generator=self.generator)]
             # entropy through the graph only when it is in the loss or not yet measured
@@ -265,13 +283,26 @@ class Learner:
                         with_values=self.use_critic,
                         prefix_len=P,
                     )
+                    behavior = batch.behavior_logprobs[idx, :L].to(dev)
+                    if loglinear:  # pi_prox interpolated by version, no forward pass
+                        old = loglinear_proximal_logprobs(
+                            behavior,
+                            lp,
+                            batch.versions[idx, :L].to(dev),
+                            self.version,
+                            theta_version=self.version + updates / n_updates,
+                        )
+                    else:
+                        old = old_lp[idx, :L].to(dev)
+                    if epoch == 0:
+                        used_old_lp[idx, :L] = old.detach().float().cpu() * m.cpu()
                     loss, mb_metrics = objective.loss(
                         lp,
                         ent,
                         values,
                         mask=m,
-                        old_logprobs=old_lp[idx, :L].to(dev),
-                        behavior_logprobs=batch.behavior_logprobs[idx, :L].to(dev),
+                        old_logprobs=old,
+                        behavior_logprobs=behavior,
                         advantages=advantages[idx, :L].to(dev),
                         ref_logprobs=_rows(ref_lp, idx, L, dev),
                         old_values=_rows(old_values, idx, L, dev),
@@ -286,6 +317,7 @@ class Learner:
                     means.add(mb_metrics, float(loss_mask[idx, :L].sum()))
                     if first_pass_lp is not None and epoch == 0:
                         first_pass_lp[idx, :L] = lp.detach().cpu()
+                updates += 1
                 gn = torch.nn.utils.clip_grad_norm_(self.trained_parameters(), lcfg.grad_clip)
                 if torch.isfinite(gn):
                     self.optimizer.step()
@@ -301,6 +333,7 @@ class Learner:
         self.model.eval()
         self.version += 1
         self.step_count += 1
+        self.last_old_logprobs = used_old_lp
 
         # 4. metrics
         metrics.update(means.means())

@@ -6,8 +6,9 @@
     loss, metrics = objective.loss(logprobs, entropy, values, ...)   # one micro-batch
 
 The loss is the policy loss (with its off-policy correction), minus the entropy bonus,
-plus the KL penalty to a reference policy, plus the value loss when the advantage
-estimator needs a critic. ``algorithm.options`` reach the advantage estimator and the
+plus the KL penalty to a reference policy (unless ``algorithm.kl_in_reward`` folds it into
+the per-token rewards, REINFORCE++-style), plus the value loss when the advantage
+estimator needs a critic. DAPO's overlong filter takes truncated samples out of the loss. ``algorithm.options`` reach the advantage estimator and the
 policy loss by one rule (:func:`route_options`): each option goes to every one of the two
 that names it as a keyword parameter (or takes ``**kwargs``); an option neither takes, or
 one that shadows a setting the learner passes itself, is a :class:`ConfigError`.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from agentrl._suggest import suggest
@@ -25,6 +27,8 @@ from agentrl.algos import (
     aggregate,
     estimate_advantages,
     kl_divergence,
+    kl_penalized_rewards,
+    overlong_filter,
     overlong_penalty,
     policy_loss,
     tree_advantages,
@@ -34,6 +38,7 @@ from agentrl.algos import (
 from agentrl.algos.registry import (
     ADVANTAGES,
     KL_ESTIMATORS,
+    OFF_POLICY_MASKS,
     POLICY_LOSSES,
     TREE_ATTRIBUTIONS,
     keyword_parameters,
@@ -41,7 +46,7 @@ from agentrl.algos.registry import (
 from agentrl.config import AlgorithmConfig
 from agentrl.errors import ConfigError
 from agentrl.learner.metrics import masked_mean, unscaled, valid_mean
-from agentrl.types import Batch
+from agentrl.types import Batch, Trajectory
 
 # the clip settings of algorithm.* that go to a policy loss naming them as parameters
 CLIP_SETTINGS = ("eps_low", "eps_high", "dual_clip_c")
@@ -58,6 +63,11 @@ _SET_BY_FIELD = {
     "norm_length": "algorithm.norm_length",
     "correction": "algorithm.off_policy",
     "is_cap": "algorithm.is_cap",
+    "is_mode": "algorithm.is_mode",
+    "is_level": "algorithm.is_level",
+    "is_mask": "algorithm.is_mask",
+    "is_mask_low": "algorithm.is_mask_low",
+    "is_mask_high": "algorithm.is_mask_high",
 }
 _ADVANTAGE_INPUTS = frozenset(keyword_parameters(estimate_advantages)[0])
 _LOSS_INPUTS = frozenset(keyword_parameters(policy_loss)[0]) | set(CLIP_SETTINGS)
@@ -128,12 +138,63 @@ class Objective:
                 f"algorithm.advantage={alg.advantage} needs a value function: "
                 "set algorithm.critic=true"
             )
+        self._check_off_policy()
+        self._check_kl_in_reward()
+        # use_kl: a reference model is needed; the KL goes into the loss or into the rewards
         self.use_kl = bool(alg.kl) and alg.kl_coef > 0
+        self.kl_in_loss = self.use_kl and not alg.kl_in_reward
+        self.loglinear = alg.off_policy == "decoupled" and alg.proximal == "loglinear"
         adv_label = f"advantage '{alg.advantage}'"
         loss_label = f"policy loss '{alg.policy_loss}'"
         routed = route_options(alg.options, {adv_label: advantage_fn, loss_label: loss_fn})
         self.advantage_options = routed[adv_label]
         self.loss_options = {**self._clip_settings(loss_fn), **routed[loss_label]}
+
+    def _check_off_policy(self) -> None:
+        """The is_* and proximal keys act only under a correction that uses them."""
+        alg = self.alg
+        defaults = type(alg).model_fields
+        if alg.off_policy == "none":
+            for key in ("is_mode", "is_level", "is_mask", "proximal"):
+                if getattr(alg, key) != defaults[key].default:
+                    raise ConfigError(
+                        f"algorithm.{key}={getattr(alg, key)} has no effect with "
+                        "algorithm.off_policy=none (pi_old is the behaviour policy, every "
+                        "weight is 1): set algorithm.off_policy=tis or decoupled, or remove "
+                        f"algorithm.{key}"
+                    )
+        if alg.proximal == "loglinear" and alg.off_policy != "decoupled":
+            raise ConfigError(
+                f"algorithm.proximal=loglinear approximates decoupled PPO's proximal policy; "
+                f"with algorithm.off_policy={alg.off_policy} there is none: set "
+                "algorithm.off_policy=decoupled or algorithm.proximal=recompute"
+            )
+        if alg.is_mask is not None:
+            OFF_POLICY_MASKS.get(alg.is_mask)  # unknown names raise with suggestions
+            if not alg.is_mask_low < alg.is_mask_high:
+                raise ConfigError(
+                    f"algorithm.is_mask_low ({alg.is_mask_low}) must be below "
+                    f"algorithm.is_mask_high ({alg.is_mask_high})"
+                )
+
+    def _check_kl_in_reward(self) -> None:
+        alg = self.alg
+        if not alg.kl_in_reward:
+            return
+        if not alg.kl or alg.kl_coef <= 0:
+            raise ConfigError(
+                "algorithm.kl_in_reward=true needs a KL estimator and a coefficient: set "
+                "algorithm.kl (k1, k2, k3 or k3+) and algorithm.kl_coef > 0 "
+                f"(got kl={alg.kl}, kl_coef={alg.kl_coef})"
+            )
+        if not ADVANTAGES.takes_token_rewards(alg.advantage):
+            takes = [n for n in ADVANTAGES.names() if ADVANTAGES.takes_token_rewards(n)]
+            raise ConfigError(
+                f"algorithm.kl_in_reward=true puts a KL penalty on every token, but "
+                f"algorithm.advantage={alg.advantage} takes one reward per sequence: pick "
+                f"one of {', '.join(takes)}, or keep the KL in the loss "
+                "(algorithm.kl_in_reward=false)"
+            )
 
     def _clip_settings(self, loss_fn: Callable[..., Any]) -> dict[str, Any]:
         """The clip settings `loss_fn` takes; one set in the config that it ignores is an error."""
@@ -162,6 +223,30 @@ class Objective:
         rewards = rewards + penalty * batch.valid
         return rewards, {"overlong_penalty_mean": valid_mean(penalty, batch.valid)}
 
+    def kl_rewards(
+        self, batch: Batch, rewards: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
+        """Per-token rewards ``[B, T]`` for ``algorithm.kl_in_reward``: the outcome on each
+        row's last trained token minus ``kl_coef`` times the KL estimate of pi_old against
+        the reference policy on every trained token."""
+        alg = self.alg
+        assert alg.kl is not None
+        mask = batch.loss_mask * batch.valid[:, None]
+        kl = kl_divergence(alg.kl, old_logprobs, ref_logprobs) * mask
+        token_rewards = kl_penalized_rewards(rewards, kl, mask, alg.kl_coef)
+        penalty = masked_mean(-alg.kl_coef * kl, mask)
+        return token_rewards, {"kl": masked_mean(kl, mask), "kl_reward_mean": penalty}
+
+    def filter_truncated(self, batch: Batch, loss_mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """DAPO's overlong filter (``algorithm.overlong.filter``): rows of truncated samples
+        (``status == "truncated"``, or a last turn cut at the length limit) leave the loss."""
+        if not self.alg.overlong.filter:
+            return loss_mask, {}
+        truncated = torch.tensor([_is_truncated(t) for t in batch.trajectories])
+        filtered = overlong_filter(loss_mask, truncated)
+        dropped = truncated & (loss_mask.sum(dim=1) > 0)
+        return filtered, {"overlong_filtered": float(dropped.sum())}
+
     def advantages(
         self, batch: Batch, rewards: Tensor, values: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -174,6 +259,8 @@ class Objective:
         inputs: dict[str, Any] = {"valid": batch.valid}
         if self.needs_critic:
             inputs.update(values=values, mask=mask, gamma=alg.gamma, lam=alg.lam)
+        elif rewards.dim() == 2:  # per-token rewards (kl_in_reward)
+            inputs.update(mask=mask, gamma=alg.gamma)
         adv, returns = estimate_advantages(
             alg.advantage, rewards, batch.group_index, **inputs, **self.advantage_options
         )
@@ -231,6 +318,11 @@ class Objective:
             behavior_logprobs=behavior_logprobs,
             correction=alg.off_policy,
             is_cap=alg.is_cap,
+            is_mode=alg.is_mode,
+            is_level=alg.is_level,
+            is_mask=alg.is_mask,
+            is_mask_low=alg.is_mask_low,
+            is_mask_high=alg.is_mask_high,
             **self.loss_options,
             **agg_kw,
         )
@@ -245,7 +337,7 @@ class Objective:
             metrics["entropy"] = masked_mean(entropy, mask)
             if alg.entropy_coef:
                 loss = loss - alg.entropy_coef * ent_term
-        if ref_logprobs is not None:
+        if ref_logprobs is not None and self.kl_in_loss:
             assert alg.kl is not None
             kl_tok = kl_divergence(alg.kl, logprobs, ref_logprobs)
             kl_term = aggregate(alg.agg, kl_tok, mask, **agg_kw)
@@ -274,3 +366,10 @@ class Objective:
         """Entropy of the policy at the start of the step, over the trained tokens."""
         term = aggregate(self.alg.agg, entropy, loss_mask, norm_length=self.norm_length)
         return {"entropy": masked_mean(entropy, loss_mask), "loss/entropy": float(term)}
+
+
+def _is_truncated(traj: Trajectory) -> bool:
+    """A limit ended the episode, or its last turn was cut at max_new_tokens."""
+    return traj.status == "truncated" or bool(
+        traj.turns and traj.turns[-1].finish_reason == "length"
+    )
