@@ -19,7 +19,9 @@ override; the learner usually does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
+import inspect
 import os
 import shutil
 import tempfile
@@ -371,3 +373,25 @@ def resolve_model_dir(model: Any) -> Path:
         f"unknown model {name!r} for the vllm and openai samplers: use {DEFAULT_MODEL!r}, "
         "a local folder with config.json + safetensors, or a .gguf file"
     )
+
+
+# --- the KV-cache argument across transformers versions --------------------------------
+
+
+@functools.cache
+def _cache_keyword(forward_owner: type) -> str:
+    params = inspect.signature(forward_owner.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` for `model`'s forward: ``cache`` from the transformers versions
+    that renamed it (``past_key_values`` is deprecated there, removed in 5.40), else
+    ``past_key_values``."""
+    return {_cache_keyword(type(model)): cache}
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache a forward returned, under either name."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values

@@ -22,6 +22,7 @@ from agentrl.algos.fused import Fused
 from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel, shift_values
 from agentrl.learner.precision import Precision
+from agentrl.models import cache_kwargs, returned_cache
 from agentrl.types import Batch
 
 
@@ -141,11 +142,14 @@ def shared_prefix_logprobs(
     if base is None or base is model:
         raise ValueError("shared-prefix forwarding needs a *ForCausalLM with a base_model")
     prefix = base(input_ids=input_ids[:1, :P], use_cache=True)
-    cache = prefix.past_key_values
+    cache = returned_cache(prefix)
     cache.batch_repeat_interleave(B)
     positions = torch.arange(P, T, device=input_ids.device).unsqueeze(0).expand(B, -1)
     suffix = base(
-        input_ids=input_ids[:, P:], past_key_values=cache, position_ids=positions, use_cache=True
+        input_ids=input_ids[:, P:],
+        position_ids=positions,
+        use_cache=True,
+        **cache_kwargs(base, cache),
     ).last_hidden_state  # [B, T-P, H]
     prefix_hidden = prefix.last_hidden_state  # [1, P, H]
     # position t-1 predicts token t: the prefix's last state predicts the first suffix token

@@ -32,6 +32,7 @@ import anyio
 import torch
 
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError
+from agentrl.models import cache_kwargs, returned_cache
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.decode_attention import use_decode_attention
 from agentrl.samplers.kv_cache import GrowingCache
@@ -459,11 +460,11 @@ class HFSampler(Sampler):
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **cache_kwargs(self._model, cache),
             )
-        cache = out.past_key_values
+        cache = returned_cache(out)
         self._prefilled += ids.numel() - sum(max(0, p - past) for p in pads)
         for row, (r, _, _) in enumerate(plans):
             self._remember(r.prompt, cache, row, pads[row], longest)
@@ -533,11 +534,11 @@ class HFSampler(Sampler):
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=positions,
-                past_key_values=self._cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **cache_kwargs(self._model, self._cache),
             )
-        self._cache = out.past_key_values
+        self._cache = returned_cache(out)
         self._cache_len += 1
         with self._cond:
             self._steps += 1
