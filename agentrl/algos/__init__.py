@@ -58,6 +58,7 @@ from agentrl.algos.registry import (
 )
 from agentrl.algos.shaping import kl_penalized_rewards, overlong_filter, overlong_penalty
 from agentrl.algos.tree import TreeAttribution, tree_advantages, tree_from_ids, tree_owner
+from agentrl.algos.tree_grpo import tree_grpo as tree_grpo  # registers "tree_grpo"
 
 __all__ = [
     "ADVANTAGES",

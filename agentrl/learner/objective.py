@@ -43,6 +43,7 @@ from agentrl.algos.registry import (
     TREE_ATTRIBUTIONS,
     keyword_parameters,
 )
+from agentrl.algos.tree_grpo import tree_roots
 from agentrl.config import AlgorithmConfig
 from agentrl.errors import ConfigError
 from agentrl.learner.metrics import masked_mean, unscaled, valid_mean
@@ -69,7 +70,8 @@ _SET_BY_FIELD = {
     "is_mask_low": "algorithm.is_mask_low",
     "is_mask_high": "algorithm.is_mask_high",
 }
-_ADVANTAGE_INPUTS = frozenset(keyword_parameters(estimate_advantages)[0])
+# tree_ids: each row's tree (root row), for estimators that name it (tree_grpo)
+_ADVANTAGE_INPUTS = frozenset(keyword_parameters(estimate_advantages)[0]) | {"tree_ids"}
 _LOSS_INPUTS = frozenset(keyword_parameters(policy_loss)[0]) | set(CLIP_SETTINGS)
 
 
@@ -148,6 +150,7 @@ class Objective:
         loss_label = f"policy loss '{alg.policy_loss}'"
         routed = route_options(alg.options, {adv_label: advantage_fn, loss_label: loss_fn})
         self.advantage_options = routed[adv_label]
+        self.wants_tree_ids = "tree_ids" in keyword_parameters(advantage_fn)[0]
         self.loss_options = {**self._clip_settings(loss_fn), **routed[loss_label]}
 
     def _check_off_policy(self) -> None:
@@ -261,6 +264,12 @@ class Objective:
             inputs.update(values=values, mask=mask, gamma=alg.gamma, lam=alg.lam)
         elif rewards.dim() == 2:  # per-token rewards (kl_in_reward)
             inputs.update(mask=mask, gamma=alg.gamma)
+        if self.wants_tree_ids:
+            trajs = batch.trajectories
+            parent, _ = tree_from_ids(
+                [t.traj_id for t in trajs], [t.parent_id for t in trajs], [None] * len(trajs)
+            )
+            inputs["tree_ids"] = tree_roots(parent).to(batch.group_index.device)
         adv, returns = estimate_advantages(
             alg.advantage, rewards, batch.group_index, **inputs, **self.advantage_options
         )
