@@ -74,6 +74,7 @@ class Connection:
     connected_here: bool  # ray.init called by us (ray.shutdown on close)
     address: str | None
     placement_groups: list[Any] = field(default_factory=list)
+    reaper: Any = None  # a local instance's watchdog process (see _REAPER)
 
     def close(self) -> None:
         ray = self.ray
@@ -86,6 +87,10 @@ class Connection:
         if self.connected_here and ray.is_initialized():
             ray.shutdown()
         self.connected_here = False
+        if self.reaper is not None:  # the instance is down: nothing left to reap
+            self.reaper.kill()
+            self.reaper.wait()
+            self.reaper = None
 
 
 def connect(cfg: Config) -> Connection:
@@ -118,7 +123,54 @@ def connect(cfg: Config) -> Connection:
             f"{setting}={address}: cannot join the Ray cluster ({e}); check the address of "
             "`ray start --head`"
         ) from None
-    return Connection(ray, started_here=address is None, connected_here=True, address=address)
+    conn = Connection(ray, started_here=address is None, connected_here=True, address=address)
+    if conn.started_here:
+        conn.reaper = _start_reaper()
+    return conn
+
+
+# Runs beside a local instance: when the driver dies without closing (SIGKILL), it kills the
+# instance's processes that would outlive it (Ray's own agents do); exits with the driver.
+_REAPER = """
+import os, signal, sys, time
+driver, pids = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+while os.getppid() == driver:
+    time.sleep(0.5)
+for pid in pids:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"ray" in f.read():
+                os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _start_reaper() -> Any:
+    import subprocess
+
+    if not os.path.isdir("/proc"):  # not Linux: Ray's own reaper is all there is
+        return None
+    pids = [str(p) for p in _descendants(os.getpid())]
+    return subprocess.Popen([sys.executable, "-c", _REAPER, str(os.getpid()), *pids])
 
 
 def _local_gpus() -> int:

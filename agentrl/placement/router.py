@@ -165,7 +165,7 @@ class ReplicaRouter(Sampler):
     @staticmethod
     def is_replica_failure(e: BaseException) -> bool:
         """A failure of the replica's process (not of the request)."""
-        names = {type(c).__name__ for c in type(e).__mro__}
+        names = {c.__name__ for c in type(e).__mro__}
         return bool(
             names & {"RayActorError", "ActorDiedError", "ActorUnavailableError", "ConnectionError"}
         )

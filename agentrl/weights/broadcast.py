@@ -94,7 +94,7 @@ class _Group:
 
     def broadcast(self, buffers: Sequence[torch.Tensor]) -> None:
         for buffer in buffers:
-            self.pg.broadcast([buffer], 0).wait()
+            self.pg.broadcast(buffer, 0).wait()
         if self.address.backend == "nccl":
             torch.cuda.synchronize()
 

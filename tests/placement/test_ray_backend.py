@@ -1,0 +1,238 @@
+"""orchestrator.backend=ray on the tiny model: a local instance, a two-node cluster on one
+host, a sampler actor killed mid-run, resume after SIGKILL of the driver.
+
+Small num_cpus per role so every actor fits the 2-core test machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from agentrl.checkpoint import latest_checkpoint  # noqa: E402
+from agentrl.config import load_config  # noqa: E402
+from agentrl.models import load_model  # noqa: E402
+from agentrl.orchestrator import Orchestrator  # noqa: E402
+from agentrl.plotting import read_steps  # noqa: E402
+from tests.orchestrator.test_train import BASE, REPO  # noqa: E402
+from tests.procs import alive, live_descendants  # noqa: E402
+
+SMALL = [
+    "orchestrator.backend=ray",
+    "ray.num_cpus=2",
+    "ray.samplers.num_cpus=0.5",
+    "ray.rollout_workers.num_cpus=0.25",
+    "ray.learner.num_cpus=0.5",
+]
+
+
+def _orchestrator(run_dir: Path, *overrides: str) -> Orchestrator:
+    cfg = load_config(overrides=[*BASE, *overrides])
+    orch = Orchestrator(cfg, run_dir)
+    orch.build()
+    return orch
+
+
+def _keys(run_dir: Path) -> set[str]:
+    return {k for s in read_steps(run_dir) for k in s if not k.startswith("placement/")}
+
+
+def _groups(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
+
+
+def test_three_steps_on_ray_are_token_exact_with_local_metrics(tmp_path):
+    sync = ["orchestrator.max_steps=3", "orchestrator.max_staleness=0"]
+    local = _orchestrator(tmp_path / "local", *sync)
+    anyio.run(local.run)
+    orch = _orchestrator(tmp_path / "ray", *sync, *SMALL)
+    assert not ray.is_initialized() or orch.parts.placement.conn.started_here
+    anyio.run(orch.run)
+    assert not ray.is_initialized()  # the local instance stopped with the run
+    steps = read_steps(tmp_path / "ray")
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert _keys(tmp_path / "ray") == _keys(tmp_path / "local")
+    assert orch.learner.version == 3
+    # token exact: the sampled ids and behaviour log-probs the learner trains on are the
+    # ones the replica produced with version-0 weights (recomputed here, same tiny model)
+    model, _ = load_model("tiny-llama", dtype="float32")
+    first = [g for g in _groups(tmp_path / "ray") if g["metadata"]["task_index"] < 2]
+    assert first
+    for group in first:
+        for traj in group["trajectories"]:
+            assert traj["metadata"]["exact_tokens"] is True
+            prompt, gen = traj["segments"]
+            assert gen["kind"] == "model" and set(gen["versions"]) == {0}
+            ids = torch.tensor([prompt["token_ids"] + gen["token_ids"]])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(prompt["token_ids"]) - 1 : -1]
+            logp = torch.log_softmax(logits.float(), -1)
+            recomputed = logp.gather(1, torch.tensor(gen["token_ids"])[:, None])[:, 0]
+            assert torch.allclose(recomputed, torch.tensor(gen["logprobs"]), atol=2e-4)
+    # sync mode: every step trained on the weights just published (staleness 0)
+    later = [g for g in _groups(tmp_path / "ray") if g["metadata"]["task_index"] >= 2]
+    assert all(
+        set(t["segments"][1]["versions"]) <= {1, 2} for g in later for t in g["trajectories"]
+    )
+
+
+def test_two_nodes_samplers_and_rollout_workers_apart(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "resources": {"samplers": 4}},
+    )
+    cluster.add_node(num_cpus=1, resources={"rollout": 4})
+    try:
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address)
+        orch = _orchestrator(
+            tmp_path / "run",
+            "orchestrator.max_steps=2",
+            "orchestrator.max_staleness=1",
+            "orchestrator.backend=ray",
+            "ray.samplers.replicas=2",
+            "ray.samplers.num_cpus=0.25",
+            "ray.samplers.resources={samplers: 1}",
+            "ray.rollout_workers.num_cpus=0.25",
+            "ray.rollout_workers.resources={rollout: 1}",
+            "ray.learner.num_cpus=0.25",
+            "ray.weight_transport=gloo",
+        )
+        where = orch.parts.placement.describe()
+        sampler_nodes = {s["node"] for s in where["samplers"]}
+        worker_nodes = {w["node"] for w in where["rollout_workers"]}
+        assert len(sampler_nodes) == 1 and len(worker_nodes) == 1
+        assert sampler_nodes != worker_nodes  # on different nodes
+        anyio.run(orch.run)
+        assert [s["step"] for s in read_steps(tmp_path / "run")] == [1, 2]
+        assert ray.is_initialized()  # a connection the caller made stays open
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    # gloo broadcast reached every replica with the same version
+    assert orch.weight_bus.last["held"] == [2, 2]
+    assert orch.weight_bus.last["missed"] == 0
+
+
+def test_a_killed_sampler_actor_loses_episodes_not_the_run(tmp_path):
+    orch = _orchestrator(
+        tmp_path / "run",
+        "orchestrator.max_steps=2",
+        "orchestrator.max_staleness=1",
+        "sampler.max_new_tokens=48",
+        *SMALL,
+        "ray.samplers.replicas=2",
+        "ray.samplers.num_cpus=0.25",
+        "ray.max_restarts=1",
+    )
+    victim = orch.parts.placement.samplers[0]
+    killed = threading.Event()
+
+    def kill_while_generating() -> None:
+        # SIGKILL-like: the actor dies with requests in flight; Ray restarts it
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if ray.get(victim.stats.remote(), timeout=30)["active"] > 0:
+                ray.kill(victim, no_restart=False)
+                killed.set()
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_while_generating)
+    killer.start()
+    try:
+        anyio.run(orch.run)
+    finally:
+        killer.join()
+    steps = read_steps(tmp_path / "run")
+    assert killed.is_set()
+    assert [s["step"] for s in steps] == [1, 2]  # the run finished every step
+    lost = steps[-1]["placement/sampler_requests_lost"]  # cumulative over the run
+    assert lost >= 1  # counted: those episodes were retried on the other replica or masked
+    assert sum(s.get("infra_errors", 0) for s in steps) <= lost
+
+
+def _driver(run_dir: Path, steps: int, *extra: str) -> list[str]:
+    args = [sys.executable, "-m", "agentrl.cli", "train", "configs/demo.yaml"]
+    args += [*extra, "--no-summary"]
+    for s in [
+        *BASE,
+        *SMALL,
+        f"orchestrator.max_steps={steps}",
+        "orchestrator.checkpoint_every=1",
+        "orchestrator.max_staleness=1",
+    ]:
+        args += ["--set", s]
+    return args
+
+
+def test_resume_after_sigkill_of_the_driver(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        _driver(run_dir, 50, "--run-dir", str(run_dir)),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:
+            ck = latest_checkpoint(run_dir)
+            if ck is not None and int(ck.name.split("_")[1]) >= 1:
+                break
+            if proc.poll() is not None:
+                pytest.fail(f"training exited early: {proc.stderr.read().decode()[-2000:]}")
+            time.sleep(0.2)
+        else:
+            pytest.fail("no checkpoint within 120 s")
+        tree = live_descendants(proc.pid)  # Ray's processes and actors
+        assert tree
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline = time.time() + 30
+    while any(alive(p) for p in tree) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in tree if alive(p)], "Ray processes outlived the killed driver"
+    killed_at = json.loads((latest_checkpoint(run_dir) / "orchestrator.json").read_text())["step"]
+    done = subprocess.run(
+        _driver(run_dir, killed_at + 1, "--resume", str(run_dir)),
+        cwd=REPO,
+        capture_output=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    steps = [s["step"] for s in read_steps(run_dir)]
+    assert sorted(set(steps)) == list(range(1, killed_at + 2))  # nothing lost
+    state = json.loads((latest_checkpoint(run_dir) / "orchestrator.json").read_text())
+    assert state["step"] == state["version"] == killed_at + 1
+
+
+def test_bad_placement_is_one_line_before_any_model_loads(tmp_path, monkeypatch):
+    from agentrl.errors import ConfigError
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(ConfigError, match=r"RAY_ADDRESS=127.0.0.1:9: nothing answers"):
+        _orchestrator(tmp_path / "a", *SMALL)
+    monkeypatch.delenv("RAY_ADDRESS")
+    with pytest.raises(
+        ConfigError, match=r"ray.samplers.num_gpus=1 .* set ray.samplers.num_gpus=0"
+    ):
+        _orchestrator(tmp_path / "b", *SMALL, "ray.samplers.num_gpus=1")
+    assert not ray.is_initialized()
+    with pytest.raises(Exception, match=r"env.name='no_such_pkg.env:Env' on a rollout worker"):
+        _orchestrator(tmp_path / "c", *SMALL, "env.name=no_such_pkg.env:Env")
+    assert not ray.is_initialized()
