@@ -272,6 +272,99 @@ class RayConfig(_Section):
     start_timeout_s: float = Field(60.0, gt=0, description="wait for resources and actors")
 
 
+class DataConfig(_Section):
+    """Tasks from local files through Hugging Face ``datasets`` (docs/bring_your_own.md):
+    they replace the environment's own tasks; every column reaches the reward functions."""
+
+    # a file, glob or folder (JSON/JSONL, CSV, parquet, arrow, a save_to_disk folder), or
+    # {split: path} for several splits; None: the environment's own tasks
+    path: str | dict[str, str] | None = None
+    format: Literal["auto", "json", "csv", "parquet", "arrow", "disk"] = "auto"
+    split: str = "train"
+    eval_split: str | None = None  # the split `agentrl eval` and eval_every use
+    # column mapping: the user's text (None: the first of prompt, question present), or a
+    # chat column (a list of {role, content}) instead; the reference answer (optional)
+    prompt: str | None = None
+    messages: str | None = None
+    answer: str | None = "answer"
+    id: str | None = None  # default: the row's index in its split
+    columns: list[str] | None = None  # columns kept in the task (None: all)
+    shuffle: bool = True  # a fresh seeded order every epoch (seed = orchestrator.seed + epoch)
+    streaming: bool = False  # read rows lazily (large files); shuffles within a buffer
+    shuffle_buffer: int = Field(10_000, ge=1)
+    max_rows: int | None = Field(None, ge=1)
+
+
+class RewardFunctionConfig(_Section):
+    fn: str  # package.module:function or file.py:function
+    weight: float = 1.0
+    name: str | None = None  # default: the function's name (reward_info key)
+
+
+class JudgeConfig(_Section):
+    """LLM-as-judge: a prompt per finished episode, a score parsed from the reply."""
+
+    # the judge: a model (alias, folder or hub id) on its own hf sampler, or with base_url
+    # an OpenAI-compatible server; None = the run's own sampler (the policy judges itself)
+    model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+    # str.format fields: {question}, {completion}, {answer} and every task column
+    template: str = (
+        "Rate the answer to the question from 0 to 10.\n\nQuestion: {question}\n\n"
+        "Reference answer: {answer}\n\nAnswer: {completion}\n\n"
+        "Reply with 'Score: <0-10>'."
+    )
+    pattern: str = r"(?i)score\s*[:=]?\s*(-?\d+(?:\.\d+)?)"  # group 1 is the score
+    min_score: float = 0.0  # the parsed score is mapped from [min, max] to [0, 1]
+    max_score: float = 10.0
+    weight: float = 1.0
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    # an unparseable reply: stop the run naming it (error), mask the episode (infra_error),
+    # or score it 0
+    on_unparseable: Literal["error", "infra_error", "zero"] = "error"
+
+    @model_validator(mode="after")
+    def _range(self) -> JudgeConfig:
+        if not self.min_score < self.max_score:
+            raise ValueError(
+                f"reward.judge.min_score ({self.min_score}) must be below max_score "
+                f"({self.max_score})"
+            )
+        return self
+
+
+class RewardConfig(_Section):
+    """Rewards beyond the environment's: plain Python functions, a reward model, a judge.
+
+    reward = env_weight * environment reward + sum(weight_i * function_i) +
+    model_weight * reward model score + judge.weight * judge score."""
+
+    functions: list[str | RewardFunctionConfig] = Field(default_factory=list)
+    weights: list[float] | None = None  # one per function (TRL's reward_weights)
+    env_weight: float = 1.0
+    model: str | None = None  # a reward model folder (agentrl rm train)
+    model_weight: float = 1.0
+    model_device: str = "auto"
+    model_batch_size: int = Field(16, ge=1)
+    model_max_length: int = Field(2048, ge=16)
+    judge: JudgeConfig | None = None
+
+    @model_validator(mode="after")
+    def _weights(self) -> RewardConfig:
+        if self.weights is not None and len(self.weights) != len(self.functions):
+            raise ValueError(
+                f"reward.weights has {len(self.weights)} entries for {len(self.functions)} "
+                "reward.functions: give one weight per function"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.functions or self.model or self.judge)
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
@@ -282,6 +375,8 @@ class Config(_Section):
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

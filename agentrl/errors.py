@@ -91,6 +91,11 @@ class TrainingStalledError(AgentRLError):
     """Training cannot make progress (every sampled group is dropped, say)."""
 
 
+class RewardError(AgentRLError, ValueError):
+    """A reward (function, model, judge) gave something that is not a finite number: the
+    run stops rather than train on it. The message names the source and the value."""
+
+
 def user_error(e: BaseException) -> AgentRLError | None:
     """The :class:`AgentRLError` behind `e`, also when a task group wrapped it in an
     exception group (the first one found); None for anything else (a bug: show it)."""

@@ -185,6 +185,8 @@ class EpisodeRunner:
         self.renderer = require_renderer(renderer)
         self.params = params
         self.limits = limits
+        # the run's composed reward (agentrl.rewards.RewardPipeline); None: the env's alone
+        self.rewards: Any = None
 
     def _trace_text(self, ids: Sequence[int]) -> str | None:
         """Decoded text of rendered tokens, for traces only."""
@@ -383,6 +385,8 @@ class EpisodeRunner:
             traj.reward_info = dict(info)
         else:
             traj.reward = state.last_step_reward if state.last_step_reward is not None else 0.0
+        if self.rewards is not None:  # reward.functions / model / judge (agentrl.rewards)
+            await self.rewards.apply(state.task, state.messages, traj)
 
 
 async def close_env(env: Environment) -> None:

@@ -1,0 +1,148 @@
+"""LLM-as-judge: a model reads the question and the answer and writes a score.
+
+    reward:
+      judge:
+        model: smollm2-135m-instruct      # its own hf sampler; None = the run's sampler
+        template: "Question: {question}\\nAnswer: {completion}\\nScore 0-10. Score:"
+        pattern: "(\\d+)"                  # group 1 of the last match is the score
+        min_score: 0
+        max_score: 10                     # mapped to [0, 1]
+
+The template is filled with ``str.format`` from ``question``, ``completion`` (the final
+answer), ``answer`` and every task column; the reply is greedy by default. A reply without
+a parseable score stops the run with the reply and the pattern in the message
+(``on_unparseable: error``), or fails the episode as an infrastructure error, or scores 0.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from typing import Any
+
+from agentrl.errors import ConfigError, InfraError, RewardError
+
+
+class JudgeUnparseable(InfraError):
+    """The judge's reply held no score (``on_unparseable: infra_error``)."""
+
+
+def template_fields(template: str) -> set[str]:
+    try:
+        return {
+            f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(template) if f
+        }
+    except ValueError as e:
+        raise ConfigError(f"reward.judge.template is not a valid format string: {e}") from None
+
+
+def check_judge(cfg: Any) -> tuple[set[str], re.Pattern[str]]:
+    """The template's fields and the compiled pattern; a ConfigError naming what is wrong."""
+    fields = template_fields(cfg.template)
+    if any(not f or f.isdigit() for f in fields):
+        raise ConfigError(
+            "reward.judge.template uses positional fields ({} or {0}); name them: "
+            "{question}, {completion}, {answer} or a task column"
+        )
+    try:
+        pattern = re.compile(cfg.pattern)
+    except re.error as e:
+        raise ConfigError(f"reward.judge.pattern {cfg.pattern!r} is not a regex: {e}") from None
+    if pattern.groups < 1:
+        raise ConfigError(
+            f"reward.judge.pattern {cfg.pattern!r} needs a group around the score, "
+            r"e.g. 'Score:\s*(\d+)'"
+        )
+    return fields, pattern
+
+
+class Judge:
+    """Scores ``(task, completion)`` with a sampler and a prompt template."""
+
+    def __init__(self, cfg: Any, sampler: Any, renderer: Any, *, owns_sampler: bool) -> None:
+        from agentrl.samplers.base import SamplingParams
+
+        self.cfg = cfg
+        self.sampler = sampler
+        self.renderer = renderer
+        self.owns_sampler = owns_sampler
+        self.fields, self.pattern = check_judge(cfg)
+        self.params = SamplingParams(
+            temperature=cfg.temperature,
+            max_new_tokens=cfg.max_new_tokens,
+            stop_token_ids=tuple(renderer.stop_token_ids),
+        )
+
+    @classmethod
+    def build(cls, cfg: Any, run_sampler: Any) -> Judge:
+        """The judge `cfg` (a :class:`~agentrl.config.JudgeConfig`) describes: on its own
+        sampler when it names a model, else on the run's."""
+        from agentrl.chat import ChatRenderer
+        from agentrl.samplers import create_sampler
+
+        if cfg.model is None and cfg.base_url is None:
+            sampler, owns = run_sampler, False
+        elif cfg.base_url is not None:
+            from agentrl.models import load_tokenizer
+
+            if cfg.model is None:
+                raise ConfigError("reward.judge.base_url needs reward.judge.model (its name)")
+            sampler = create_sampler(
+                "openai",
+                model=cfg.model,
+                base_url=cfg.base_url,
+                tokenizer=load_tokenizer(cfg.model),
+                **({"api_key": cfg.api_key} if cfg.api_key else {}),
+            )
+            owns = True
+        else:
+            sampler, owns = create_sampler("hf", model=cfg.model), True
+        return cls(cfg, sampler, ChatRenderer(sampler.tokenizer), owns_sampler=owns)
+
+    def prompt(self, task: dict[str, Any], completion: str) -> str:
+        values = {**task, "question": task.get("question", ""), "completion": completion}
+        values.setdefault("answer", "")
+        missing = sorted(self.fields - set(values))
+        if missing:
+            raise RewardError(
+                f"reward.judge.template uses {{{missing[0]}}}, which task {task.get('id')!r} "
+                f"does not have; available: {', '.join(sorted(values))}"
+            )
+        return self.cfg.template.format(**values)
+
+    def parse(self, reply: str) -> float | None:
+        """The score in `reply` mapped to [0, 1], or None when there is none."""
+        matches = list(self.pattern.finditer(reply))
+        if not matches:
+            return None
+        try:
+            raw = float(matches[-1].group(1))
+        except (TypeError, ValueError):
+            return None
+        lo, hi = self.cfg.min_score, self.cfg.max_score
+        return (min(max(raw, lo), hi) - lo) / (hi - lo)
+
+    async def score(self, task: dict[str, Any], completion: str) -> tuple[float, dict[str, Any]]:
+        ids = self.renderer.prompt_ids([{"role": "user", "content": self.prompt(task, completion)}])
+        gen = await self.sampler.generate(ids, self.params)
+        reply = self.renderer.decode(gen.token_ids)
+        value = self.parse(reply)
+        info = {"judge_reply": reply[:500]}
+        if value is not None:
+            return value, info
+        what = (
+            f"reward.judge: no score in the judge's reply {reply[:200]!r} (task "
+            f"{task.get('id')!r}; pattern {self.cfg.pattern!r})"
+        )
+        if self.cfg.on_unparseable == "error":
+            raise RewardError(
+                f"{what}. Make the template ask for the format the pattern reads, or set "
+                "reward.judge.on_unparseable to infra_error (mask the episode) or zero"
+            )
+        if self.cfg.on_unparseable == "infra_error":
+            raise JudgeUnparseable(what)
+        return 0.0, {**info, "judge_unparseable": True}
+
+    async def aclose(self) -> None:
+        if self.owns_sampler:
+            await self.sampler.close()
