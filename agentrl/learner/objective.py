@@ -172,7 +172,15 @@ class Objective:
                 f"with algorithm.off_policy={alg.off_policy} there is none: set "
                 "algorithm.off_policy=decoupled or algorithm.proximal=recompute"
             )
-        if alg.is_mask is not None:
+        if alg.is_mask is None:
+            for key in ("is_mask_low", "is_mask_high"):
+                if key in alg.model_fields_set:
+                    raise ConfigError(
+                        f"algorithm.{key} bounds a rejection mask, but algorithm.is_mask is "
+                        "not set: set algorithm.is_mask=token (IcePop) or geometric, or "
+                        f"remove algorithm.{key}"
+                    )
+        else:
             OFF_POLICY_MASKS.get(alg.is_mask)  # unknown names raise with suggestions
             if not alg.is_mask_low < alg.is_mask_high:
                 raise ConfigError(

@@ -171,6 +171,7 @@ def test_kl_in_reward_with_gae(fresh_model):
         ({"is_level": "sequence"}, "no effect"),
         ({"off_policy": "tis", "proximal": "loglinear"}, "off_policy=decoupled"),
         ({"off_policy": "tis", "is_mask": "token", "is_mask_low": 6.0}, "is_mask_low"),
+        ({"off_policy": "tis", "is_mask_high": 3.0}, "is_mask is not set"),
     ],
 )
 def test_new_keys_are_rejected_where_they_cannot_act(fresh_model, algorithm, match):
