@@ -69,6 +69,10 @@ class BatchTrained(Event):
     step: int
     version: int
     metrics: dict[str, float]
+    # which groups the step trained (task-stream index, group id): an audit can prove a
+    # resumed run trained every sample once
+    task_indices: list[int] = field(default_factory=list)
+    group_ids: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -77,6 +77,7 @@ class Orchestrator:
         from agentrl.tasks import TaskCursor
 
         cfg = self.cfg
+        started_before = (self.run_dir / "config.yaml").is_file()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
         self.parts = assemble(cfg, "train")
@@ -104,7 +105,7 @@ class Orchestrator:
             for writer in subscribers_for(cfg.logging, self.run_dir, cfg.orchestrator.max_steps):
                 self.events.subscribe(writer)
             if self.resume:
-                self._load_checkpoint()
+                self._load_checkpoint(started_before)
         except BaseException:
             self.parts.learner.close()  # no learner process outlives a failed build
             raise
@@ -250,7 +251,13 @@ class Orchestrator:
                 if self._eval_due():
                     metrics.update(await self.evaluator.run())
                 self.events.publish(
-                    BatchTrained(step=self.step, version=self.learner.version, metrics=metrics)
+                    BatchTrained(
+                        step=self.step,
+                        version=self.learner.version,
+                        metrics=metrics,
+                        task_indices=[int(g.metadata.get("task_index", -1)) for g in groups],
+                        group_ids=[g.group_id for g in groups],
+                    )
                 )
                 every = cfg.orchestrator.checkpoint_every
                 if (every and self.step % every == 0) or self.step == cfg.orchestrator.max_steps:
@@ -324,11 +331,19 @@ class Orchestrator:
         )
         return final
 
-    def _load_checkpoint(self) -> None:
-        from agentrl.checkpoint import LEARNER_PART, load_run_checkpoint
+    def _load_checkpoint(self, started_before: bool) -> None:
+        from agentrl.checkpoint import has_checkpoint, load_run_checkpoint
 
-        ckpt, state = load_run_checkpoint(self.run_dir)
-        self.learner.load_checkpoint(ckpt / LEARNER_PART)
+        if started_before and not has_checkpoint(self.run_dir):
+            # killed before its first checkpoint: nothing was kept, so nothing can be lost
+            log.warning(
+                "--resume: %s has no checkpoint yet (the run stopped before its first one); "
+                "starting it from step 0",
+                self.run_dir,
+            )
+            return
+        # the learner's part loads inside: an unreadable latest falls back to the previous
+        ckpt, state = load_run_checkpoint(self.run_dir, self.learner.load_checkpoint)
         self.step = int(state["step"])
         self._saved_step = self.step
         self.tasks.load_state_dict(state["cursor"])
