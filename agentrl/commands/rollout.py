@@ -107,6 +107,7 @@ def _print_summary(console: Console, stats: dict[str, Any]) -> None:
         ("parse errors", "parse_errors"),
         ("infra errors", "infra_errors"),
         ("truncated", "truncated"),
+        ("prefix breaks (gateway)", "prefix_breaks"),
         ("tokens (mean)", "tokens_mean"),
         ("latency p50 (s)", "latency_p50_s"),
         ("latency p95 (s)", "latency_p95_s"),
@@ -173,6 +174,15 @@ def show_trajectory(console: Console, group: TrajectoryGroup, traj: Trajectory) 
     )
     if traj.parent_id is not None:
         header.add_row("branch of", traj.parent_id, "at token", str(traj.branch_position))
+    gateway = traj.metadata.get("gateway")
+    if gateway:  # an agent program's episode: which sample, and why it started
+        header.add_row(
+            "gateway",
+            f"sample {gateway['sample'] + 1} of {gateway['samples']}",
+            "prefix breaks",
+            str(gateway["prefix_breaks"]),
+        )
+        header.add_row("started by", gateway["started_by"], "calls", str(gateway["calls"]))
     if traj.error:
         header.add_row("error", Text(traj.error, style="red"), "", "")
     console.print(header)

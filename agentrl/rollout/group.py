@@ -62,18 +62,19 @@ async def run_group(
     by the built-in episode runner or by `workflow`."""
     gid = group_id or new_id()
     task_id = str(task.get("id", ""))
-    out: list[Trajectory | None] = [None] * group_size
+    out: list[list[Trajectory]] = [[] for _ in range(group_size)]
     episode = episode_function(workflow, runner, task)
 
     async def one(i: int) -> None:
         template = Trajectory(task_id=task_id, group_id=gid, traj_id=f"{gid}-{i}")
         async with limiter:
-            out[i] = await episode(template, _seed(seed, i))
+            result = await episode(template, _seed(seed, i))
+        out[i] = result if isinstance(result, list) else [result]
 
     async with anyio.create_task_group() as tg:
         for i in range(group_size):
             tg.start_soon(one, i)
-    trajs = [t for t in out if t is not None]
+    trajs = [t for samples in out for t in samples]
     return TrajectoryGroup(task_id=task_id, trajectories=trajs, task=task, group_id=gid)
 
 

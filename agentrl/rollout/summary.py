@@ -48,6 +48,12 @@ def summarize(groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
         "parse_errors": sum(len(turn.parse_errors) for t in trajs for turn in t.turns),
         "infra_errors": sum(1 for t in trajs if t.status == "infra_error"),
         "truncated": sum(1 for t in trajs if t.status == "truncated"),
+        # agent programs behind the gateway: samples started because the agent broke its prefix
+        "prefix_breaks": sum(
+            1
+            for t in trajs
+            if str(t.metadata.get("gateway", {}).get("started_by", "")).startswith("prefix")
+        ),
         "tokens_mean": mean([t.num_tokens for t in trajs]),
         "model_tokens": sum(t.num_model_tokens for t in trajs),
         "latency_p50_s": percentile(latencies, 50),

@@ -69,7 +69,9 @@ class EpisodeContext:
         return traj
 
 
-Workflow = Callable[[EpisodeContext], Awaitable[Trajectory]]
+# a workflow returns its episode's trajectory, or several samples of the one episode (an
+# agent program behind the gateway that broke its prefix): all join the task's group
+Workflow = Callable[[EpisodeContext], Awaitable[Trajectory | list[Trajectory]]]
 WORKFLOWS: Registry[Workflow] = Registry("workflow")
 BUILTIN = "episode"
 
@@ -102,8 +104,9 @@ async def run_workflow(
     task: dict[str, Any],
     template: Trajectory,
     seed: int | None,
-) -> Trajectory:
-    """One episode of `workflow` with the runner's timeout and infra retries."""
+) -> list[Trajectory]:
+    """One episode of `workflow` (one or more samples) with the runner's timeout and infra
+    retries."""
     lim = runner.limits
     errors: list[str] = []
     t_start = time.perf_counter()
@@ -132,25 +135,30 @@ async def run_workflow(
         except InfraError as e:
             errors.append(str(e))
         else:
-            if not isinstance(result, Trajectory) or not result.num_model_tokens:
+            samples = result if isinstance(result, list) else [result]
+            if not samples or not all(
+                isinstance(t, Trajectory) and t.num_model_tokens for t in samples
+            ):
                 raise TypeError(
                     f"workflow {getattr(workflow, '__name__', workflow)!r} returned "
                     f"{type(result).__name__} without model tokens; return ctx.finish(chat, "
                     "reward) after at least one ctx.generate(chat)"
                 )
-            result.metadata.update(attempts=attempt + 1, latency_s=time.perf_counter() - t_start)
-            if errors:
-                result.metadata["retried_errors"] = errors
-            return result
+            for t in samples:
+                t.metadata.update(attempts=attempt + 1, latency_s=time.perf_counter() - t_start)
+                if errors:
+                    t.metadata["retried_errors"] = errors
+            return samples
     traj.status, traj.error, traj.reward = "infra_error", errors[-1], 0.0
     traj.metadata.update(attempts=len(errors), retried_errors=errors)
-    return traj
+    return [traj]
 
 
 def episode_function(
     workflow: Workflow | None, runner: EpisodeRunner, task: dict[str, Any]
-) -> Callable[[Trajectory, int | None], Awaitable[Trajectory]]:
-    """``(template, seed) -> trajectory`` for one sample of `task`, built-in or workflow."""
+) -> Callable[[Trajectory, int | None], Awaitable[Trajectory | list[Trajectory]]]:
+    """``(template, seed) -> trajectory`` for one sample of `task`, built-in or workflow
+    (a workflow's episode may hold several samples)."""
     if workflow is None:
         return lambda template, seed: run_attempts(
             runner, lambda t: runner.start(task, t, seed), template

@@ -1,0 +1,99 @@
+"""`agentrl serve`: the gateway on its own, to try an agent by hand against a config's model."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
+
+
+def serve(
+    config: Annotated[Path, typer.Argument(help="YAML config (its model and sampler serve)")],
+    set_: SetOpt = None,
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0 = any free port)")] = 8000,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--out", help="where the recorded trajectories go on exit"),
+    ] = None,
+    checkpoint: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--checkpoint", help="serve these weights (a run or checkpoint folder)"),
+    ] = None,
+) -> None:
+    """Serve the config's model over the OpenAI API; each API key is one recorded session.
+
+    Point any agent at it (OPENAI_BASE_URL=http://HOST:PORT/v1). On Ctrl-C every session's
+    calls are written to OUT/trajectories.jsonl (one group per key) for `agentrl inspect`.
+    """
+    import anyio
+    from rich.console import Console
+
+    from agentrl.config import load_config
+    from agentrl.errors import AgentRLError
+
+    console = Console()
+    out_dir = out or Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    async def main() -> int:
+        from agentrl.gateway import GatewayServer, GatewaySettings
+        from agentrl.gateway.service import Gateway
+        from agentrl.rollout.sinks import JsonlSink
+        from agentrl.runtime import assemble, load_checkpoint_into_sampler
+        from agentrl.types import Trajectory, TrajectoryGroup
+
+        run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout"))
+        async with run:
+            if checkpoint is not None:
+                version = await load_checkpoint_into_sampler(run, checkpoint)
+                console.print(f"weights: {checkpoint} (version {version})")
+            settings = GatewaySettings.from_config(
+                cfg, training=False, host=host, port=port, open_sessions=True
+            )
+            server = GatewayServer(Gateway(run.sampler, settings))
+            url = await server.start()
+            run.scope.push(server.close)
+            console.print(
+                f"serving {', '.join(settings.model_names)} at [bold]{url}/v1[/bold] "
+                "(every API key is one session; Ctrl-C writes the trajectories and stops)"
+            )
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    gateway = server.gateway
+                    gateway.closing = True
+                    n = 0
+                    async with JsonlSink(out_dir / "trajectories.jsonl") as sink:
+                        for key in list(gateway.sessions):
+                            session = gateway.close_session(key)
+                            gid = f"serve-{n}"
+                            template = Trajectory(task_id=key[:16], group_id=gid, traj_id=gid)
+                            trajs = session.trajectories(template)
+                            if trajs:
+                                await sink(
+                                    TrajectoryGroup(
+                                        task_id=template.task_id, trajectories=trajs, group_id=gid
+                                    )
+                                )
+                                n += 1
+                    console.print(f"wrote {n} sessions to {out_dir / 'trajectories.jsonl'}")
+        return 0
+
+    try:
+        cfg = load_config(config, set_ or [])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        anyio.run(main)
+    except KeyboardInterrupt:
+        pass
+    except AgentRLError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)

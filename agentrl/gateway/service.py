@@ -1,0 +1,485 @@
+"""The gateway without HTTP: sessions, sampling parameters, recording, response bodies.
+
+    gateway = Gateway(sampler, GatewaySettings.from_config(cfg, training=True))
+    session = gateway.open_session(seed=7)
+    body = await gateway.chat(session, ChatCompletionRequest(**payload))
+    trajectories = gateway.close_session(session.key).trajectories(template)
+
+:mod:`agentrl.gateway.server` puts this behind FastAPI. Sampling goes through the run's
+sampler as for built-in episodes, so a weight update while an agent is mid-call follows
+the sampler's rules (partial rollouts: the call continues on the new weights and its
+tokens carry both versions; ``drain_on_update``: it finishes on the old ones). The call
+waits for the swap; it never fails because of it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.chat import ChatRenderer
+from agentrl.errors import AgentRLError, PromptError
+from agentrl.gateway.convert import Reply, reply_from_text, tool_schemas, tools_key
+from agentrl.gateway.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIError,
+    bad_request,
+)
+from agentrl.gateway.recorder import Plan, Session, require_open
+from agentrl.samplers.base import Generation, Sampler, SamplingParams
+
+RENDERER_CACHE = 64  # distinct tool lists kept rendered
+LATENCY_WINDOW = 100_000  # per-call overheads kept for percentiles
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """How the gateway serves; :meth:`from_config` reads a run's config."""
+
+    model_names: tuple[str, ...] = ("agentrl",)
+    chat_template: str | None = None  # model.chat_template
+    temperature: float = 1.0  # defaults for parameters a request leaves out
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    # training: the learner recomputes log-probs at sampler.temperature, so a request may
+    # not sample at another one (its behaviour log-probs would not match)
+    lock_temperature: bool = True
+    max_n: int = 4
+    tool_parser: str = "hermes"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = any free port
+    open_sessions: bool = False  # `agentrl serve`: any key opens a session
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, training: bool, **overrides: Any) -> GatewaySettings:
+        s = cfg.sampler
+        names = tuple(dict.fromkeys(("agentrl", cfg.model.name)))
+        values: dict[str, Any] = dict(
+            model_names=names,
+            chat_template=cfg.model.chat_template,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_new_tokens=s.max_new_tokens,
+            lock_temperature=training,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclass
+class GatewayStats:
+    calls: int = 0
+    errors: int = 0
+    prefix_breaks: int = 0
+    sessions_opened: int = 0
+    overhead_s: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+
+
+@dataclass
+class Completed:
+    """One served call: what was sampled and how the agent sees it."""
+
+    prompt_ids: list[int]
+    gens: list[Generation]
+    replies: list[Reply]
+    created: int
+    id: str
+
+
+class Gateway:
+    """OpenAI-compatible chat and completions over one sampler, recorded per session."""
+
+    def __init__(self, sampler: Sampler, settings: GatewaySettings | None = None) -> None:
+        self.sampler = sampler
+        self.settings = settings or GatewaySettings()
+        self.tokenizer = sampler.tokenizer
+        self.sessions: dict[str, Session] = {}
+        self.stats = GatewayStats()
+        self.base_url = ""  # set by the server once it listens
+        self.closing = False
+        # tool list -> (renderer, its stop ids): the stop ids read the whole vocabulary
+        self._renderers: OrderedDict[str, tuple[ChatRenderer, tuple[int, ...]]] = OrderedDict()
+        self._plain = self._renderer(None)[0]
+
+    # --- sessions ----------------------------------------------------------------------------
+
+    def open_session(
+        self,
+        *,
+        key: str | None = None,
+        seed: int | None = None,
+        max_calls: int | None = None,
+        max_tokens: int | None = None,
+    ) -> Session:
+        """A new episode's session under a fresh secret key (or `key`)."""
+        key = key or f"sk-agentrl-{secrets.token_urlsafe(18)}"
+        if key in self.sessions:
+            raise ValueError(f"a session with key {key!r} is already open")
+        session = Session(key, seed=seed, max_calls=max_calls, max_tokens=max_tokens)
+        self.sessions[key] = session
+        self.stats.sessions_opened += 1
+        return session
+
+    def close_session(self, key: str) -> Session:
+        """Forget the session (its key stops working); returns it for its trajectories."""
+        session = self.sessions.pop(key)
+        session.closed = True
+        self.stats.prefix_breaks += len(session.breaks)
+        return session
+
+    def session_for(self, key: str | None) -> Session:
+        """The open session of `key` (401 otherwise; opened on demand when serving)."""
+        key = key or ""
+        session = self.sessions.get(key)
+        if session is None and self.settings.open_sessions and not self.closing:
+            session = self.open_session(key=key or "default")
+        return require_open(session, key)
+
+    def session_url(self, session: Session) -> str:
+        """The episode's own base URL (its key is in the path, so any api_key works)."""
+        return f"{self.base_url}/s/{session.key}/v1"
+
+    # --- request checks ----------------------------------------------------------------------
+
+    def check_model(self, name: str) -> None:
+        if name not in self.settings.model_names:
+            raise OpenAIError(
+                404,
+                f"The model `{name}` does not exist or you do not have access to it "
+                f"(served: {', '.join(self.settings.model_names)}).",
+                param="model",
+                code="model_not_found",
+            )
+
+    def _check_common(self, req: ChatCompletionRequest | CompletionRequest) -> None:
+        if self.closing:
+            raise OpenAIError(
+                503, "the gateway is shutting down", type="server_error", code="shutting_down"
+            )
+        self.check_model(req.model)
+        if req.n > self.settings.max_n:
+            raise bad_request(
+                f"n={req.n} is more than this gateway allows ({self.settings.max_n}); "
+                "raise the agent env's max_n option",
+                param="n",
+                code="invalid_value",
+            )
+        locked = self.settings.lock_temperature
+        if locked and req.temperature is not None and req.temperature != self.settings.temperature:
+            raise bad_request(
+                f"temperature={req.temperature} differs from the run's sampler.temperature="
+                f"{self.settings.temperature}: the learner recomputes log-probs at the run's "
+                "temperature; omit temperature or change sampler.temperature",
+                param="temperature",
+                code="invalid_value",
+            )
+
+    def _renderer(self, tools: list[Any] | None) -> tuple[ChatRenderer, str, tuple[int, ...]]:
+        schemas = tool_schemas(tools)
+        key = tools_key(schemas)
+        cached = self._renderers.get(key)
+        if cached is None:
+            try:
+                renderer = ChatRenderer(
+                    self.tokenizer, tools=schemas, template=self.settings.chat_template
+                )
+            except AgentRLError as e:
+                raise bad_request(f"the tools cannot be rendered: {e}", param="tools") from e
+            cached = self._renderers[key] = (renderer, tuple(renderer.stop_token_ids))
+            if len(self._renderers) > RENDERER_CACHE:
+                self._renderers.popitem(last=False)
+        else:
+            self._renderers.move_to_end(key)
+        return cached[0], key, cached[1]
+
+    def _params(
+        self,
+        req: ChatCompletionRequest | CompletionRequest,
+        session: Session,
+        plan: Plan,
+        stop_token_ids: tuple[int, ...],
+    ) -> SamplingParams:
+        s = self.settings
+        context = self.sampler.context_length
+        prompt_len = len(plan.prompt_ids)
+        if context is not None and prompt_len >= context:
+            raise bad_request(
+                f"This model's maximum context length is {context} tokens. However, your "
+                f"messages resulted in {prompt_len} tokens. Please reduce the length of the "
+                "messages.",
+                param="messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+                code="context_length_exceeded",
+            )
+        limit = req.token_limit if isinstance(req, ChatCompletionRequest) else req.max_tokens
+        cap = limit or s.max_new_tokens
+        if context is not None:
+            cap = min(cap, context - prompt_len)
+        budget = session.token_budget(plan)
+        if budget is not None:
+            cap = min(cap, budget)
+        return SamplingParams(
+            temperature=s.temperature if req.temperature is None else req.temperature,
+            top_p=s.top_p if req.top_p is None else req.top_p,
+            top_k=s.top_k if req.top_k is None else req.top_k,
+            max_new_tokens=cap,
+            stop_token_ids=stop_token_ids,
+            stop=req.stop_strings,
+            seed=session.next_seed(req.seed),
+            n=req.n,
+        )
+
+    async def _sample(self, prompt_ids: list[int], params: SamplingParams) -> list[Generation]:
+        try:
+            if params.n == 1:
+                return [await self.sampler.generate(prompt_ids, params)]
+            return await self.sampler.generate_many(prompt_ids, params)
+        except PromptError as e:
+            raise bad_request(str(e), code="context_length_exceeded") from e
+
+    # --- the two APIs ------------------------------------------------------------------------
+
+    async def chat(self, session: Session, req: ChatCompletionRequest) -> Completed:
+        """Serve one chat completion and record it in `session`."""
+        t0 = time.perf_counter()
+        self._check_common(req)
+        req.check_supported()
+        renderer, tkey, stop_ids = self._renderer(req.tools)
+        session.count_call()
+        plan = session.plan_chat(req.messages, renderer, tkey)
+        params = self._params(req, session, plan, stop_ids)
+        plan.base.busy = True
+        try:
+            t_gen = time.perf_counter()
+            gens = await self._sample(plan.prompt_ids, params)
+            gen_s = time.perf_counter() - t_gen
+        finally:
+            plan.base.busy = False
+        parse = bool(req.tools) and req.tool_choice != "none"
+        replies = []
+        for gen in gens:
+            reply = reply_from_text(
+                renderer.decode(gen.token_ids), parse, self.settings.tool_parser
+            )
+            if not reply.tool_calls and req.stop_strings and gen.finish_reason == "stop":
+                reply.content = _strip_stop(reply.text, req.stop_strings)
+            replies.append(reply)
+        session.commit_chat(plan, gens, replies, gen_s)
+        self._account(t0, gen_s)
+        return Completed(plan.prompt_ids, gens, replies, int(time.time()), _new_id("chatcmpl"))
+
+    async def complete(self, session: Session, req: CompletionRequest) -> Completed:
+        """Serve one (text) completion and record it in `session`."""
+        t0 = time.perf_counter()
+        self._check_common(req)
+        req.check_supported()
+        session.count_call()
+        plan = session.plan_completion(req.single_prompt(), self._plain)
+        params = self._params(req, session, plan, ())
+        plan.base.busy = True
+        try:
+            t_gen = time.perf_counter()
+            gens = await self._sample(plan.prompt_ids, params)
+            gen_s = time.perf_counter() - t_gen
+        finally:
+            plan.base.busy = False
+        texts = [
+            self.tokenizer.decode(
+                g.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            )
+            for g in gens
+        ]
+        session.commit_completion(plan, gens, texts, gen_s)
+        replies = [Reply(text=t, content=t) for t in texts]
+        if req.stop_strings:
+            for r, g in zip(replies, gens, strict=True):
+                if g.finish_reason == "stop":
+                    r.content = _strip_stop(r.text, req.stop_strings)
+        self._account(t0, gen_s)
+        return Completed(plan.prompt_ids, gens, replies, int(time.time()), _new_id("cmpl"))
+
+    def _account(self, t0: float, gen_s: float) -> None:
+        self.stats.calls += 1
+        self.stats.overhead_s.append(time.perf_counter() - t0 - gen_s)
+
+    # --- response bodies ---------------------------------------------------------------------
+
+    def _logprobs(self, gen: Generation) -> dict[str, Any]:
+        entries = []
+        for tid, lp in zip(gen.token_ids, gen.logprobs, strict=True):
+            tok = self.tokenizer.decode([tid], skip_special_tokens=False)
+            entries.append(
+                {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
+            )
+        return {"content": entries}
+
+    def chat_body(self, done: Completed, req: ChatCompletionRequest) -> dict[str, Any]:
+        choices = []
+        for i, (gen, reply) in enumerate(zip(done.gens, done.replies, strict=True)):
+            choices.append(
+                {
+                    "index": i,
+                    "message": reply.message(),
+                    "finish_reason": _finish(gen, reply),
+                    "logprobs": self._logprobs(gen) if req.logprobs else None,
+                }
+            )
+        return {
+            "id": done.id,
+            "object": "chat.completion",
+            "created": done.created,
+            "model": req.model,
+            "choices": choices,
+            "usage": _usage(done),
+        }
+
+    def chat_chunks(self, done: Completed, req: ChatCompletionRequest) -> Iterator[dict[str, Any]]:
+        """The same completion as ``chat.completion.chunk`` events (sampled whole, then
+        streamed token by token where the content is the model's text)."""
+        head = {
+            "id": done.id,
+            "object": "chat.completion.chunk",
+            "created": done.created,
+            "model": req.model,
+        }
+        for i, (gen, reply) in enumerate(zip(done.gens, done.replies, strict=True)):
+            yield {**head, "choices": [_delta(i, {"role": "assistant", "content": ""})]}
+            entries = self._logprobs(gen)["content"] if req.logprobs else None
+            pieces = self._pieces(gen, reply.content or "") if reply.content else []
+            if len(pieces) == len(gen.token_ids):  # one chunk per sampled token
+                for k, piece in enumerate(pieces):
+                    lp = {"content": [entries[k]]} if entries is not None else None
+                    yield {**head, "choices": [_delta(i, {"content": piece}, logprobs=lp)]}
+            else:
+                lp = {"content": entries} if entries is not None else None
+                if reply.content:
+                    yield {**head, "choices": [_delta(i, {"content": reply.content}, logprobs=lp)]}
+                elif lp is not None:
+                    yield {**head, "choices": [_delta(i, {}, logprobs=lp)]}
+            for j, call in enumerate(reply.tool_calls):
+                yield {**head, "choices": [_delta(i, {"tool_calls": [{"index": j, **call}]})]}
+            yield {**head, "choices": [_delta(i, {}, finish=_finish(gen, reply))]}
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield {**head, "choices": [], "usage": _usage(done)}
+
+    def _pieces(self, gen: Generation, content: str) -> list[str]:
+        """Per-token increments of `content` when it is exactly the decoded tokens."""
+        pieces, prev = [], ""
+        ids = gen.token_ids
+        for k in range(len(ids)):
+            cur = self.tokenizer.decode(
+                ids[: k + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+            if cur.endswith("\ufffd") and k < len(ids) - 1:
+                pieces.append("")  # an incomplete UTF-8 character: wait for its last byte
+                continue
+            if not cur.startswith(prev):
+                return []
+            pieces.append(cur[len(prev) :])
+            prev = cur
+        # the content may end before the decoded text (end-of-turn or stop string dropped)
+        total = 0
+        out = []
+        for piece in pieces:
+            take = piece[: max(len(content) - total, 0)]
+            out.append(take)
+            total += len(take)
+        return out if "".join(out) == content else []
+
+    def completion_body(self, done: Completed, req: CompletionRequest) -> dict[str, Any]:
+        choices = []
+        for i, (gen, reply) in enumerate(zip(done.gens, done.replies, strict=True)):
+            logprobs = None
+            if req.logprobs is not None:
+                tokens = [self.tokenizer.decode([t]) for t in gen.token_ids]
+                logprobs = {
+                    "tokens": tokens,
+                    "token_logprobs": list(gen.logprobs),
+                    "top_logprobs": None,
+                    "text_offset": None,
+                }
+            choices.append(
+                {
+                    "index": i,
+                    "text": reply.content,
+                    "logprobs": logprobs,
+                    "finish_reason": "length" if gen.finish_reason == "length" else "stop",
+                }
+            )
+        return {
+            "id": done.id,
+            "object": "text_completion",
+            "created": done.created,
+            "model": req.model,
+            "choices": choices,
+            "usage": _usage(done),
+        }
+
+    def completion_chunks(
+        self, done: Completed, req: CompletionRequest
+    ) -> Iterator[dict[str, Any]]:
+        body = self.completion_body(done, req)
+        head = {k: body[k] for k in ("id", "object", "created", "model")}
+        for choice in body["choices"]:
+            yield {**head, "choices": [{**choice, "finish_reason": None}]}
+            yield {
+                **head,
+                "choices": [
+                    {
+                        "index": choice["index"],
+                        "text": "",
+                        "logprobs": None,
+                        "finish_reason": choice["finish_reason"],
+                    }
+                ],
+            }
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield {**head, "choices": [], "usage": body["usage"]}
+
+    def models_body(self) -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "agentrl"}
+                for name in self.settings.model_names
+            ],
+        }
+
+
+def _finish(gen: Generation, reply: Reply) -> str:
+    if reply.tool_calls:
+        return "tool_calls"
+    return "length" if gen.finish_reason == "length" else "stop"
+
+
+def _delta(
+    index: int, delta: dict[str, Any], *, logprobs: Any = None, finish: str | None = None
+) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
+def _usage(done: Completed) -> dict[str, int]:
+    completion = sum(len(g.token_ids) for g in done.gens)
+    prompt = len(done.prompt_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _strip_stop(text: str, stops: tuple[str, ...]) -> str:
+    """OpenAI leaves the stop string out of the content (the sampled tokens keep it)."""
+    cut = [text.rfind(s) for s in stops if s in text]
+    return text[: max(cut)] if cut else text
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"

@@ -1,0 +1,129 @@
+"""The episode of an agent program: the workflow the run assembly picks for ``env.name: agent``.
+
+Per episode: open a session on the run's gateway (started once, in the run's resource
+scope), run the program against the session's base URL and key, close the session, and
+return its samples -- one trajectory when every call extended the conversation, more when
+the program broke its prefix -- all with the episode's reward. Limits are the rollout's:
+``episode_timeout_s`` (the program is killed), ``max_turns`` model calls and
+``max_tokens`` response tokens per sample (a call beyond them is refused and the episode
+ends ``truncated``), ``infra_retries`` for programs that crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from agentrl.envs.agent import AgentEnv
+from agentrl.errors import ConfigError, InfraError
+from agentrl.gateway.server import run_gateway
+from agentrl.gateway.service import Gateway, GatewaySettings
+from agentrl.resources import ResourceScope, current_run_scope
+from agentrl.rollout.workflow import BUILTIN, EpisodeContext, Workflow
+from agentrl.types import Trajectory
+
+HTTP_KEY = "agentrl.gateway.http"
+
+
+def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
+    """The workflow running `env`'s program for each episode of a run configured by `cfg`."""
+    if cfg.rollout.workflow != BUILTIN:
+        raise ConfigError(
+            f"env.name=agent runs its program as the episode; rollout.workflow="
+            f"{cfg.rollout.workflow!r} cannot drive it too: leave rollout.workflow at {BUILTIN}"
+        )
+    options = env.config
+    settings = GatewaySettings.from_config(
+        cfg,
+        training=True,
+        max_n=options.max_n,
+        tool_parser=options.tool_parser,
+        host=options.host,
+        port=options.port,
+    )
+    entrypoint: Callable[..., Any] | None = None
+    if options.entrypoint is not None:
+        from agentrl.gateway.programs import load_entrypoint
+
+        entrypoint = load_entrypoint(options.entrypoint)  # a bad path fails the assembly
+
+    async def run_agent(ctx: EpisodeContext) -> list[Trajectory]:
+        scope = current_run_scope()
+        if scope is None:
+            raise ConfigError(
+                "env.name=agent serves its program through the run's gateway: run episodes "
+                "inside a run (run = agentrl.runtime.assemble(cfg, role); async with run: ...)"
+            )
+        gateway = await run_gateway(scope, ctx.sampler, settings)
+        session = gateway.open_session(
+            seed=ctx.params.seed, max_calls=ctx.limits.max_turns, max_tokens=ctx.limits.max_tokens
+        )
+        failure: str | None = None
+        try:
+            result = await _run_program(env, entrypoint, gateway, session, ctx, scope)
+        except InfraError as e:
+            if session.truncation is None:
+                raise
+            result, failure = None, str(e)  # it stopped because it hit a limit: truncated
+        finally:
+            gateway.close_session(session.key)
+        samples = session.trajectories(ctx.trajectory)
+        if not samples:
+            raise InfraError(
+                "the agent program made no model call through the gateway (is it using "
+                "OPENAI_BASE_URL / the client it was given?)"
+            )
+        if failure is None:
+            reward, info = env.score(result, ctx.task, session.last_reply)
+        elif env.verifier is not None:
+            reward, info = env.score(None, ctx.task, session.last_reply)
+        else:
+            reward, info = 0.0, {}
+        if failure is not None:
+            info["agent_error"] = failure
+        for traj in samples:
+            traj.reward, traj.reward_info = reward, dict(info)
+        return samples
+
+    run_agent.__name__ = f"agent:{options.entrypoint or options.command[0]}"  # type: ignore[index]
+    return run_agent
+
+
+async def _run_program(
+    env: AgentEnv,
+    entrypoint: Callable[..., Any] | None,
+    gateway: Gateway,
+    session: Any,
+    ctx: EpisodeContext,
+    scope: ResourceScope,
+) -> Any:
+    from agentrl.gateway.programs import run_command, run_entrypoint
+
+    url = gateway.session_url(session)
+    model = gateway.settings.model_names[0]
+    if entrypoint is None:
+        return await run_command(env.config, ctx.task, url, session.key, model)
+    import openai
+
+    http = await scope.get_or_create(HTTP_KEY, _shared_http_client)
+    client = openai.AsyncOpenAI(
+        base_url=url,
+        api_key=session.key,
+        http_client=http,
+        max_retries=0,  # a retried call would be sampled twice
+        timeout=ctx.limits.timeout_s,
+    )
+    return await run_entrypoint(entrypoint, client, ctx.task)
+
+
+async def _shared_http_client(stack: contextlib.AsyncExitStack) -> Any:
+    """One connection pool for every episode's client (clients are cheap; pools are not)."""
+    import httpx
+    import openai
+
+    client = openai.DefaultAsyncHttpxClient(
+        limits=httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
+    )
+    stack.push_async_callback(client.aclose)
+    return client
