@@ -1,0 +1,137 @@
+"""`env.name: agent`: agent programs trained through the gateway, end to end."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agentrl.config import config_from_dict
+from agentrl.errors import ConfigError
+from agentrl.events import GroupFinished
+from agentrl.orchestrator import Orchestrator
+from agentrl.plotting import read_steps
+
+REPO = Path(__file__).resolve().parents[2]
+TASKS = [{"id": f"t{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
+
+
+def _config(options: dict[str, Any], **sections: Any) -> Any:
+    data: dict[str, Any] = {
+        "model": {"name": "tiny-llama", "dtype": "float32"},
+        "sampler": {"max_new_tokens": 6, "max_batch_size": 16},
+        "env": {"name": "agent", "options": {"tasks": TASKS, **options}},
+        "rollout": {"group_size": 2, "concurrency": 8, "max_tokens": 200, "infra_retries": 0},
+        "algorithm": {"dynamic_sampling": False},
+        "learner": {"batch_groups": 2, "micro_batch_size": 4, "lr": 1e-3},
+        "orchestrator": {
+            "max_steps": 2,
+            "max_staleness": 0,
+            "learner_worker": "thread",
+            "checkpoint_every": 0,
+        },
+        "logging": {"progress": False},
+    }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values}
+    return config_from_dict(data)
+
+
+def _train(cfg: Any, run_dir: Path) -> tuple[Orchestrator, list[Any]]:
+    orch = Orchestrator(cfg, run_dir)
+    orch.build()
+    groups: list[Any] = []
+    orch.events.subscribe(lambda e: groups.append(e.group) if isinstance(e, GroupFinished) else 0)
+    anyio.run(orch.run)
+    return orch, groups
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        {"entrypoint": "tests.gateway.agents:two_turns"},
+        {"command": [sys.executable, "-m", "tests.gateway.agents"], "cwd": str(REPO)},
+    ],
+    ids=["entrypoint", "command"],
+)
+def test_two_training_steps_through_an_agent_program(tmp_path: Path, program: dict) -> None:
+    orch, groups = _train(_config(program), tmp_path / "run")
+    assert [s["step"] for s in read_steps(tmp_path / "run")] == [1, 2]
+    assert orch.sampler.version == 2
+    trajs = [t for g in groups for t in g.trajectories]
+    assert trajs and all(t.status == "ok" for t in trajs)
+    for t in trajs:
+        assert [s.kind for s in t.segments] == ["prompt", "model", "observation", "model"]
+        assert t.metadata["gateway"]["prefix_breaks"] == 0
+        assert t.reward in (0.0, 1.0)
+        model = [s for s in t.segments if s.kind == "model"]
+        assert sum(t.loss_mask) == sum(len(s) for s in model)
+        assert all(v >= 0 for s in model for v in s.versions)
+
+
+def test_a_crashed_agent_is_an_infra_error_of_its_episode_only(tmp_path: Path) -> None:
+    from agentrl.runtime import assemble
+
+    cfg = _config({"entrypoint": "tests.gateway.agents:crashes_on_odd_tasks"})
+
+    async def main() -> list[Any]:
+        run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout"))
+        async with run:
+            return await run.engine.collect(4)
+
+    groups = anyio.run(main)
+    by_task = {g.task_id: g for g in groups}
+    for task_id, group in by_task.items():
+        statuses = {t.status for t in group.trajectories}
+        if int(task_id[-1]) % 2:
+            assert statuses == {"infra_error"}
+            assert "the agent's own bug" in group.trajectories[0].error
+        else:
+            assert statuses == {"ok"}
+            assert group.rewards == [1.0, 1.0]
+
+
+def test_bad_agent_options_name_the_fix() -> None:
+    from agentrl.envs import make_env
+
+    with pytest.raises(ConfigError, match="exactly one of entrypoint"):
+        make_env("agent", tasks=TASKS)
+    with pytest.raises(ConfigError, match="not an async function"):
+        from agentrl.gateway.workflow import agent_workflow
+
+        env = make_env("agent", tasks=TASKS, entrypoint="tests.gateway.agents:main")
+        agent_workflow(env, _config({"entrypoint": "tests.gateway.agents:main"}))
+    env = make_env("agent", tasks=TASKS, entrypoint="tests.gateway.agents:two_turns")
+    with pytest.raises(Exception, match="return a number"):
+        env.score("text", TASKS[0], "")
+    assert env.score({"reward": 0.5, "why": "x"}, TASKS[0], "") == (0.5, {"why": "x"})
+
+
+def test_the_example_agent_trains_through_its_config(tmp_path: Path, monkeypatch: Any) -> None:
+    from agentrl.config import load_config
+
+    monkeypatch.chdir(REPO)  # the config names the agent file relative to the repo
+    cfg = load_config(
+        "examples/calculator_agent.yaml",
+        [
+            "model.name=tiny-llama",
+            "model.dtype=float32",
+            "sampler.max_new_tokens=8",
+            "rollout.group_size=2",
+            "algorithm.dynamic_sampling=false",  # the random model scores 0 everywhere
+            "learner.micro_batch_size=4",
+            "orchestrator.max_steps=2",
+            "orchestrator.max_staleness=0",
+            "orchestrator.learner_worker=thread",
+            "orchestrator.checkpoint_every=0",
+            "logging.progress=false",
+        ],
+    )
+    orch, groups = _train(cfg, tmp_path / "run")
+    assert [s["step"] for s in read_steps(tmp_path / "run")] == [1, 2]
+    trajs = [t for g in groups for t in g.trajectories]
+    assert trajs and all(t.status in ("ok", "truncated") for t in trajs)
+    assert all("agent_result" in t.reward_info for t in trajs if t.status == "ok")
