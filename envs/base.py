@@ -86,6 +86,11 @@ class Environment(abc.ABC):
         """Function schemas rendered into the chat template (empty for tool-less envs)."""
         return []
 
+    def stop_strings(self) -> tuple[str, ...]:
+        """Strings that end an assistant turn besides its end-of-turn token (kept in the
+        text), e.g. ``</search>`` so the model waits for real results."""
+        return ()
+
     @classmethod
     def tool_names(cls) -> list[str]:
         """Names of the tools this environment offers (for `agentrl envs list`)."""

@@ -39,6 +39,7 @@ async def measure(
     max_new_tokens: int,
     seed: int,
     model_name: str = "smollm2-135m-instruct",
+    stop: list[str] | None = None,
 ) -> dict[str, Any]:
     import torch
 
@@ -51,6 +52,7 @@ async def measure(
     proto = make_env(env_name, **options)
     tasks = [t for _, t in zip(range(episodes), proto.tasks(seed=seed), strict=False)]
     envs = [proto.spawn() for _ in tasks]
+    stop = list(dict.fromkeys([*(stop or []), *proto.stop_strings()]))  # as the rollout stops
     renderer = ChatRenderer(tok, tools=proto.tool_schemas())
     end_id = tok.convert_tokens_to_ids("<|im_end|>")
     history = [await env.reset(task) for env, task in zip(envs, tasks, strict=True)]
@@ -79,6 +81,7 @@ async def measure(
                     top_k=None,
                     eos_token_id=end_id,
                     pad_token_id=pad,
+                    **({"stop_strings": stop, "tokenizer": tok} if stop else {}),
                 )
             for row, i in enumerate(live):
                 text = tok.decode(out[row, width:], skip_special_tokens=True).strip()
@@ -103,6 +106,7 @@ async def measure(
         "temperature": temperature,
         "max_new_tokens": max_new_tokens,
         "turns": turns,
+        "stop": stop or [],
         "success_rate": solved / max(len(tasks), 1),
         "used_tool_rate": sum(c > 0 for c in calls) / max(len(tasks), 1),
         "answered_rate": sum(r is not None for r in rewards) / max(len(tasks), 1),
@@ -125,6 +129,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args()
     result = anyio.run(
@@ -137,6 +142,7 @@ def main() -> None:
         args.max_new_tokens,
         args.seed,
         args.model,
+        args.stop,
     )
     summary = {k: v for k, v in result.items() if k != "examples"}
     print(json.dumps(summary, indent=2))

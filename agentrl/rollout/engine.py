@@ -97,6 +97,7 @@ class RolloutEngine:
         renderer = require_renderer(renderer)
         if params is None:
             params = sampling_params_from(sampler_cfg, renderer)
+            params = params.with_(stop=tuple(params.stop) + env.stop_strings())
         self.env = env
         self.sampler = sampler
         self.config = config  # agentrl.config.RolloutConfig

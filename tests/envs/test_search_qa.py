@@ -1,5 +1,5 @@
 """search_qa: the country corpus, its questions, retrieval through the real tantivy index
-and the search tool, and the exact-match reward."""
+(countries and cities) with the Hermes call format, and the exact-match reward."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_index_built_once_per_process() -> None:
 
 @pytest.mark.anyio
 async def test_search_finds_the_country_of_every_question() -> None:
-    env = make_env("search_qa", top_k=5).spawn()
+    env = make_env("search_qa", top_k=5, call_format="tool_call", kinds=list(KINDS)).spawn()
     bank = question_bank().by_kind
     await env.reset(bank["capital"][0])
     try:
@@ -139,7 +139,7 @@ async def test_reward_exact_match_and_f1() -> None:
 
 @pytest.mark.anyio
 async def test_search_delay_option() -> None:
-    env = make_env("search_qa", search_delay_s=0.3).spawn()
+    env = make_env("search_qa", search_delay_s=0.3, call_format="tool_call").spawn()
     await env.reset(question_bank().by_kind["capital"][0])
     try:
         t0 = time.perf_counter()
