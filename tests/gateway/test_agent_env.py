@@ -130,8 +130,35 @@ def test_the_example_agent_trains_through_its_config(tmp_path: Path, monkeypatch
             "logging.progress=false",
         ],
     )
-    orch, groups = _train(cfg, tmp_path / "run")
+    _, groups = _train(cfg, tmp_path / "run")
     assert [s["step"] for s in read_steps(tmp_path / "run")] == [1, 2]
     trajs = [t for g in groups for t in g.trajectories]
     assert trajs and all(t.status in ("ok", "truncated") for t in trajs)
     assert all("agent_result" in t.reward_info for t in trajs if t.status == "ok")
+
+
+def test_an_openai_agents_sdk_agent_runs_through_the_gateway(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("agents")  # the `agents` extra
+    from agentrl.config import load_config
+    from agentrl.runtime import assemble
+
+    monkeypatch.chdir(REPO)
+    cfg = load_config(
+        "examples/agents_sdk_agent.yaml",
+        [
+            "model.name=tiny-llama",
+            "model.dtype=float32",
+            "sampler.max_new_tokens=8",
+            "rollout.group_size=2",
+            "rollout.infra_retries=0",
+        ],
+    )
+
+    async def main() -> list[Any]:
+        run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout"))
+        async with run:
+            return await run.engine.collect(2)
+
+    trajs = [t for g in anyio.run(main) for t in g.trajectories]
+    assert len(trajs) >= 4 and all(t.status == "ok" for t in trajs), [t.error for t in trajs]
+    assert all(t.num_model_tokens > 0 and "agent_result" in t.reward_info for t in trajs)
