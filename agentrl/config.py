@@ -272,6 +272,9 @@ class RayConfig(_Section):
     start_timeout_s: float = Field(60.0, gt=0, description="wait for resources and actors")
 
 
+DATASET_ENV = "agentrl.envs.dataset:DatasetEnv"
+
+
 class DataConfig(_Section):
     """Tasks from local files through Hugging Face ``datasets`` (docs/bring_your_own.md):
     they replace the environment's own tasks; every column reaches the reward functions."""
@@ -377,6 +380,14 @@ class Config(_Section):
     ray: RayConfig = Field(default_factory=RayConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+
+    @model_validator(mode="after")
+    def _dataset_env(self) -> Config:
+        # a dataset runs in the one-turn dataset environment unless another one is named;
+        # written out explicitly so a saved config (resume, export) reads the same
+        if self.data.path is not None and "name" not in self.env.model_fields_set:
+            self.env.name = DATASET_ENV
+        return self
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -84,7 +84,12 @@ def build_env(cfg: Config, split: str = "train") -> Any:
     options = dict(cfg.env.options)
     if split == "eval":
         options.update(cfg.env.eval_options)
-    return make_env(cfg.env.name, **options)
+    env = make_env(cfg.env.name, **options)
+    if cfg.data.path is not None:  # the tasks come from data.path (agentrl.envs.dataset)
+        from agentrl.envs.dataset import attach_dataset
+
+        attach_dataset(env, cfg.data, split)  # columns checked now, before any model loads
+    return env
 
 
 def _user_set(section: Any, key: str) -> bool:
@@ -205,6 +210,24 @@ def build_engine(
     )
 
 
+def attach_rewards(cfg: Config, engine: Any, sampler: Any, scope: ResourceScope) -> None:
+    """``reward.functions`` / ``model`` / ``judge`` scoring the engine's episodes (see
+    :mod:`agentrl.rewards`), closed with the run's scope."""
+    if not cfg.reward.enabled:
+        return
+    if engine.workflow is not None:
+        raise ConfigError(
+            "reward.functions / model / judge score the built-in episode runner's episodes; "
+            f"a workflow ({cfg.rollout.workflow!r}, or an agent program) returns its own "
+            "reward: score inside it, or use rollout.workflow=episode"
+        )
+    from agentrl.rewards import RewardPipeline
+
+    pipeline = RewardPipeline.from_config(cfg, sampler)
+    engine.runner.rewards = pipeline
+    scope.push(pipeline.aclose)
+
+
 def load_learner(cfg: Config) -> Any:
     """A :class:`~agentrl.learner.Learner` in this process, its kernels compiled (the thread
     learner and the learner child both start here)."""
@@ -275,6 +298,11 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
     (a learner process) is stopped before the error propagates.
     ``orchestrator.backend: ray`` builds the same parts in Ray actors (agentrl.placement)."""
     if cfg.orchestrator.backend == "ray":
+        if cfg.reward.enabled:
+            raise ConfigError(
+                "reward.functions / model / judge run in the local backend's episodes only: "
+                "set orchestrator.backend=local"
+            )
         from agentrl.placement import assemble_on_ray
 
         return assemble_on_ray(cfg, role, split=split, samples=samples)
@@ -283,6 +311,10 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
     try:
         split = split or ("eval" if role == "eval" else "train")
         env = build_env(cfg, split)
+        if cfg.reward.enabled:  # bad reward settings fail here, before any model loads
+            from agentrl.rewards import RewardPipeline
+
+            RewardPipeline.check(cfg)
         if role == "train":  # a learner process loads its model while this one builds the rest
             learner = start_learner(cfg)
         sampler = build_sampler(cfg)
@@ -292,6 +324,7 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
         engine = build_engine(
             cfg, env, sampler, split=split, group_size=samples if role == "eval" else None
         )
+        attach_rewards(cfg, engine, sampler, scope)
         run = Run(cfg=cfg, role=role, env=env, sampler=sampler, engine=engine, scope=scope)
         if learner is not None:
             from agentrl.weights import WeightBus

@@ -45,7 +45,8 @@ def check_reward_model_folder(path: str | Path) -> dict[str, Any]:
             ", not a reward model (an AutoModelForSequenceClassification head with "
             "num_labels=1): train one with `agentrl rm train prefs.jsonl --model <base>`"
         )
-    labels = config.get("num_labels") or len(config.get("id2label") or {}) or 1
+    # transformers leaves its default (two labels) out of config.json
+    labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
     if labels != 1:
         raise ConfigError(
             f"reward.model {str(path)!r} has a classification head with {labels} labels; a "

@@ -1,0 +1,37 @@
+"""`agentrl export RUN_DIR [--step N] OUT`: a checkpoint as a Hugging Face model folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory of `agentrl train`")],
+    out: Annotated[
+        Path, typer.Argument(help="the folder to write (AutoModelForCausalLM loads it)")
+    ],
+    step: Annotated[
+        int | None, typer.Option(help="a checkpoint's step (default: latest)")
+    ] = None,
+    dtype: Annotated[
+        Optional[str], typer.Option(help="float32, bfloat16 or float16 (default: as trained)")  # noqa: UP045
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="replace a non-empty OUT")] = False,
+) -> None:
+    """Export a checkpoint: weights, config, tokenizer, chat template, generation config."""
+    from agentrl.errors import AgentRLError
+    from agentrl.export import export_checkpoint
+
+    try:
+        path = export_checkpoint(run_dir, out, step=step, dtype=dtype, overwrite=overwrite)
+    except AgentRLError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(str(path))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(export)

@@ -1,0 +1,55 @@
+"""`agentrl rm train`: a Bradley–Terry reward model from preference pairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    rm_app = typer.Typer(help="Reward models: train one on preference pairs.", no_args_is_help=True)
+
+    @rm_app.command("train")
+    def train(
+        pairs: Annotated[Path, typer.Argument(help="JSONL of {prompt, chosen, rejected}")],
+        model: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
+        out: Annotated[Path, typer.Option(help="the reward model folder to write")],
+        epochs: Annotated[int, typer.Option(min=1)] = 1,
+        lr: Annotated[float, typer.Option()] = 5e-5,
+        batch_size: Annotated[int, typer.Option(min=1, help="pairs per step")] = 8,
+        eval_fraction: Annotated[float, typer.Option(help="held-out share of the pairs")] = 0.1,
+        max_length: Annotated[int, typer.Option(min=16)] = 1024,
+        seed: Annotated[int, typer.Option()] = 0,
+        device: Annotated[str, typer.Option()] = "auto",
+    ) -> None:
+        """Train a reward model (pairwise loss) and report held-out pairwise accuracy."""
+        from agentrl.errors import AgentRLError
+        from agentrl.rewards.bradley_terry import train_reward_model
+
+        try:
+            report = train_reward_model(
+                pairs,
+                model,
+                out,
+                epochs=epochs,
+                lr=lr,
+                batch_size=batch_size,
+                eval_fraction=eval_fraction,
+                max_length=max_length,
+                seed=seed,
+                device=device,
+                log=typer.echo,
+            )
+        except AgentRLError as e:
+            typer.secho(f"error: {e}", fg="red", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(
+            f"held-out pairwise accuracy: {report.accuracy_before:.3f} before -> "
+            f"{report.accuracy:.3f} after ({report.eval_pairs} pairs; trained on "
+            f"{report.train_pairs} in {report.seconds:.0f}s)\nreward model: {report.out} "
+            f"(use it with --set reward.model={report.out})"
+        )
+
+    app.add_typer(rm_app, name="rm")
