@@ -248,3 +248,9 @@ def run_in_process(run_dir: Path, max_steps: int, *overrides: str, resume: bool 
     orch.build()
     anyio.run(orch.run)
     return orch
+
+
+def live(pid: int) -> bool:
+    from tests.procs import alive
+
+    return alive(pid)

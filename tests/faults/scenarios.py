@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -124,3 +126,256 @@ def driver_kills(
         "checkpoint_loadable": a.checkpoint_loadable,
         "error": "" if finished else driver_log(run_dir)[-2000:],
     }
+
+
+def _learner_child(pgid: int) -> int | None:
+    from .harness import group_members
+
+    for pid in group_members(pgid):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"agentrl.learner.worker" in cmd:
+            return pid
+    return None
+
+
+def _finish(run_dir: Path, proc: Any) -> tuple[bool, int]:
+    """Wait for a driver; (exited 0, orphans of its group)."""
+    try:
+        ok = proc.wait(timeout=START_TIMEOUT_S) == 0
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        ok = False
+    return ok, stale_processes(proc.pid)
+
+
+def _verdict(name: str, run_dir: Path, max_steps: int, runs: int, orphans: int, **extra: Any):
+    a = audit(run_dir)
+    return {
+        "scenario": name,
+        "runs": runs,
+        "survived": bool(extra.pop("finished") and a.steps_ok and a.final_step == max_steps),
+        "final_step": a.final_step,
+        "steps_lost": len(a.steps_lost),
+        "steps_redone": a.steps_redone,
+        "samples_trained": a.samples_trained,
+        "trained_twice": a.trained_twice,
+        "orphans": orphans,
+        "checkpoint_loadable": a.checkpoint_loadable,
+        **extra,
+    }
+
+
+def learner_kill(run_dir: Path, max_steps: int = 5, seed: int = 0) -> dict[str, Any]:
+    """SIGKILL the learner child mid-step: the driver stops with one line (no hang, no
+    orphan), then ``--resume`` finishes the run."""
+    import signal
+
+    rng = random.Random(seed)
+    proc = start_driver(run_dir, max_steps, "orchestrator.learner_worker=process")
+    wait_until(lambda: _count(run_dir, "BatchTrained") >= 2, proc, START_TIMEOUT_S)
+    time.sleep(rng.uniform(0.0, 0.3))
+    child = _learner_child(proc.pid)
+    killed_at = time.time()
+    if child is not None:
+        os.kill(child, signal.SIGKILL)
+    first_ok, orphans = _finish(run_dir, proc)
+    stopped_s = time.time() - killed_at
+    tail = driver_log(run_dir).strip().splitlines()[-1:] or [""]
+    proc = start_driver(run_dir, max_steps, "orchestrator.learner_worker=process", resume=True)
+    ok, more = _finish(run_dir, proc)
+    return _verdict(
+        "learner child SIGKILL mid-step",
+        run_dir,
+        max_steps,
+        2,
+        orphans + more,
+        finished=ok,
+        killed=child is not None,
+        driver_exit_ok=not first_ok,  # it must stop (with an error), not carry on
+        driver_stopped_s=round(stopped_s, 1),
+        driver_said=tail[0],
+        error="" if ok else driver_log(run_dir)[-2000:],
+    )
+
+
+def sigint_twice(run_dir: Path, max_steps: int = 5, gap_s: float = 0.05) -> dict[str, Any]:
+    """Ctrl-C twice in a row (to the whole process group, as a terminal sends it): the
+    driver checkpoints the step it is in and stops; ``--resume`` finishes the run."""
+    import signal
+
+    proc = start_driver(run_dir, max_steps, "orchestrator.learner_worker=process")
+    wait_until(lambda: _count(run_dir, "BatchTrained") >= 2, proc, START_TIMEOUT_S)
+    sent = time.time()
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(gap_s)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+    _, orphans = _finish(run_dir, proc)
+    stopped_s, exit_code = time.time() - sent, proc.returncode
+    log = driver_log(run_dir)
+    rows = read_events(run_dir)
+    reason = next((r["reason"] for r in reversed(rows) if r["event"] == "RunFinished"), None)
+    trained = max((r["step"] for r in rows if r["event"] == "BatchTrained"), default=0)
+    state = checkpoint_state(run_dir)
+    proc = start_driver(run_dir, max_steps, "orchestrator.learner_worker=process", resume=True)
+    ok, more = _finish(run_dir, proc)
+    return _verdict(
+        f"SIGINT twice ({gap_s:g} s apart)",
+        run_dir,
+        max_steps,
+        2,
+        orphans + more,
+        finished=ok,
+        reason=reason,
+        driver_exit_code=exit_code,
+        checkpointed_last_step=state is not None and state["step"] == trained,
+        traceback="Traceback" in log,
+        driver_stopped_s=round(stopped_s, 1),
+        error="" if ok else log[-2000:],
+    )
+
+
+def _kernels(bwrap_too: bool = False) -> set[int]:
+    """Live sandbox kernels on this machine (the interpreter running the kernel source;
+    with `bwrap_too` also the bwrap processes around them). They start their own
+    sessions, so a process group does not hold them."""
+    from .harness import live
+
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        is_kernel = argv[0].endswith(b"python3") and b"runs inside a sandbox" in b" ".join(argv)
+        is_bwrap = argv[0].endswith(b"bwrap") and b"agentrl-sandbox" in argv[-2:]
+        if (is_kernel or (bwrap_too and is_bwrap)) and live(int(proc.name)):
+            found.add(int(proc.name))
+    return found
+
+
+FORCED = [
+    "env.name=tests.faults.envs:ForcedToolEnv",
+    "rollout.max_turns=2",
+    "rollout.max_tokens=256",
+    "rollout.infra_retries=1",
+    "orchestrator.learner_worker=thread",
+]
+
+
+def sandbox_kernel_kill(run_dir: Path, max_steps: int = 3, kills: int = 2) -> dict[str, Any]:
+    """SIGKILL a sandbox kernel while its episode's code runs (1 s of it), then a whole
+    sandbox (its bwrap): the episode sees its interpreter restart, or is an
+    infrastructure failure (retried, then masked); the run goes on."""
+    import signal
+
+    before = _kernels(bwrap_too=True)
+    proc = start_driver(run_dir, max_steps, *FORCED, "env.options.tool=python")
+    killed = 0
+    deadline = time.time() + START_TIMEOUT_S
+    while killed < kills and proc.poll() is None and time.time() < deadline:
+        # the kernel alone, then the whole sandbox (bwrap and the kernel in its namespace)
+        running = sorted(_kernels(bwrap_too=killed % 2 == 1) - _kernels() - before)
+        if killed % 2 == 0:
+            running = sorted(_kernels() - before)
+        if running and _count(run_dir, "RunStarted"):
+            time.sleep(0.3)  # inside the episode's time.sleep(1)
+            try:
+                os.kill(running[0], signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+            time.sleep(1.5)
+        time.sleep(0.05)
+    ok, orphans = _finish(run_dir, proc)
+    orphans += len(_kernels(bwrap_too=True) - before)
+    hit = _infra_hits(run_dir)
+    return _verdict(
+        "sandbox kernel SIGKILL under an episode",
+        run_dir,
+        max_steps,
+        1,
+        orphans,
+        finished=ok,
+        kernels_killed=killed,
+        killed_seen_by_agent=_tool_said(run_dir, "error: the process was killed"),
+        sandbox_failed_seen=_tool_said(run_dir, "error: the sandbox failed"),
+        **hit,
+        error="" if ok else driver_log(run_dir)[-2000:],
+    )
+
+
+def _infra_hits(run_dir: Path) -> dict[str, int]:
+    """Episodes an infrastructure failure touched: retried (then fine) or masked."""
+    from agentrl.rollout.sinks import read_groups
+
+    trajs = [t for g in read_groups(run_dir / "trajectories.jsonl") for t in g.trajectories]
+    return {
+        "episodes": len(trajs),
+        "episodes_retried": sum(1 for t in trajs if t.metadata.get("retried_errors")),
+        "episodes_infra_error": sum(1 for t in trajs if t.status == "infra_error"),
+    }
+
+
+def _start_search(port: int) -> subprocess.Popen[bytes]:
+    from .harness import REPO
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.faults.envs", str(port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"serving\n"
+    return proc
+
+
+def search_down(run_dir: Path, max_steps: int = 4, down_s: float = 5.0) -> dict[str, Any]:
+    """The search HTTP service is killed after the first step and comes back `down_s`
+    later on the same port: calls in between fail after their retries (infrastructure
+    failures: retried, then masked); the run goes on and finishes."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = _start_search(port)
+    url = f"http://127.0.0.1:{port}/search"
+    proc = start_driver(
+        run_dir, max_steps, *FORCED, "env.options.tool=search", f"env.options.search_url={url}"
+    )
+    try:
+        wait_until(lambda: _count(run_dir, "BatchTrained") >= 1, proc, START_TIMEOUT_S)
+        server.kill()
+        server.wait()
+        down_at = time.time()
+        time.sleep(down_s)
+        server = _start_search(port)
+        outage = time.time() - down_at
+        ok, orphans = _finish(run_dir, proc)
+    finally:
+        server.kill()
+        server.wait()
+    return _verdict(
+        f"search backend down {down_s:g} s",
+        run_dir,
+        max_steps,
+        1,
+        orphans,
+        finished=ok,
+        outage_s=round(outage, 1),
+        **_infra_hits(run_dir),
+        error="" if ok else driver_log(run_dir)[-2000:],
+    )
+
+
+def _tool_said(run_dir: Path, text: str) -> int:
+    """Tool results (in the traces) that contain `text`."""
+    traces = run_dir / "trajectories.jsonl"
+    return traces.read_text().count(text) if traces.exists() else 0

@@ -1,0 +1,53 @@
+"""A process of a running training run dies or is interrupted: the learner child
+(SIGKILL mid-step), the driver (Ctrl-C twice), a sandbox kernel under an episode, the
+search service for 5 s. Each run is audited afterwards (tests/faults/harness.py): steps
+completed, trained samples once each, no orphan process, the checkpoint loads."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from . import scenarios
+
+
+def _clean(r: dict) -> None:
+    assert r["survived"], r
+    assert r["steps_lost"] == 0 and r["trained_twice"] == 0 and r["orphans"] == 0, r
+    assert r["checkpoint_loadable"], r
+
+
+@pytest.mark.slow
+def test_learner_child_sigkill_mid_step(tmp_path):
+    r = scenarios.learner_kill(tmp_path / "run", max_steps=4)
+    _clean(r)
+    assert r["killed"] and r["driver_exit_ok"], r
+    assert r["driver_said"].startswith("error: the learner process died while"), r
+    assert "killed by signal 9" in r["driver_said"], r
+
+
+@pytest.mark.slow
+def test_sigint_twice_checkpoints_and_stops(tmp_path):
+    r = scenarios.sigint_twice(tmp_path / "run", max_steps=4)
+    _clean(r)
+    assert r["reason"] == "interrupted" and r["checkpointed_last_step"], r
+    assert r["driver_exit_code"] == 130 and not r["traceback"], r
+    assert r["steps_redone"] == 0, r  # the step in flight was finished and kept
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="the python tool's sandbox needs bwrap")
+def test_sandbox_killed_under_a_running_episode(tmp_path):
+    r = scenarios.sandbox_kernel_kill(tmp_path / "run", max_steps=3, kills=2)
+    _clean(r)
+    assert r["kernels_killed"] == 2, r
+    # the episode saw its interpreter die (or the platform's failure), and went on
+    assert r["killed_seen_by_agent"] + r["sandbox_failed_seen"] + r["episodes_retried"] >= 2, r
+
+
+@pytest.mark.slow
+def test_search_service_down_for_5_s(tmp_path):
+    r = scenarios.search_down(tmp_path / "run", max_steps=3, down_s=5.0)
+    _clean(r)
+    assert r["episodes_retried"] + r["episodes_infra_error"] >= 1, r  # the outage was felt
