@@ -260,7 +260,7 @@ def print_table(summary: dict[str, dict[str, dict[str, float]]]) -> None:
             cells.append(
                 "-"
                 if math.isnan(s["mean"])
-                else f"{fmt.format(s['mean'])} ± {fmt.format(s['std'])}"
+                else f"{fmt.format(s['mean'])} ± {fmt.replace('+', '').format(s['std'])}"
             )
         print(f"| {method} | " + " | ".join(cells) + " |")
 
