@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
 
-.PHONY: setup test test-all test-integration test-vllm demo lint format bench clean
+.PHONY: setup test test-all test-integration test-vllm demo demo-search lint format bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,10 @@ test-vllm:
 
 demo: setup
 	$(VENV)/bin/agentrl train configs/demo.yaml
+
+# ARPO: SmolLM2-135M learns to search (configs/arpo_search_qa.yaml; GRPO twin: search_demo.yaml)
+demo-search: setup
+	$(VENV)/bin/agentrl train configs/arpo_search_qa.yaml
 
 lint: setup
 	$(VENV)/bin/ruff check .
