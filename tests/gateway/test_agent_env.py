@@ -26,7 +26,8 @@ def _config(options: dict[str, Any], **sections: Any) -> Any:
         "env": {"name": "agent", "options": {"tasks": TASKS, **options}},
         "rollout": {"group_size": 2, "concurrency": 8, "max_tokens": 200, "infra_retries": 0},
         "algorithm": {"dynamic_sampling": False},
-        "learner": {"batch_groups": 2, "micro_batch_size": 4, "lr": 1e-3},
+        # eager log-probs: compiling the fused kernels would take longer than the steps
+        "learner": {"batch_groups": 2, "micro_batch_size": 4, "lr": 1e-3, "fused_logprobs": "off"},
         "orchestrator": {
             "max_steps": 2,
             "max_staleness": 0,
@@ -49,6 +50,7 @@ def _train(cfg: Any, run_dir: Path) -> tuple[Orchestrator, list[Any]]:
     return orch, groups
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "program",
     [
@@ -110,6 +112,7 @@ def test_bad_agent_options_name_the_fix() -> None:
     assert env.score({"reward": 0.5, "why": "x"}, TASKS[0], "") == (0.5, {"why": "x"})
 
 
+@pytest.mark.slow
 def test_the_example_agent_trains_through_its_config(tmp_path: Path, monkeypatch: Any) -> None:
     from agentrl.config import load_config
 
@@ -123,6 +126,7 @@ def test_the_example_agent_trains_through_its_config(tmp_path: Path, monkeypatch
             "rollout.group_size=2",
             "algorithm.dynamic_sampling=false",  # the random model scores 0 everywhere
             "learner.micro_batch_size=4",
+            "learner.fused_logprobs=off",
             "orchestrator.max_steps=2",
             "orchestrator.max_staleness=0",
             "orchestrator.learner_worker=thread",
@@ -137,6 +141,7 @@ def test_the_example_agent_trains_through_its_config(tmp_path: Path, monkeypatch
     assert all("agent_result" in t.reward_info for t in trajs if t.status == "ok")
 
 
+@pytest.mark.slow
 def test_an_openai_agents_sdk_agent_runs_through_the_gateway(tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("agents")  # the `agents` extra
     from agentrl.config import load_config

@@ -261,6 +261,7 @@ async def test_a_weight_update_mid_call_waits_and_tags_versions(
     assert set(_close(gateway, after)[0].segments[1].versions) == {1}
 
 
+@pytest.mark.slow
 async def test_256_concurrent_sessions_never_mix(gateway: Gateway) -> None:
     n = 256
     sessions = [gateway.open_session(seed=i) for i in range(n)]
