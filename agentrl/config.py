@@ -414,6 +414,8 @@ def _format_error(err: ValidationError, source: str) -> str:
     for e in err.errors():
         loc = tuple(e["loc"])
         dotted = ".".join(str(p) for p in loc)
+        if not dotted.isprintable():  # a key with a line break must not split the message
+            dotted = repr(dotted)[1:-1]
         if e["type"] == "extra_forbidden":
             owner = _model_at(loc)
             hint = suggest(str(loc[-1]), owner.model_fields) if owner else ""
@@ -423,6 +425,14 @@ def _format_error(err: ValidationError, source: str) -> str:
             value = e.get("input")
             lines.append(f"{dotted or '<root>'}: {e['msg']} (got {value!r})")
     return f"invalid config ({source}):\n  " + "\n  ".join(lines)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as one line: what, and where (line, column)."""
+    mark = getattr(e, "problem_mark", None)
+    what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return repr(where + what)[1:-1]
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -449,7 +459,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if nxt is None:
                 nxt = node[part] = {}
             if not isinstance(nxt, dict):
-                raise ConfigError(f"override {item!r}: '{part}' is a value, not a section")
+                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
             node = nxt
         node[path[-1]] = value
     return data
@@ -473,7 +483,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+            raise ConfigError(f"{p}: not valid YAML: {_yaml_problem(e)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: top level must be a mapping of sections")
         data = loaded
