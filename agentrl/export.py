@@ -68,9 +68,7 @@ def export_checkpoint(
     overwrite: bool = False,
 ) -> Path:
     """Write the policy of a run's checkpoint to `out` as a Hugging Face folder."""
-    import torch
     from safetensors.torch import load_model
-    from transformers import GenerationConfig
 
     from agentrl.checkpoint import policy_weights_file
     from agentrl.config import load_config
@@ -93,30 +91,52 @@ def export_checkpoint(
         )
     if dtype is not None:
         model = model.to(resolve_dtype(dtype))
-    template, renderer = chat_template_of(cfg, tokenizer)
-    tokenizer.chat_template = template
-    s = cfg.sampler
-    stop = list(renderer.stop_token_ids)
-    generation = GenerationConfig(
-        bos_token_id=getattr(model.config, "bos_token_id", None),
-        eos_token_id=stop[0] if len(stop) == 1 else stop,
-        pad_token_id=tokenizer.pad_token_id
-        if tokenizer.pad_token_id is not None
-        else (stop[0] if stop else None),
-        do_sample=s.temperature > 0,
-        **(
-            {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k}
-            if s.temperature > 0
-            else {}
-        ),
-        max_new_tokens=s.max_new_tokens,
-    )
-    model.generation_config = generation
+    _, renderer = chat_template_of(cfg, tokenizer)
     record = {
         "run_dir": str(Path(run_dir).resolve()),
         "checkpoint": ckpt.name,
         "version": version,
         "base_model": cfg.model.name,
+    }
+    return write_model_folder(model, renderer, out, sampler=cfg.sampler, record=record)
+
+
+def write_model_folder(
+    model: Any,
+    renderer: Any,
+    out: str | Path,
+    *,
+    sampler: Any = None,
+    record: dict[str, Any] | None = None,
+) -> Path:
+    """Save `model` with its renderer's tokenizer and chat template and a generation config
+    that stops where the renderer's turns end (sampling settings from `sampler`, a
+    :class:`~agentrl.config.SamplerConfig`, else greedy); written whole or not at all."""
+    import torch
+    from transformers import GenerationConfig
+
+    out = Path(out)
+    tokenizer = renderer.tokenizer
+    tokenizer.chat_template = renderer.chat_template
+    stop = list(renderer.stop_token_ids)
+    sampling: dict[str, Any] = {"do_sample": False}
+    if sampler is not None and sampler.temperature > 0:
+        sampling = {
+            "do_sample": True,
+            "temperature": sampler.temperature,
+            "top_p": sampler.top_p,
+            "top_k": sampler.top_k,
+        }
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
+    model.generation_config = GenerationConfig(
+        bos_token_id=getattr(model.config, "bos_token_id", None),
+        eos_token_id=stop[0] if len(stop) == 1 else stop,
+        pad_token_id=pad,
+        max_new_tokens=sampler.max_new_tokens if sampler is not None else 256,
+        **sampling,
+    )
+    record = {
+        **(record or {}),
         "chat_template": renderer.template_name,
         "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
     }

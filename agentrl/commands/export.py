@@ -13,9 +13,7 @@ def export(
     out: Annotated[
         Path, typer.Argument(help="the folder to write (AutoModelForCausalLM loads it)")
     ],
-    step: Annotated[
-        int | None, typer.Option(help="a checkpoint's step (default: latest)")
-    ] = None,
+    step: Annotated[int | None, typer.Option(help="a checkpoint's step (default: latest)")] = None,
     dtype: Annotated[
         Optional[str], typer.Option(help="float32, bfloat16 or float16 (default: as trained)")  # noqa: UP045
     ] = None,

@@ -23,7 +23,28 @@ from agentrl.runtime import assemble
 
 GOOD = ["great", "correct", "right", "exactly", "yes", "true", "good", "indeed"]
 BAD = ["wrong", "bad", "false", "no", "incorrect", "never", "poor", "nonsense"]
-WORDS = ["the", "a", "of", "to", "and", "in", "is", "it", "that", "for", "on", "with", "as", "at", "by", "from", "this", "be", "are", "was"]
+WORDS = [
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "it",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "at",
+    "by",
+    "from",
+    "this",
+    "be",
+    "are",
+    "was",
+]
 
 
 def separable_pairs(path: Path, n: int = 80, seed: int = 0) -> Path:

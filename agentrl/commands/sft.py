@@ -1,0 +1,68 @@
+"""`agentrl sft DATA`: supervised warm-start on chat transcripts (RL's token layout)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
+
+
+def sft(
+    data: Annotated[Path, typer.Argument(help="JSONL of {messages, tools?} transcripts")],
+    out: Annotated[Path, typer.Option(help="the model folder to write")],
+    model: Annotated[
+        Optional[str], typer.Option(help="base model (default: the config's model.name)")  # noqa: UP045
+    ] = None,
+    config: Annotated[
+        Optional[Path], typer.Option(help="the RL config whose template and tools to use")  # noqa: UP045
+    ] = None,
+    set_: SetOpt = None,
+    epochs: Annotated[int, typer.Option(min=1)] = 1,
+    lr: Annotated[float, typer.Option()] = 1e-5,
+    batch_size: Annotated[int, typer.Option(min=1)] = 8,
+    max_length: Annotated[int, typer.Option(min=16)] = 2048,
+    eval_fraction: Annotated[float, typer.Option(help="held-out share for the loss")] = 0.0,
+    seed: Annotated[int, typer.Option()] = 0,
+    device: Annotated[str, typer.Option()] = "auto",
+) -> None:
+    """Fine-tune on transcripts with assistant-only loss; RL starts from --out."""
+    from agentrl.config import load_config
+    from agentrl.errors import AgentRLError
+    from agentrl.sft import train_sft
+
+    try:
+        cfg = load_config(config, set_ or [])
+        report = train_sft(
+            data,
+            out,
+            cfg=cfg,
+            model_name=model,
+            epochs=epochs,
+            lr=lr,
+            batch_size=batch_size,
+            max_length=max_length,
+            eval_fraction=eval_fraction,
+            seed=seed,
+            device=device,
+            log=typer.echo,
+        )
+    except AgentRLError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    held = (
+        f"; held-out loss {report.eval_loss_before:.3f} -> {report.eval_loss:.3f}"
+        if report.eval_examples
+        else ""
+    )
+    typer.echo(
+        f"trained on {report.examples} transcripts ({report.trained_tokens} assistant tokens "
+        f"per epoch) in {report.seconds:.0f}s{held}\nmodel: {report.out} "
+        f"(start RL from it with --set model.name={report.out})"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(sft)

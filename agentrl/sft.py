@@ -1,0 +1,272 @@
+"""Supervised warm-start on chat transcripts, rendered exactly as RL renders episodes.
+
+    agentrl sft demos.jsonl --model smollm2-135m-instruct --config configs/demo.yaml --out sft/
+
+A JSONL row is ``{"messages": [...], "tools": [...]?}``: system / user turns, assistant turns
+(text, or OpenAI ``tool_calls`` written as Hermes ``<tool_call>`` blocks) and ``tool``
+results. Each transcript is built the way an RL episode is (:class:`agentrl.chat.ChatTranscript`):
+the prompt up to the first assistant turn, every assistant turn as a model segment (its
+tokens plus the end-of-turn token a sampler would stop at), every tool result or user turn
+in between as an observation delta, and the runtime prefix check at the end. So the tokens
+trained here are the tokens RL samples and trains, and the loss mask is 1 exactly on the
+assistant's tokens (tool calls included, tool results and prompts not). The chat template
+and tools are the RL run's when ``--config`` names it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.errors import DatasetError, TemplateMismatchError
+
+Message = dict[str, Any]
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    loss_mask: list[int]
+    where: str
+
+
+def assistant_text(message: Message, where: str) -> str:
+    """The text the model writes for an assistant message: its content, or its OpenAI
+    ``tool_calls`` as Hermes blocks (the format the Hermes template renders and parses)."""
+    content = message.get("content")
+    if content:
+        return str(content)
+    calls = message.get("tool_calls") or []
+    if not calls:
+        raise DatasetError(f"{where}: an assistant message with neither content nor tool_calls")
+    blocks = []
+    for call in calls:
+        fn = call.get("function", call)
+        args = fn.get("arguments", {})
+        args_text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        blocks.append(
+            f'<tool_call>\n{{"name": {json.dumps(fn["name"])}, "arguments": {args_text}}}\n'
+            "</tool_call>"
+        )
+    return "\n".join(blocks)
+
+
+def encode_transcript(renderer: Any, messages: Sequence[Message], where: str = "") -> Example:
+    """Token ids and assistant-only loss mask of a conversation, built token in, token out
+    as a rollout builds an episode, and checked against a full render."""
+    from agentrl.chat import ChatTranscript
+
+    roles = [m.get("role") for m in messages]
+    if "assistant" not in roles:
+        raise DatasetError(f"{where}: no assistant message to learn from")
+    first = roles.index("assistant")
+    if first == 0:
+        raise DatasetError(f"{where}: the conversation starts with an assistant message")
+    chat = ChatTranscript(renderer, [dict(m) for m in messages[:first]])
+    i = first
+    while i < len(messages):
+        text = assistant_text(messages[i], f"{where} (message {i})")
+        ids = renderer.encode(text) + list(renderer.end_of_turn_ids)
+        if chat.add_model(ids) != text:
+            raise DatasetError(
+                f"{where} (message {i}): the assistant text does not survive tokenization "
+                "(it decodes differently); remove special tokens or stray characters from it"
+            )
+        j = i + 1
+        while j < len(messages) and messages[j].get("role") != "assistant":
+            j += 1
+        if j == i + 1 and j < len(messages):
+            raise DatasetError(
+                f"{where} (message {j}): two assistant messages in a row; merge them or put "
+                "the user/tool turn between them"
+            )
+        if j < len(messages):  # the turns between two assistant messages: an observation
+            chat.add_observation([dict(m) for m in messages[i + 1 : j]])
+        i = j
+    try:
+        chat.check(raise_on_mismatch=True)
+    except TemplateMismatchError as e:
+        raise DatasetError(f"{where}: {e}") from None
+    return Example(chat.input_ids, chat.loss_mask, where)
+
+
+def read_transcripts(path: str | Path) -> list[tuple[str, list[Message], list[Any] | None]]:
+    """(where, messages, tools) of every JSONL row; a bad row names its line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such transcript file")
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{where}: invalid JSON ({e.msg})") from None
+        messages = row.get("messages") if isinstance(row, dict) else None
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and "role" in m for m in messages
+        ):
+            raise DatasetError(f"{where}: expected {{'messages': [{{role, content}}, ...]}}")
+        rows.append((where, messages, row.get("tools")))
+    if not rows:
+        raise DatasetError(f"{path}: no transcripts")
+    return rows
+
+
+@dataclass
+class SFTReport:
+    out: str
+    examples: int
+    eval_examples: int
+    trained_tokens: int  # assistant tokens per epoch
+    eval_loss_before: float
+    eval_loss: float
+    train_loss: float  # mean token loss of the last epoch
+    seconds: float
+
+
+def _batch_loss(model: Any, batch: Sequence[Example], pad_id: int, device: str) -> tuple[Any, int]:
+    """Sum of token cross-entropies on the loss-masked (assistant) tokens, and their count."""
+    import torch
+    import torch.nn.functional as F
+
+    width = max(len(e.input_ids) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros((len(batch), width))
+    for row, e in enumerate(batch):
+        n = len(e.input_ids)
+        ids[row, :n] = torch.tensor(e.input_ids)
+        attention[row, :n] = 1
+        mask[row, :n] = torch.tensor(e.loss_mask, dtype=torch.float32)
+    ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
+    # token t is predicted from the tokens before it; the LM head runs on the trained
+    # positions only (prompts and tool results dominate agent transcripts)
+    predicts = mask[:, 1:].bool()
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
+    logits = model.get_output_embeddings()(hidden[:, :-1][predicts]).float()
+    nll = F.cross_entropy(logits, ids[:, 1:][predicts], reduction="sum")
+    return nll, int(predicts.sum())
+
+
+def _mean_loss(model: Any, examples: Sequence[Example], pad_id: int, device: str, bs: int) -> float:
+    import torch
+
+    if not examples:
+        return math.nan
+    total, count = 0.0, 0
+    model.eval()
+    with torch.inference_mode():
+        for i in range(0, len(examples), bs):
+            loss, n = _batch_loss(model, examples[i : i + bs], pad_id, device)
+            total, count = total + float(loss), count + n
+    return total / max(count, 1)
+
+
+def train_sft(
+    data: str | Path,
+    out: str | Path,
+    *,
+    cfg: Any = None,
+    model_name: str | None = None,
+    epochs: int = 1,
+    lr: float = 1e-5,
+    batch_size: int = 8,
+    max_length: int = 2048,
+    eval_fraction: float = 0.0,
+    seed: int = 0,
+    device: str = "auto",
+    log: Callable[[str], None] = print,
+) -> SFTReport:
+    """Fine-tune on the transcripts of `data`; writes a model folder RL can start from
+    (``model.name=OUT``) and returns the report."""
+    import torch
+
+    from agentrl.chat import ChatRenderer
+    from agentrl.config import Config
+    from agentrl.export import write_model_folder
+    from agentrl.models import load_model
+
+    cfg = cfg or Config()
+    name = model_name or cfg.model.name
+    t0 = time.time()
+    rows = read_transcripts(data)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(seed)
+    model, tokenizer = load_model(name, dtype="float32", device=device, seed=cfg.model.seed)
+    env_tools = None
+    if any(tools is None for _, _, tools in rows) and "name" in cfg.env.model_fields_set:
+        from agentrl.envs import make_env
+
+        env_tools = make_env(cfg.env.name, **cfg.env.options).tool_schemas()
+    renderers: dict[str, Any] = {}
+
+    def renderer_for(tools: list[Any] | None) -> Any:
+        tools = tools if tools is not None else env_tools
+        key = json.dumps(tools, sort_keys=True)
+        if key not in renderers:
+            renderers[key] = ChatRenderer(tokenizer, tools=tools, template=cfg.model.chat_template)
+        return renderers[key]
+
+    examples, skipped = [], 0
+    for where, messages, tools in rows:
+        example = encode_transcript(renderer_for(tools), messages, where)
+        if len(example.input_ids) > max_length:
+            skipped += 1
+            continue
+        examples.append(example)
+    if skipped:
+        log(f"skipped {skipped} transcripts longer than --max-length {max_length}")
+    if not examples:
+        raise DatasetError(f"{data}: every transcript is longer than --max-length {max_length}")
+    random.Random(seed).shuffle(examples)
+    n_eval = round(len(examples) * eval_fraction) if eval_fraction > 0 else 0
+    held_out, train = examples[:n_eval], examples[n_eval:]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    before = _mean_loss(model, held_out, pad_id, device, batch_size)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = random.Random(seed + 1)
+    train_loss = math.nan
+    for epoch in range(epochs):
+        model.train()
+        order = list(train)
+        rng.shuffle(order)
+        total, count = 0.0, 0
+        for i in range(0, len(order), batch_size):
+            loss_sum, n = _batch_loss(model, order[i : i + batch_size], pad_id, device)
+            loss = loss_sum / max(n, 1)  # token mean over the batch's assistant tokens
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            total, count = total + loss_sum.item(), count + n
+        train_loss = total / max(count, 1)
+        log(f"epoch {epoch + 1}/{epochs}: assistant-token loss {train_loss:.4f}")
+    model.eval()
+    after = _mean_loss(model, held_out, pad_id, device, batch_size)
+    report = SFTReport(
+        out=str(out),
+        examples=len(train),
+        eval_examples=len(held_out),
+        trained_tokens=sum(sum(e.loss_mask) for e in train),
+        eval_loss_before=before,
+        eval_loss=after,
+        train_loss=train_loss,
+        seconds=time.time() - t0,
+    )
+    write_model_folder(
+        model.to("cpu"),
+        renderer_for(None),
+        out,
+        record={"base_model": name, "sft_data": str(data), "sft": report.__dict__},
+    )
+    return report
