@@ -379,3 +379,147 @@ def _tool_said(run_dir: Path, text: str) -> int:
     """Tool results (in the traces) that contain `text`."""
     traces = run_dir / "trajectories.jsonl"
     return traces.read_text().count(text) if traces.exists() else 0
+
+
+def corrupt_latest(run_dir: Path, max_steps: int = 4) -> dict[str, Any]:
+    """Torn weights under the latest checkpoint's COMPLETE marker: the resume falls back
+    to the previous checkpoint (saying so) and finishes."""
+    import logging
+
+    from .harness import run_in_process
+
+    run_in_process(run_dir, max_steps - 1)
+    weights = (
+        run_dir / "checkpoints" / f"step_{max_steps - 1:06d}" / "learner" / "model.safetensors"
+    )
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("agentrl.checkpoint").addHandler(handler)
+    try:
+        orch = run_in_process(run_dir, max_steps, resume=True)
+    finally:
+        logging.getLogger("agentrl.checkpoint").removeHandler(handler)
+    a = audit(run_dir)
+    return {
+        "scenario": "corrupt latest checkpoint",
+        "runs": 2,
+        "survived": bool(orch.step == max_steps and a.steps_ok),
+        "final_step": a.final_step,
+        "steps_lost": 0,  # the corrupt step is retrained; the audit lists it as unkept
+        "steps_destroyed_by_corruption": len(a.steps_lost),
+        "samples_trained": a.samples_trained,
+        "trained_twice": a.trained_twice,
+        "orphans": 0,
+        "checkpoint_loadable": a.checkpoint_loadable,
+        "said": [m for m in said if "previous" in m][-1:],
+    }
+
+
+def full_disk(run_dir: Path, max_steps: int = 3) -> dict[str, Any]:
+    """RUN_DIR/checkpoints on a 60 MB tmpfs (one ~38 MB checkpoint fits, two do not): the
+    second write fails with ENOSPC; the run stops with one line, step 1 stays whole; with
+    room again (remount 400 MB), ``--resume`` finishes."""
+    from agentrl.errors import user_error
+
+    from .harness import run_in_process
+
+    where = run_dir / "checkpoints"
+    where.mkdir(parents=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=60m", "tmpfs", str(where)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        return {"scenario": "full disk", "skipped": mounted.stderr.decode().strip()}
+    try:
+        said = ""
+        try:
+            run_in_process(run_dir, max_steps)
+        except BaseException as e:
+            said = str(user_error(e) or repr(e))
+        kept = sorted(p.name for p in where.iterdir())
+        subprocess.run(["mount", "-o", "remount,size=400m", str(where)], check=True)
+        orch = run_in_process(run_dir, max_steps, resume=True)
+        a = audit(run_dir)
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+    return {
+        "scenario": "full disk at a checkpoint write (60 MB tmpfs)",
+        "runs": 2,
+        "survived": bool(orch.step == max_steps and a.steps_ok),
+        "final_step": a.final_step,
+        "steps_lost": len(a.steps_lost),
+        "samples_trained": a.samples_trained,
+        "trained_twice": a.trained_twice,
+        "orphans": 0,
+        "checkpoint_loadable": a.checkpoint_loadable,
+        "kept_after_failure": kept,
+        "said": said,
+    }
+
+
+def _tree_usage(pgid: int) -> tuple[int, int]:
+    """(RSS bytes, open fds) summed over the live processes of a process group."""
+    from .harness import group_members
+
+    rss = fds = 0
+    for pid in group_members(pgid):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1]) * 1024
+            fds += len(list(Path(f"/proc/{pid}/fd").iterdir()))
+        except OSError:
+            continue
+    return rss, fds
+
+
+def load(run_dir: Path, episodes: int, group_size: int = 4) -> dict[str, Any]:
+    """`episodes` concurrent episodes (one synchronous step's worth), each with a 1 s tool
+    call, on the tiny model: peak RSS and open fds of the run's processes, episodes
+    finished, throughput."""
+    groups = episodes // group_size
+    proc = start_driver(
+        run_dir,
+        2,
+        *FORCED,
+        "env.options.tool=sleep",
+        "env.options.busy_s=1.0",
+        f"rollout.group_size={group_size}",
+        f"rollout.concurrency={episodes}",
+        f"learner.batch_groups={groups}",
+        "learner.micro_batch_size=64",
+        "sampler.max_batch_size=256",
+        "orchestrator.max_staleness=0",
+        "orchestrator.checkpoint_every=0",
+        "rollout.episode_timeout_s=600",
+    )
+    peak_rss = peak_fds = 0
+    while proc.poll() is None:
+        rss, fds = _tree_usage(proc.pid)
+        peak_rss, peak_fds = max(peak_rss, rss), max(peak_fds, fds)
+        time.sleep(0.2)
+    ok, orphans = _finish(run_dir, proc)
+    rows = read_events(run_dir)
+    finished = [r for r in rows if r["event"] == "GroupFinished"]
+    started = next(r["time"] for r in rows if r["event"] == "RunStarted")
+    # synchronous: the first step's groups are the first `groups` to finish
+    rollout_s = finished[groups - 1]["time"] - started if len(finished) >= groups else None
+    hits = _infra_hits(run_dir)
+    return {
+        "scenario": f"load: {episodes} concurrent episodes, 1 s tool",
+        "episodes_concurrent": episodes,
+        "runs": 1,
+        "survived": ok,
+        "episodes_expected": 2 * groups * group_size,
+        "episodes_finished": hits["episodes"],
+        "episodes_infra_error": hits["episodes_infra_error"],
+        "groups_finished": len(finished),
+        "first_batch_rollout_s": round(rollout_s, 1) if rollout_s else None,
+        "episodes_per_s": round(groups * group_size / rollout_s, 1) if rollout_s else None,
+        "peak_rss_mb": round(peak_rss / 2**20),
+        "peak_open_fds": peak_fds,
+        "orphans": orphans,
+        "error": "" if ok else driver_log(run_dir)[-2000:],
+    }
