@@ -28,12 +28,12 @@ class JudgeUnparseable(InfraError):
 
 
 def template_fields(template: str) -> set[str]:
+    """The names a format string uses ('' for a positional ``{}``)."""
     try:
-        return {
-            f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(template) if f
-        }
+        parsed = list(string.Formatter().parse(template))
     except ValueError as e:
         raise ConfigError(f"reward.judge.template is not a valid format string: {e}") from None
+    return {f.split(".")[0].split("[")[0] for _, f, _, _ in parsed if f is not None}
 
 
 def check_judge(cfg: Any) -> tuple[set[str], re.Pattern[str]]:
