@@ -40,6 +40,7 @@ async def measure(
     seed: int,
     model_name: str = "smollm2-135m-instruct",
     stop: list[str] | None = None,
+    env_stop: bool = True,
 ) -> dict[str, Any]:
     import torch
 
@@ -52,7 +53,8 @@ async def measure(
     proto = make_env(env_name, **options)
     tasks = [t for _, t in zip(range(episodes), proto.tasks(seed=seed), strict=False)]
     envs = [proto.spawn() for _ in tasks]
-    stop = list(dict.fromkeys([*(stop or []), *proto.stop_strings()]))  # as the rollout stops
+    if env_stop:  # stop where the rollout stops: the environment's stop strings too
+        stop = list(dict.fromkeys([*(stop or []), *proto.stop_strings()]))
     renderer = ChatRenderer(tok, tools=proto.tool_schemas())
     end_id = tok.convert_tokens_to_ids("<|im_end|>")
     history = [await env.reset(task) for env, task in zip(envs, tasks, strict=True)]
@@ -130,6 +132,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    ap.add_argument("--no-env-stop", action="store_true", help="ignore the env's stop strings")
     ap.add_argument("--json", help="write the result here")
     args = ap.parse_args()
     result = anyio.run(
@@ -143,6 +146,7 @@ def main() -> None:
         args.seed,
         args.model,
         args.stop,
+        not args.no_env_stop,
     )
     summary = {k: v for k, v in result.items() if k != "examples"}
     print(json.dumps(summary, indent=2))

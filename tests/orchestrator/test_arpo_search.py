@@ -1,5 +1,6 @@
 """ARPO branching in a real training run: search_qa on the real index, the tiny model,
-branches that actually form after <result> blocks, Tree-GRPO advantages in the learner."""
+branches that actually form after <result> blocks, Tree-GRPO advantages in the learner;
+the rollout stops at </search>; a search service that is down is an infra error."""
 
 from __future__ import annotations
 
@@ -77,3 +78,36 @@ def test_search_tag_stops_the_turn_at_the_closing_tag() -> None:
             assert engine.runner.params.stop == stop
     finally:
         anyio.run(sampler.close)
+
+
+def test_search_service_down_makes_the_episode_an_infra_error() -> None:
+    import socket
+
+    from agentrl.chat import ChatRenderer
+    from agentrl.models import load_model
+    from agentrl.rollout.episode import EpisodeLimits, run_episode
+    from agentrl.samplers import SamplingParams, create_sampler
+    from tests.envs.scripted_search import ScriptedSearchQAEnv
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/search"
+    env = ScriptedSearchQAEnv(
+        backend="http", search_url=url, search_retries=0, fewshot="none", kinds=["capital"]
+    )
+    model = load_model("tiny-llama")
+    sampler = create_sampler("hf", model=model, max_batch_size=4, seed=0)
+    renderer = ChatRenderer(model[1])
+    params = SamplingParams(max_new_tokens=4, stop_token_ids=renderer.stop_token_ids)
+    task = next(iter(env.tasks()))
+
+    async def go():
+        try:
+            limits = EpisodeLimits(max_turns=2, max_tokens=256, infra_retries=1)
+            return await run_episode(task, env, sampler, renderer, params, limits)
+        finally:
+            await sampler.close()
+
+    traj = anyio.run(go)
+    assert traj.status == "infra_error" and traj.metadata["attempts"] == 2
+    assert "search service" in traj.error and url in traj.error  # not a wrong answer
