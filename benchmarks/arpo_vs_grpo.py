@@ -291,7 +291,7 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
         for r in (r for r in runs if r["method"] == method):
             xs = [p["tokens"] for p in r["curve"]]
             ys = [p["reward_mean"] for p in r["curve"]]
-            ax.plot(xs, ys, label=f"{method} s{r['seed']}", alpha=0.7)
+            ax.plot(xs, ys, marker=".", label=f"{method} s{r['seed']}", alpha=0.7)
     ax.set_xlabel("sampled tokens")
     ax.set_title("training reward")
     ax.legend(fontsize=6)
