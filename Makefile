@@ -22,7 +22,8 @@ test-integration: setup
 VLLM_VENV ?= .venv-vllm
 test-vllm:
 	VENV_VLLM=$(VLLM_VENV) bash scripts/setup_vllm.sh
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_env.py tests/samplers/test_vllm_sampler.py tests/samplers/test_openai_sampler.py tests/samplers/test_vllm_eval.py
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_env.py tests/samplers/test_vllm_sampler.py tests/samplers/test_openai_sampler.py tests/samplers/test_vllm_eval.py \
+		tests/samplers/test_vllm_options.py tests/samplers/test_vllm_train.py tests/samplers/test_openai_train.py
 
 demo: setup
 	$(VENV)/bin/agentrl train configs/demo.yaml

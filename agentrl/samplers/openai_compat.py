@@ -11,9 +11,10 @@ Log-prob definition: whatever the server computes. vLLM must be started with
 default ``raw_logprobs`` is before temperature.
 
 Weights: the plain OpenAI API cannot change weights. ``update_weights`` works only with
-``reload_endpoint=True`` against a vLLM server started with ``VLLM_SERVER_DEV_MODE=1`` on
-the same host (it reads the safetensors folder we write to ``/dev/shm``): the client drains
-its own in-flight requests, then ``/pause?mode=keep``, ``/collective_rpc`` reload_weights,
+``reload_endpoint=True`` against a vLLM server started with ``VLLM_SERVER_DEV_MODE=1`` and
+``--worker-extension-cls agentrl.samplers.vllm_worker.AgentRLWorkerExtension`` on the same
+host (it reads the safetensors folder we write to ``/dev/shm``): the client drains its own
+in-flight requests, then ``/pause?mode=keep``, ``/collective_rpc`` agentrl_reload_weights,
 ``/update_weight_version``, ``/reset_prefix_cache``, ``/resume``. Tokens are tagged with
 the version at request start, which is exact for this client's requests because updates
 drain them first.
@@ -36,6 +37,7 @@ import httpx
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError
 from agentrl.models import DEFAULT_MODEL, resolve_model_dir
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.samplers.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
 from agentrl.weights.files import shm_root
 from agentrl.weights.spec import WeightSpec
 
@@ -74,7 +76,6 @@ class OpenAISampler(Sampler):
         initial_version: int = 0,
         tokenizer: Any = None,
         context_length: int | None = None,
-        **_ignored: Any,
     ) -> None:
         if not base_url:
             raise ValueError(
@@ -189,17 +190,17 @@ class OpenAISampler(Sampler):
         served = [m["id"] for m in data.get("data", [])]
         if not served:
             raise SamplerError(f"{self.api_url}/models lists no model")
+        local = self.model is not None and (
+            self.model == DEFAULT_MODEL or Path(self.model).expanduser().exists()
+        )
+        if local and self.model_dir is None:  # also when the server names it by its path
+            self.model_dir = resolve_model_dir(self.model)
         if self.model not in served:
-            local = self.model is not None and (
-                self.model == DEFAULT_MODEL or Path(self.model).expanduser().exists()
-            )
             if self.model is not None and not (local and len(served) == 1):
                 raise SamplerError(
                     f"the server at {self.api_url} does not serve model {self.model!r}; "
                     f"it serves {', '.join(served)} (set the sampler's model to one of them)"
                 )
-            if local and self.model_dir is None:
-                self.model_dir = resolve_model_dir(self.model)
             self.model = served[0]
         self._model_checked = True
         return str(self.model)
@@ -298,12 +299,13 @@ class OpenAISampler(Sampler):
                 await self._request(
                     "POST",
                     f"{url}/collective_rpc",
-                    json={"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
+                    json={"method": RELOAD_METHOD, "kwargs": {"weights_path": str(path)}},
                 )
             except SamplerError as e:
                 raise WeightUpdateError(
                     f"the server did not reload the weights ({e}); it stays on version "
-                    f"{self._version}. Is it started with VLLM_SERVER_DEV_MODE=1?"
+                    f"{self._version}. Is it started with VLLM_SERVER_DEV_MODE=1 and "
+                    f"--worker-extension-cls {WORKER_EXTENSION}?"
                 ) from e
             await self._request(
                 "POST", f"{url}/update_weight_version", json={"new_version": str(version)}

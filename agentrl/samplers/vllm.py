@@ -26,7 +26,9 @@ requests stay in flight), swaps the weights, sets the new label, resets the KV/p
 (running sequences are re-prefilled on the new weights, so no forward pass mixes two
 versions) and resumes; tokens carry exactly the version that produced them.
 
-Transports: CPU -> a safetensors folder in ``/dev/shm`` + ``collective_rpc("reload_weights")``;
+Transports: CPU -> a safetensors folder in ``/dev/shm`` + ``collective_rpc`` of the worker
+extension's reload (:mod:`agentrl.samplers.vllm_worker`: vLLM's ``reload_weights``, then a tied
+LM head repacked, which vLLM 0.32 on CPU leaves on the initial weights);
 CUDA -> vLLM's NCCL weight-transfer engine (:mod:`agentrl.samplers.vllm_nccl`, UNTESTED
 here: no GPU). Updates are checked against the model folder's
 :class:`~agentrl.weights.spec.WeightSpec` first.
@@ -49,11 +51,12 @@ from typing import Any
 
 import anyio
 
-from agentrl.errors import PromptError, SamplerError, WeightUpdateError
+from agentrl.errors import ConfigError, PromptError, SamplerError, WeightUpdateError
 from agentrl.models import DEFAULT_MODEL, resolve_model_dir
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.vllm_cpu import configure_cpu_env
 from agentrl.samplers.vllm_nccl import NcclWeightSender
+from agentrl.samplers.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
 from agentrl.weights.files import shm_root
 from agentrl.weights.spec import WeightSpec
 
@@ -86,7 +89,8 @@ class VLLMSampler(Sampler):
     - ``weight_transport``: ``"auto"`` (NCCL on CUDA, shared memory otherwise), ``"shm"``,
       ``"nccl"``.
     - ``ignore_eos``: keep generating past EOS (benchmarks: fixed-length outputs).
-    - ``engine_kwargs``: extra ``vllm.AsyncEngineArgs`` fields.
+    - ``engine_kwargs``: extra ``vllm.AsyncEngineArgs`` fields, checked against vLLM's (one
+      the sampler sets itself, e.g. ``max_num_seqs``, names the option to use instead).
     """
 
     backend = "vllm"
@@ -105,7 +109,6 @@ class VLLMSampler(Sampler):
         ignore_eos: bool = False,
         initial_version: int = 0,
         engine_kwargs: Mapping[str, Any] | None = None,
-        **_ignored: Any,
     ) -> None:
         if weight_transport not in ("auto", "shm", "nccl"):
             raise ValueError(
@@ -123,7 +126,7 @@ class VLLMSampler(Sampler):
         self.weight_transport = weight_transport
         self.enforce_eager = enforce_eager
         self.ignore_eos = ignore_eos
-        self._engine_kwargs = dict(engine_kwargs or {})
+        self._engine_kwargs = check_engine_kwargs(engine_kwargs or {})
         self._version = initial_version
         self._engine: Any = None
         self._tokenizer: Any = None
@@ -194,6 +197,8 @@ class VLLMSampler(Sampler):
         }
         if self._use_nccl():
             kwargs["weight_transfer_config"] = {"backend": "nccl"}
+        # reloads that also repack a tied LM head (agentrl.samplers.vllm_worker)
+        kwargs["worker_extension_cls"] = WORKER_EXTENSION
         kwargs.update(self._engine_kwargs)
         try:
             return AsyncEngineArgs(**kwargs)
@@ -415,9 +420,7 @@ class VLLMSampler(Sampler):
                 gate.set()
 
     async def _reload_from(self, path: Path) -> None:
-        await self._engine.collective_rpc(
-            "reload_weights", kwargs={"weights_path": str(path), "is_checkpoint_format": True}
-        )
+        await self._engine.collective_rpc(RELOAD_METHOD, kwargs={"weights_path": str(path)})
 
     async def _nccl_send(self, weights: Mapping[str, Any]) -> None:
         # UNTESTED: written against vLLM 0.32's NCCL weight-transfer engine; no GPU here.
@@ -425,6 +428,55 @@ class VLLMSampler(Sampler):
             self._nccl = NcclWeightSender(self._engine)
             await anyio.to_thread.run_sync(self._nccl.init)
         await anyio.to_thread.run_sync(self._nccl.send, weights)
+
+
+# engine settings the sampler owns: the option (or config key) that sets each
+_OWNED_ENGINE_ARGS = {
+    "model": "model.name",
+    "dtype": "the dtype option (model.dtype)",
+    "max_model_len": "the max_model_len option",
+    "max_num_seqs": "the max_batch_size option (sampler.max_batch_size)",
+    "enforce_eager": "the enforce_eager option",
+    "logprobs_mode": "nothing: processed_logprobs is our log-prob definition (module doc)",
+    "max_logprobs": "the entropy_top_k option",
+    "weight_transfer_config": "the weight_transport option",
+    "worker_extension_cls": "nothing: agentrl.samplers.vllm_worker's reloads need it",
+}
+
+
+def check_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """`engine_kwargs` if every key is a ``vllm.AsyncEngineArgs`` field the sampler does not
+    set itself; else a ConfigError naming the key (and the closest field). Without vLLM
+    installed the keys are checked when the engine starts."""
+    from agentrl._suggest import suggest
+
+    kwargs = dict(engine_kwargs)
+    for key in kwargs:
+        if key in _OWNED_ENGINE_ARGS:
+            raise ConfigError(
+                f"engine_kwargs.{key} is set by the vllm sampler; use "
+                f"{_OWNED_ENGINE_ARGS[key]} instead"
+            )
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+    except ImportError:
+        return kwargs
+    import dataclasses
+
+    fields = sorted(f.name for f in dataclasses.fields(AsyncEngineArgs) if f.init)
+    for key in kwargs:
+        if key not in fields:
+            raise ConfigError(
+                f"engine_kwargs.{key} is not a vllm.AsyncEngineArgs field (vLLM "
+                f"{_vllm_version()})" + suggest(key, fields)
+            )
+    return kwargs
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "?"))
 
 
 def _topk_entropy(top_logprobs: Sequence[float]) -> float:

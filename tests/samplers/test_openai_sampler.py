@@ -30,6 +30,7 @@ from agentrl.models import resolve_model_dir  # noqa: E402
 from agentrl.samplers.base import SamplingParams  # noqa: E402
 from agentrl.samplers.openai_compat import OpenAISampler  # noqa: E402
 from agentrl.samplers.vllm_cpu import configure_cpu_env  # noqa: E402
+from agentrl.samplers.vllm_worker import WORKER_EXTENSION  # noqa: E402
 
 SERVED = "smollm2"
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
@@ -58,6 +59,7 @@ def server(model_dir, tmp_path_factory):
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
         "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
         "--logprobs-mode", "processed_logprobs", "--max-num-seqs", "16",
+        "--worker-extension-cls", WORKER_EXTENSION,
     ]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
