@@ -112,6 +112,12 @@ def sampler_options(cfg: Config) -> dict[str, Any]:
             + ("model.dtype" if doubled[0] == "dtype" else f"sampler.{doubled[0]}")
             + " instead"
         )
+    remote = [key for key in ("base_url", "api_key") if getattr(s, key)]
+    if backend != "openai" and remote:
+        raise ConfigError(
+            f"sampler.{remote[0]} is for sampler.backend=openai (this run uses {backend}); "
+            "remove it or set sampler.backend=openai"
+        )
     options = dict(s.options)
     # partial rollouts off = finish in-flight sequences on the old weights before a swap
     drain = s.drain_on_update or not cfg.orchestrator.partial_rollouts
