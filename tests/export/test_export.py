@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -60,18 +58,13 @@ def _policy(checkpoint: Path):
 
 def test_export_loads_with_transformers_and_matches_the_checkpoint(run_dir: Path, tmp_path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
 
     out = tmp_path / "hf"
-    assert (
-        subprocess.run(
-            [sys.executable, "-m", "agentrl.cli", "export", str(run_dir), str(out)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=False,
-        ).returncode
-        == 0
-    )
+    result = CliRunner().invoke(app, ["export", str(run_dir), str(out)])
+    assert result.exit_code == 0, result.output
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     tok = AutoTokenizer.from_pretrained(out)
     ids = tok.apply_chat_template(
