@@ -272,7 +272,7 @@ class RayConfig(_Section):
     start_timeout_s: float = Field(60.0, gt=0, description="wait for resources and actors")
 
 
-DATASET_ENV = "agentrl.envs.dataset:DatasetEnv"
+DATASET_ENV = "dataset"  # agentrl.envs.dataset:DatasetEnv
 
 
 class DataConfig(_Section):

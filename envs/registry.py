@@ -30,6 +30,7 @@ BUILTINS: dict[str, str] = {
     "code_math": "agentrl.envs.code_math:CodeMathEnv",
     "search_qa": "agentrl.envs.search_qa:SearchQAEnv",
     "agent": "agentrl.envs.agent:AgentEnv",
+    "dataset": "agentrl.envs.dataset:DatasetEnv",
 }
 
 
