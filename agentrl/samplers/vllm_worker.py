@@ -21,8 +21,12 @@ RELOAD_METHOD = "agentrl_reload_weights"
 
 
 def refresh_tied_lm_head(model: Any) -> bool:
-    """Repack `model`'s LM head when it shares its weight with the input embeddings;
-    returns whether it did."""
+    """Repack `model`'s LM head when it shares its weight with the input embeddings, on CPU
+    (elsewhere the head computes with the shared weight itself); returns whether it did."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return False
     lm_head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     head_weight = getattr(lm_head, "weight", None)
