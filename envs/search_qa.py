@@ -65,15 +65,55 @@ The results come back in <tool_response>. When you know the answer, reply with o
 answer in \\boxed{}.""",
 }
 
-# (question, [(query, answer after it)]) : the last answer is the final one
-EXAMPLES: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("In which country is the city of Tororo?", ("Tororo",), "Uganda"),
-    (
-        "What is the capital of the country where the city of Mackay is?",
-        ("Mackay", "capital of Australia"),
-        "Canberra",
-    ),
-)
+# Two worked examples per question kind, phrased like it (what made the python tool work
+# on code_math: a 135M model copies examples that look like its task). Measured in
+# envs/README.md. (question, searches, final answer), facts from the corpus.
+Example = tuple[str, tuple[str, ...], str]
+
+
+def examples_for(kind: str) -> tuple[Example, Example]:
+    """Two worked examples for a question of `kind`, about two fixed cities."""
+    by_name = {c.name: c for c in cities.load_cities()}
+    a, b = by_name["Tororo"], by_name["Mackay"]
+
+    def ask(city: cities.City) -> str:
+        return f"the city of {city.name}"
+
+    def pair(fn: Any) -> tuple[Example, Example]:
+        return fn(a), fn(b)
+
+    if kind == "city_population":
+        return pair(
+            lambda c: (f"What is the population of {ask(c)}?", (c.name,), str(c.population))
+        )
+    if kind == "city_to_currency":
+        return pair(
+            lambda c: (
+                f"What is the ISO currency code used in the country where {ask(c)} is?",
+                (c.name, f"currency of {c.country.name}"),
+                c.country.currencies[0],
+            )
+        )
+    if kind == "bigger_city":
+        big = max(a, b, key=lambda c: c.population)
+        k, w = by_name["Kaduna"], by_name["Willmar"]
+        return (
+            (f"Which city has more people, {a.name} or {b.name}?", (a.name, b.name), big.name),
+            (f"Which city has more people, {w.name} or {k.name}?", (w.name, k.name), k.name),
+        )
+
+    def country(c: cities.City) -> Example:
+        return (f"In which country is {ask(c)}?", (c.name,), c.country.name)
+
+    def capital(c: cities.City) -> Example:
+        question = f"What is the capital of the country where {ask(c)} is?"
+        return question, (c.name, f"capital of {c.country.name}"), str(c.country.capital)
+
+    if kind == "city_country":
+        return pair(country)
+    if kind == "city_to_capital":
+        return pair(capital)
+    return country(a), capital(b)  # the country kinds: a one-hop and a two-hop example
 
 
 class SearchQAOptions(EnvOptions):
@@ -210,7 +250,7 @@ class SearchQAEnv(ToolEnvironment):
         system, user = await super().reset(task)
         if self.config.fewshot == "none":
             return [system, user]
-        shots = fewshot_messages(self.config.call_format, self.config.top_k)  # city examples
+        shots = fewshot_messages(task.get("kind", ""), self.config.call_format, self.config.top_k)
         if self.config.fewshot == "system":
             system["content"] += "\n\n" + fewshot_text(shots)
             return [system, user]
@@ -245,16 +285,16 @@ def answer_text(answer: str, call_format: CallFormat) -> str:
     return f"<answer>{answer}</answer>" if call_format == "search_tag" else f"\\boxed{{{answer}}}"
 
 
-_SHOTS: dict[tuple[str, int], list[dict[str, Any]]] = {}
+_SHOTS: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
 
 
-def fewshot_messages(call_format: CallFormat, top_k: int) -> list[dict[str, Any]]:
-    """The worked examples as earlier turns, with real results from the local index."""
-    key = (call_format, top_k)
+def fewshot_messages(kind: str, call_format: CallFormat, top_k: int) -> list[dict[str, Any]]:
+    """The worked examples for `kind` as earlier turns, with real results from the index."""
+    key = (kind, call_format, top_k)
     if key not in _SHOTS:
         index = SearchQAEnv.index()
         out: list[dict[str, Any]] = []
-        for question, queries, answer in EXAMPLES:
+        for question, queries, answer in examples_for(kind):
             out.append({"role": "user", "content": question})
             for query in queries:
                 out.append({"role": "assistant", "content": call_text(query, call_format)})

@@ -10,7 +10,7 @@ import pytest
 
 from agentrl.envs import AssistantTurn, make_env
 from agentrl.envs.cities import load_cities
-from agentrl.envs.search_qa import SearchAnswerVerifier, SearchQAEnv
+from agentrl.envs.search_qa import SearchAnswerVerifier, SearchQAEnv, fewshot_messages
 from agentrl.envs.search_tasks import DEFAULT_KINDS, KINDS, split_of
 from agentrl.errors import ConfigError
 from agentrl.tools import SearchServer, parse_tool_calls
@@ -104,6 +104,23 @@ async def test_search_tag_episode_results_and_malformed_tags() -> None:
         assert result.done and result.reward == 1.0
     finally:
         await env.close()
+
+
+def test_worked_examples_look_like_the_task_and_are_true() -> None:
+    verifier = SearchAnswerVerifier()
+    for kind in KINDS:
+        shots = fewshot_messages(kind, "search_tag", 3)
+        questions = [
+            m["content"] for m in shots if m["role"] == "user" and "<result>" not in m["content"]
+        ]
+        assert len(questions) == 2
+        for i, m in enumerate(shots):
+            if m["role"] == "assistant" and m["content"].startswith("<answer>"):
+                answer = m["content"].removeprefix("<answer>").removesuffix("</answer>")
+                assert answer in shots[i - 1]["content"]  # read off the last result
+                assert verifier.score(m["content"], {"answer": answer})[0] == 1.0
+    city = fewshot_messages("city_population", "search_tag", 3)
+    assert city[0]["content"].startswith("What is the population of the city of")
 
 
 async def test_city_search_finds_the_city_first() -> None:
