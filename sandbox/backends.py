@@ -211,8 +211,8 @@ class BwrapBackend(Backend):
         # bwrap reports a child killed by signal N as exit status 128 + N.
         if 128 < rc < 128 + 65:
             return _classify(rc, rc - 128)
-        if rc < 0:
-            return _classify(rc, -rc)
+        if rc < 0:  # bwrap itself was killed: nothing inside its namespaces can signal it,
+            return "sandbox_error", rc  # so the platform lost the sandbox (infra_error)
         return _classify(rc, 0)
 
 

@@ -260,6 +260,21 @@ def _kernels(bwrap_too: bool = False) -> set[int]:
     return found
 
 
+def _runs_code(pid: int) -> bool:
+    """The kernel (or the one inside this bwrap) is in the episode's ``time.sleep``, not
+    waiting on its pipe for the next call."""
+    todo = [pid]
+    while todo:  # the process and its descendants (bwrap -> its init -> the kernel)
+        p = todo.pop()
+        try:
+            if "nanosleep" in Path(f"/proc/{p}/wchan").read_text():
+                return True
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            continue
+    return False
+
+
 FORCED = [
     "env.name=tests.faults.envs:ForcedToolEnv",
     "rollout.max_turns=2",
@@ -284,8 +299,8 @@ def sandbox_kernel_kill(run_dir: Path, max_steps: int = 3, kills: int = 2) -> di
         running = sorted(_kernels(bwrap_too=killed % 2 == 1) - _kernels() - before)
         if killed % 2 == 0:
             running = sorted(_kernels() - before)
+        running = [pid for pid in running if _runs_code(pid)]  # not an idle kernel
         if running and _count(run_dir, "RunStarted"):
-            time.sleep(0.3)  # inside the episode's time.sleep(1)
             try:
                 os.kill(running[0], signal.SIGKILL)
                 killed += 1
@@ -297,7 +312,7 @@ def sandbox_kernel_kill(run_dir: Path, max_steps: int = 3, kills: int = 2) -> di
     orphans += len(_kernels(bwrap_too=True) - before)
     hit = _infra_hits(run_dir)
     return _verdict(
-        "sandbox kernel SIGKILL under an episode",
+        "sandbox kernel, then its bwrap, SIGKILLed under episodes",
         run_dir,
         max_steps,
         1,

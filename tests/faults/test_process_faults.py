@@ -42,8 +42,11 @@ def test_sandbox_killed_under_a_running_episode(tmp_path):
     r = scenarios.sandbox_kernel_kill(tmp_path / "run", max_steps=3, kills=2)
     _clean(r)
     assert r["kernels_killed"] == 2, r
-    # the episode saw its interpreter die (or the platform's failure), and went on
-    assert r["killed_seen_by_agent"] + r["sandbox_failed_seen"] + r["episodes_retried"] >= 2, r
+    # a dead kernel is the code's outcome (it may have killed itself): the agent sees it;
+    # a dead bwrap is the platform's: the episode is retried (or masked as infra_error)
+    assert r["killed_seen_by_agent"] >= 1, r
+    assert r["sandbox_failed_seen"] >= 1, r
+    assert r["episodes_retried"] + r["episodes_infra_error"] >= 1, r
 
 
 @pytest.mark.slow
