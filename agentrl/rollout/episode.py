@@ -398,6 +398,48 @@ async def close_env(env: Environment) -> None:
             pass
 
 
+async def with_retries(
+    limits: EpisodeLimits,
+    template: Trajectory,
+    attempt: Callable[[Trajectory], Awaitable[list[Trajectory]]],
+    stop_retrying: Callable[[Trajectory], bool] = lambda traj: False,
+) -> list[Trajectory]:
+    """Run ``attempt(fresh copy of template)`` under the episode timeout, retrying platform
+    failures (timeouts, :class:`InfraError`, template mismatches when configured to
+    resample) ``limits.infra_retries`` times; then one ``infra_error`` trajectory."""
+    errors: list[str] = []
+    t_start = time.perf_counter()
+    traj = template
+    for attempt_no in range(limits.infra_retries + 1):
+        traj = _fresh_copy(template)
+        try:
+            with anyio.fail_after(limits.timeout_s):
+                results = await attempt(traj)
+        except TemplateMismatchError as e:
+            if limits.on_template_mismatch == "error":
+                raise
+            errors.append(f"template mismatch: {e}")
+        except TimeoutError:
+            errors.append(f"episode timed out after {limits.timeout_s}s")
+        except InfraError as e:
+            errors.append(str(e))
+        else:
+            for t in results:
+                t.metadata.update(attempts=attempt_no + 1, latency_s=time.perf_counter() - t_start)
+                if errors:
+                    t.metadata["retried_errors"] = list(errors)
+            return results
+        if stop_retrying(traj):
+            break
+    traj.status = "infra_error"
+    traj.error = errors[-1] if errors else "infrastructure failure"
+    traj.reward = 0.0
+    traj.metadata.update(
+        attempts=len(errors), retried_errors=errors, latency_s=time.perf_counter() - t_start
+    )
+    return [traj]
+
+
 async def run_attempts(
     runner: EpisodeRunner,
     make_state: Callable[[Trajectory], Awaitable[EpisodeState]],
@@ -406,45 +448,23 @@ async def run_attempts(
     entropy_k: int = 20,
 ) -> Trajectory:
     """Run an episode (from a fresh start or a fork) with timeout and infra retries."""
-    lim = runner.limits
-    errors: list[str] = []
-    t_start = time.perf_counter()
-    traj = traj_template
-    for attempt in range(lim.infra_retries + 1):
-        traj = _fresh_copy(traj_template)
+
+    async def attempt(traj: Trajectory) -> list[Trajectory]:
         state: EpisodeState | None = None
         try:
-            with anyio.fail_after(lim.timeout_s):
-                state = await make_state(traj)
-                await runner.advance(state, branch_hook=branch_hook, entropy_k=entropy_k)
-                runner.check_prefix(state)
-                await runner.score(state)
-            traj.metadata["attempts"] = attempt + 1
-            if errors:
-                traj.metadata["retried_errors"] = errors
-            traj.metadata["latency_s"] = time.perf_counter() - t_start
-            if state.initial_entropy is not None:
-                traj.metadata["initial_entropy"] = state.initial_entropy
-            return traj
-        except TemplateMismatchError as e:
-            if lim.on_template_mismatch == "error":
-                raise
-            errors.append(f"template mismatch: {e}")
-        except TimeoutError:
-            errors.append(f"episode timed out after {lim.timeout_s}s")
-        except InfraError as e:
-            errors.append(str(e))
+            state = await make_state(traj)
+            await runner.advance(state, branch_hook=branch_hook, entropy_k=entropy_k)
+            runner.check_prefix(state)
+            await runner.score(state)
         finally:
             if state is not None:
                 await close_env(state.env)
-        if _has_children(traj):
-            break  # branches already share this attempt's prefix: keep it, don't resample
-    traj.status = "infra_error"
-    traj.error = errors[-1] if errors else "infrastructure failure"
-    traj.reward = 0.0
-    traj.metadata["attempts"] = len(errors)
-    traj.metadata["retried_errors"] = errors
-    traj.metadata["latency_s"] = time.perf_counter() - t_start
+        if state.initial_entropy is not None:
+            traj.metadata["initial_entropy"] = state.initial_entropy
+        return [traj]
+
+    # branches already share an attempt's prefix: keep it, don't resample
+    (traj,) = await with_retries(runner.limits, traj_template, attempt, _has_children)
     return traj
 
 

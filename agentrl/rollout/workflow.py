@@ -20,18 +20,15 @@ Timeouts and :class:`~agentrl.errors.InfraError` are retried and then masked as
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from agentrl.algos.registry import Registry
 from agentrl.chat import ChatTranscript
 from agentrl.envs.base import Environment, Message
-from agentrl.errors import ConfigError, InfraError, TemplateMismatchError
-from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, run_attempts
+from agentrl.errors import ConfigError
+from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, run_attempts, with_retries
 from agentrl.samplers.base import Sampler, SamplingParams
 from agentrl.types import Trajectory
 
@@ -108,12 +105,8 @@ async def run_workflow(
     """One episode of `workflow` (one or more samples) with the runner's timeout and infra
     retries."""
     lim = runner.limits
-    errors: list[str] = []
-    t_start = time.perf_counter()
-    for attempt in range(lim.infra_retries + 1):
-        traj = Trajectory(
-            task_id=template.task_id, group_id=template.group_id, traj_id=template.traj_id
-        )
+
+    async def attempt(traj: Trajectory) -> list[Trajectory]:
         ctx = EpisodeContext(
             task=task,
             env=runner.env,
@@ -123,35 +116,19 @@ async def run_workflow(
             limits=lim,
             trajectory=traj,
         )
-        try:
-            with anyio.fail_after(lim.timeout_s):
-                result = await workflow(ctx)
-        except TemplateMismatchError as e:
-            if lim.on_template_mismatch == "error":
-                raise
-            errors.append(f"template mismatch: {e}")
-        except TimeoutError:
-            errors.append(f"episode timed out after {lim.timeout_s}s")
-        except InfraError as e:
-            errors.append(str(e))
-        else:
-            samples = result if isinstance(result, list) else [result]
-            if not samples or not all(
-                isinstance(t, Trajectory) and t.num_model_tokens for t in samples
-            ):
-                raise TypeError(
-                    f"workflow {getattr(workflow, '__name__', workflow)!r} returned "
-                    f"{type(result).__name__} without model tokens; return ctx.finish(chat, "
-                    "reward) after at least one ctx.generate(chat)"
-                )
-            for t in samples:
-                t.metadata.update(attempts=attempt + 1, latency_s=time.perf_counter() - t_start)
-                if errors:
-                    t.metadata["retried_errors"] = errors
-            return samples
-    traj.status, traj.error, traj.reward = "infra_error", errors[-1], 0.0
-    traj.metadata.update(attempts=len(errors), retried_errors=errors)
-    return [traj]
+        result = await workflow(ctx)
+        samples = result if isinstance(result, list) else [result]
+        if not samples or not all(
+            isinstance(t, Trajectory) and t.num_model_tokens for t in samples
+        ):
+            raise TypeError(
+                f"workflow {getattr(workflow, '__name__', workflow)!r} returned "
+                f"{type(result).__name__} without model tokens; return ctx.finish(chat, "
+                "reward) after at least one ctx.generate(chat)"
+            )
+        return samples
+
+    return await with_retries(lim, template, attempt)
 
 
 def episode_function(
