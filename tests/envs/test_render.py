@@ -23,7 +23,7 @@ def tokenizer() -> Any:
     [
         ("code_math", {"fewshot": "system", "call_format": "tool_call"}),
         ("code_math", {"fewshot": "messages", "call_format": "tool_call"}),
-        ("search_qa", {}),
+        ("search_qa", {"call_format": "tool_call"}),  # Hermes: the tool list in the prompt
     ],
 )
 async def test_prompt_renders_with_tools(tokenizer: Any, name: str, options: dict) -> None:
