@@ -46,9 +46,7 @@ class TaskCursor:
     def for_env(
         cls, env: Any, seed: int = 0, split: str = "train", epochs: int | None = None
     ) -> TaskCursor:
-        return cls(
-            lambda s: env.tasks(split=split, seed=s), seed, epochs, what=f"{split!r} tasks"
-        )
+        return cls(lambda s: env.tasks(split=split, seed=s), seed, epochs, what=f"{split!r} tasks")
 
     @classmethod
     def over(cls, tasks: Iterable[dict[str, Any]], epochs: int | None = 1) -> TaskCursor:

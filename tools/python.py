@@ -31,6 +31,7 @@ RESTART_STATUSES = frozenset({"timeout", "memory", "output_limit", "killed"})
 TRACEBACK_LINES = 6  # lines of a traceback shown (the last ones: where and what)
 _SESSION_KEY = "python.session"
 
+
 class PythonArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

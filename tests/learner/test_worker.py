@@ -149,9 +149,7 @@ def test_the_child_outlives_the_thread_that_started_it(groups) -> None:
     import threading
 
     box: list[LearnerProcess] = []
-    starter = threading.Thread(
-        target=lambda: box.append(LearnerProcess(make_cfg(**CFG)))
-    )
+    starter = threading.Thread(target=lambda: box.append(LearnerProcess(make_cfg(**CFG))))
     starter.start()
     starter.join()
     proc = box[0]
