@@ -22,12 +22,24 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraConfig(_Section):
+    """LoRA adapters on the policy (peft): the learner trains only them; samplers get merged
+    weights (base + B @ A * alpha / r) under the base model's names. See docs/gpu.md."""
+
+    r: int = Field(16, ge=1, description="adapter rank")
+    alpha: float = Field(32.0, gt=0.0, description="scale = alpha / r")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    # module names to adapt, or "all-linear" (every linear layer but the LM head)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
 class ModelConfig(_Section):
     name: str = "smollm2-135m-instruct"  # alias, hub id, local folder or .gguf file
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     chat_template: str | None = None  # path to a jinja template; default: model's or Hermes
     seed: int = 0  # for randomly initialised aliases (tiny-llama)
     gradient_checkpointing: bool = False
+    lora: LoraConfig | None = None  # null = full fine-tuning
 
 
 class SamplerConfig(_Section):
@@ -38,7 +50,10 @@ class SamplerConfig(_Section):
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     max_new_tokens: int = Field(256, ge=1, description="per assistant turn")
     drain_on_update: bool = False  # finish in-flight sequences on old weights before a swap
-    device: str = "auto"
+    device: str = "auto"  # hf backend: auto (CUDA when present), cpu, cuda, cuda:N
+    # share of the GPU's memory the hf sampler may use (checked against its weights at start,
+    # then enforced as the process's CUDA cap); null = no budget. Ignored on CPU
+    gpu_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
     base_url: str | None = None  # openai backend
     api_key: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)  # backend-specific extras
@@ -150,7 +165,14 @@ class LearnerConfig(_Section):
     ppo_epochs: int = Field(1, ge=1)
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     bf16: Literal["auto", "on", "off"] = "auto"
-    device: str = "auto"
+    device: str = "auto"  # auto (CUDA when present), cpu, cuda, cuda:N; the critic and the
+    # reference model live here too
+    # share of the GPU's memory the learner may use (weights, gradients, AdamW state checked
+    # at start, then enforced as its process's CUDA cap); null = no budget. Ignored on CPU
+    gpu_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    # how the learner process hands weights to this one: auto = CUDA IPC handles when the
+    # learner is on CUDA (no trip through host memory), else shared-memory files
+    weight_sharing: Literal["auto", "cuda_ipc", "shared_memory"] = "auto"
     logprob_chunk: int = Field(512, ge=1, description="sequence chunk for log-softmax")
     # the LM head's element-wise log-softmax passes compiled with torch.compile (fused per
     # row): auto = on CPU where it compiles, else the eager passes; on = an error if it

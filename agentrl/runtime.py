@@ -66,13 +66,12 @@ def apply_process_settings(cfg: Config) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_device(name: str) -> str:
-    """``auto`` = CUDA when present, else CPU; anything else as given."""
-    if name != "auto":
-        return name
-    import torch
+def resolve_device(name: str, key: str = "sampler.device") -> str:
+    """``auto`` = CUDA when present, else CPU; a device this machine lacks is a
+    :class:`ConfigError` naming `key` (see :mod:`agentrl.devices`)."""
+    from agentrl.devices import resolve_device as resolve
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(resolve(name, key))
 
 
 # --- components -----------------------------------------------------------------------------
@@ -171,12 +170,19 @@ def build_sampler(cfg: Config) -> Any:
     options = sampler_options(cfg)
     backend = cfg.sampler.backend
     if backend == "hf":
+        from agentrl.devices import check_memory
+        from agentrl.devices import resolve_device as resolve
+
+        device = resolve(cfg.sampler.device, "sampler.device")
         hf_model = load_model(
             cfg.model.name,
             dtype=None if cfg.model.dtype == "auto" else cfg.model.dtype,
-            device=resolve_device(cfg.sampler.device),
+            device=device,
             seed=cfg.model.seed,
         )
+        model = hf_model[0]
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        check_memory(cfg, "sampler", weights, device, f"its weights in {model.dtype}")
         return create_sampler("hf", model=hf_model, **options)
     if backend == "openai":
         options.setdefault("tokenizer", load_tokenizer(cfg.model.name))
@@ -237,10 +243,28 @@ def attach_rewards(cfg: Config, engine: Any, sampler: Any, scope: ResourceScope)
 def load_learner(cfg: Config) -> Any:
     """A :class:`~agentrl.learner.Learner` in this process, its kernels compiled (the thread
     learner and the learner child both start here)."""
+    from agentrl.devices import check_memory, learner_bytes
+    from agentrl.devices import resolve_device as resolve
     from agentrl.learner import Learner
     from agentrl.models import load_model
 
+    device = resolve(cfg.learner.device, "learner.device")
     policy, tokenizer = load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)
+    if cfg.model.lora is not None:
+        from agentrl.learner.lora import apply_lora
+
+        policy = apply_lora(policy, cfg.model.lora, cfg.model.gradient_checkpointing)
+    n_params = sum(p.numel() for p in policy.parameters())
+    n_trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    reference = bool(cfg.algorithm.kl) and cfg.algorithm.kl_coef > 0  # Objective.use_kl
+    check_memory(
+        cfg,
+        "learner",
+        learner_bytes(n_params, n_trained, reference=reference),
+        device,
+        f"float32 weights of {n_params / 1e6:.0f}M parameters, gradients and AdamW state of "
+        f"{n_trained / 1e6:.0f}M{', a reference copy' if reference else ''}",
+    )
     learner = Learner(policy, tokenizer, cfg)
     learner.warmup()
     return learner
@@ -312,9 +336,17 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
         from agentrl.placement import assemble_on_ray
 
         return assemble_on_ray(cfg, role, split=split, samples=samples)
+    from agentrl.devices import check_placement, limit_process_memory
+
     scope = ResourceScope("run")
     learner = None
     try:
+        if role == "train":  # a device this machine lacks fails here, before anything starts
+            check_placement(cfg)
+            here = ["sampler"] + (["learner"] if learner_worker(cfg) == "thread" else [])
+        else:
+            here = ["sampler"]
+        limit_process_memory(cfg, here)
         split = split or ("eval" if role == "eval" else "train")
         env = build_env(cfg, split)
         if cfg.reward.enabled:  # bad reward settings fail here, before any model loads

@@ -346,6 +346,10 @@ class Learner:
             )
         )
         metrics["nonfinite_skipped"] = float(nonfinite)
+        if self.scaler.is_enabled():
+            self.skipped_steps += skipped
+            metrics["learner/loss_scale"] = float(self.scaler.get_scale())
+            metrics["learner/skipped_steps"] = float(skipped)
         metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["version"] = float(self.version)
         metrics["time/step_s"] = time.perf_counter() - t0
@@ -354,12 +358,24 @@ class Learner:
 
     # --- weights and checkpoints -----------------------------------------------------
 
+    def sampler_weights(self) -> dict[str, Tensor]:
+        """The policy under the samplers' names on this learner's device: views of the live
+        weights, or with LoRA each adapted layer merged (:mod:`agentrl.learner.lora`)."""
+        from agentrl.learner.lora import sampler_state
+
+        return sampler_state(self.model)
+
     def state_dict_for_sampler(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
-        """A CPU copy of the policy weights (optionally cast), safe to hand to another thread."""
-        out: dict[str, Tensor] = {}
-        for k, v in self.model.state_dict().items():
-            out[k] = v.detach().to("cpu", dtype=dtype or v.dtype, copy=True)
-        return out
+        """The policy weights for the samplers (optionally cast). On CPU a copy, safe to hand
+        to another thread; on CUDA the device tensors themselves, so a sampler on a GPU
+        copies them device to device: valid until the next :meth:`step`, which the
+        orchestrator starts only once the publish has returned."""
+        state = self.sampler_weights()
+        if self.device.type == "cuda":
+            return {k: v.detach().to(dtype=dtype or v.dtype) for k, v in state.items()}
+        return {
+            k: v.detach().to("cpu", dtype=dtype or v.dtype, copy=True) for k, v in state.items()
+        }
 
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically."""
@@ -376,6 +392,7 @@ class Learner:
                     "scheduler": self.scheduler.state_dict(),
                     "generator": self.generator.get_state(),
                     "rng": capture_rng_state(),
+                    "scaler": self.scaler.state_dict(),  # {} unless fp16
                 },
                 tmp / "trainer_state.pt",
             )

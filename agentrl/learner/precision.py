@@ -20,11 +20,12 @@ from agentrl.config import LearnerConfig
 MATH_ATTENTION_MAX_TOKENS = 256
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu; anything else as torch spells it."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def resolve_device(name: str, key: str = "learner.device") -> torch.device:
+    """``auto`` -> cuda when available, else cpu; a device this machine lacks is a
+    ConfigError naming `key` (see :mod:`agentrl.devices`)."""
+    from agentrl.devices import resolve_device as resolve
+
+    return resolve(name, key)
 
 
 def bf16_supported(device: torch.device) -> bool:

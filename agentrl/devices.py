@@ -1,0 +1,151 @@
+"""Where each role computes: device names resolved and checked, GPU memory budgets per role.
+
+    resolve_device("auto", "sampler.device")     # cuda:0 when CUDA is present, else cpu
+    check_placement(cfg)                          # before any model loads (train role)
+    check_memory(cfg, "learner", need_bytes, device)   # once the model's size is known
+    limit_process_memory(cfg, ["sampler", "learner"])  # the CUDA cap of this process
+
+The hf sampler (``sampler.device``) and the learner with its critic and reference model
+(``learner.device``) may share one GPU or sit on different ones (``cuda:0`` / ``cuda:1``).
+A budget (``sampler.gpu_memory_fraction`` / ``learner.gpu_memory_fraction``) is checked
+at start against what the role's weights and optimizer state need, then enforced through
+``torch.cuda.set_per_process_memory_fraction`` for the process the role runs in (a
+thread learner shares the sampler's process, so that process gets the sum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from agentrl.errors import ConfigError
+
+GiB = 2**30
+
+# bytes per parameter the learner holds: float32 master weights, gradients and AdamW's two
+# moments for what it trains; float32 weights alone for what it does not (a LoRA base)
+TRAINED_BYTES = 4 + 4 + 8
+FROZEN_BYTES = 4
+
+
+def resolve_device(name: str, key: str) -> torch.device:
+    """`name` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) as a torch device; ``auto`` = the
+    current CUDA device when CUDA is present, else cpu. `key` (the config key) is named in
+    the error for a device this machine does not have."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f"{key}={name!r} is not a device: use auto, cpu, cuda or cuda:N"
+        ) from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise ConfigError(f"{key}={name!r}: only cpu and cuda devices are supported; use auto")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ConfigError(
+            f"{key}={name!r} but this machine has no usable CUDA device (torch "
+            f"{torch.__version__}, {build}); set {key}=auto (CUDA when present) or {key}=cpu"
+        )
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index >= count:
+        raise ConfigError(
+            f"{key}={name!r} but this machine has {count} CUDA device(s) (cuda:0..cuda:"
+            f"{count - 1}); pick one of those or set {key}=auto"
+        )
+    return torch.device("cuda", index)
+
+
+def role_devices(cfg: Any) -> dict[str, torch.device]:
+    """The device of each role of `cfg` that places itself here: ``learner`` always, and
+    ``sampler`` for the hf backend (vLLM and remote servers place themselves)."""
+    devices = {"learner": resolve_device(cfg.learner.device, "learner.device")}
+    if cfg.sampler.backend == "hf":
+        devices["sampler"] = resolve_device(cfg.sampler.device, "sampler.device")
+    return devices
+
+
+def _fraction(cfg: Any, role: str) -> float | None:
+    return getattr(cfg, role).gpu_memory_fraction
+
+
+def check_placement(cfg: Any) -> dict[str, torch.device]:
+    """Resolve every role's device (errors name the key) and check that budgets of roles on
+    one GPU add up to at most the whole GPU; returns the devices."""
+    devices = role_devices(cfg)
+    if "sampler" in devices and devices["sampler"] == devices["learner"]:
+        shared = devices["learner"]
+        fractions = [_fraction(cfg, r) for r in ("sampler", "learner")]
+        if shared.type == "cuda" and None not in fractions and sum(fractions) > 1.0 + 1e-9:
+            raise ConfigError(
+                f"sampler.gpu_memory_fraction={fractions[0]} + learner.gpu_memory_fraction="
+                f"{fractions[1]} = {sum(fractions):g} > 1 on {shared}, which both share: lower "
+                "them, or put the roles on two GPUs (learner.device=cuda:1)"
+            )
+    return devices
+
+
+def learner_bytes(n_params: int, n_trained: int, *, reference: bool = False) -> int:
+    """What the learner's weights, gradients and AdamW state take (activations come on top);
+    `reference` adds a float32 copy of the policy for the KL term."""
+    frozen = n_params - n_trained
+    return n_trained * TRAINED_BYTES + frozen * FROZEN_BYTES + (n_params * 4 if reference else 0)
+
+
+def fits(need_bytes: int, fraction: float, total_bytes: int) -> bool:
+    return need_bytes <= fraction * total_bytes
+
+
+def budget_error(
+    role: str, fraction: float, need_bytes: int, total_bytes: int, device: torch.device, what: str
+) -> ConfigError:
+    fix = {
+        "learner": "raise learner.gpu_memory_fraction, train a LoRA adapter (model.lora), or "
+        "put the learner on another GPU (learner.device=cuda:1)",
+        "sampler": "raise sampler.gpu_memory_fraction, load the sampler in a smaller dtype "
+        "(model.dtype=bfloat16), or put it on another GPU (sampler.device=cuda:1)",
+    }[role]
+    return ConfigError(
+        f"{role}.gpu_memory_fraction={fraction}: the {role} needs about "
+        f"{need_bytes / GiB:.2f} GiB on {device} ({what}) but its budget is "
+        f"{fraction * total_bytes / GiB:.2f} GiB of {total_bytes / GiB:.2f} GiB; {fix}"
+    )
+
+
+def check_memory(cfg: Any, role: str, need_bytes: int, device: torch.device, what: str) -> None:
+    """Raise a :class:`ConfigError` when `role`'s budget on `device` cannot hold `need_bytes`
+    (nothing to check on CPU or without a budget)."""
+    fraction = _fraction(cfg, role)
+    if fraction is None or device.type != "cuda":
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    if not fits(need_bytes, fraction, total):
+        raise budget_error(role, fraction, need_bytes, total, device, what)
+
+
+def limit_process_memory(cfg: Any, roles: Iterable[str]) -> None:
+    """Cap this process's CUDA allocations on each GPU at the sum of the budgets of the
+    `roles` it runs there (a role without a budget leaves its GPU uncapped)."""
+    devices = role_devices(cfg)
+    sums: dict[torch.device, float] = {}
+    uncapped: set[torch.device] = set()
+    for role in roles:
+        device = devices.get(role)
+        if device is None or device.type != "cuda":
+            continue
+        fraction = _fraction(cfg, role)
+        if fraction is None:
+            uncapped.add(device)
+        else:
+            sums[device] = sums.get(device, 0.0) + fraction
+    for device, fraction in sums.items():
+        if device not in uncapped:
+            torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), device)

@@ -1,0 +1,166 @@
+"""LoRA on the policy (``model.lora``): the learner trains the adapters only; samplers, exports
+and evaluation see merged weights under the base model's names.
+
+    policy = apply_lora(policy, cfg.model.lora)     # the same module, adapters injected (peft)
+    state = sampler_state(policy)                   # base + B @ A * alpha / r, base names
+    save_policy(policy, folder)                     # adapter.safetensors + merged model.safetensors
+    load_policy(policy, folder, device)             # resume: the adapter into the fresh base
+
+The learner keeps the transformers model itself (peft injects its layers in place), so the
+forward passes, the fused LM head and gradient checkpointing see the same module as
+without LoRA, and the optimizer picks up only what requires gradients. A checkpoint holds
+the adapter (what resume loads) and the merged policy (what ``agentrl eval`` and
+``agentrl export`` read, unchanged from a full fine-tune).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentrl.errors import CheckpointError, ConfigError
+
+ADAPTER_WEIGHTS = "adapter.safetensors"
+POLICY_WEIGHTS = "model.safetensors"
+
+
+def _lora_layer_type() -> type | None:
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:
+        return None
+    return LoraLayer
+
+
+def apply_lora(model: Any, lora: Any, gradient_checkpointing: bool = False) -> Any:
+    """Inject LoRA adapters (``model.lora``: r, alpha, dropout, target_modules) into `model`
+    in place and freeze everything else; returns the transformers model itself."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError(
+            "model.lora needs the peft package: pip install 'agentrl[lora]' (or set "
+            "model.lora=null for full fine-tuning)"
+        ) from None
+    targets = lora.target_modules
+    peft_cfg = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        wrapped = get_peft_model(model, peft_cfg)
+    except ValueError as e:
+        names = sorted(
+            {
+                n.rsplit(".", 1)[-1]
+                for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear)
+            }
+        )
+        raise ConfigError(
+            f"model.lora.target_modules={targets!r} does not fit this model ({e}); its linear "
+            f"layers are named {', '.join(names)}, or use all-linear"
+        ) from None
+    base = wrapped.get_base_model()
+    if gradient_checkpointing:  # frozen embeddings: checkpointed blocks need an input with grad
+        base.enable_input_require_grads()
+    return base
+
+
+def has_lora(model: Any) -> bool:
+    layer = _lora_layer_type()
+    return layer is not None and any(isinstance(m, layer) for m in model.modules())
+
+
+def _merged_weight(module: Any) -> Tensor:
+    weight = module.base_layer.weight
+    for adapter in module.active_adapters:
+        if adapter in module.lora_A:
+            weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+    return weight
+
+
+@torch.no_grad()
+def sampler_state(model: Any) -> dict[str, Tensor]:
+    """The policy as a sampler loads it: the plain state dict (views of the live weights),
+    or with LoRA each adapted layer's merged weight under its base name."""
+    state = model.state_dict()
+    layer = _lora_layer_type()
+    if layer is None or not has_lora(model):
+        return dict(state)
+    out = {key.replace(".base_layer.", "."): t for key, t in state.items() if ".lora_" not in key}
+    for name, module in model.named_modules():
+        if isinstance(module, layer) and hasattr(module, "base_layer"):
+            out[f"{name}.weight"] = _merged_weight(module)
+    return out
+
+
+def adapter_state(model: Any) -> dict[str, Tensor]:
+    """The adapter's trained tensors under peft's names in `model`."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _unique_cpu(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """CPU copies for safetensors, one entry per storage (a tied LM head is left out: the
+    embedding it shares is there, and every loader of ours fills it in)."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().to("cpu").contiguous()
+    return out
+
+
+def save_policy(model: Any, folder: Path) -> None:
+    """``model.safetensors`` (the policy under its base names, merged with LoRA) and, with
+    LoRA, ``adapter.safetensors`` (what :func:`load_policy` resumes from)."""
+    from safetensors.torch import save_file, save_model
+
+    if not has_lora(model):
+        save_model(model, str(folder / POLICY_WEIGHTS))
+        return
+    save_file(_unique_cpu(adapter_state(model)), str(folder / ADAPTER_WEIGHTS))
+    save_file(_unique_cpu(sampler_state(model)), str(folder / POLICY_WEIGHTS))
+
+
+def load_policy(model: Any, folder: Path, device: torch.device) -> None:
+    """Restore what :func:`save_policy` wrote; a checkpoint made with or without LoRA must be
+    resumed the same way."""
+    from safetensors.torch import load_file, load_model
+
+    adapter = folder / ADAPTER_WEIGHTS
+    if not has_lora(model):
+        if adapter.is_file():
+            raise CheckpointError(
+                f"checkpoint {folder.parent} holds a LoRA adapter but model.lora is null: "
+                "resume with the config the run was started with (its model.lora section)"
+            )
+        load_model(model, str(folder / POLICY_WEIGHTS), device=str(device))
+        return
+    if not adapter.is_file():
+        raise CheckpointError(
+            f"checkpoint {folder.parent} holds full weights but model.lora is set: resume "
+            "with the config the run was started with (model.lora=null), or start a new run"
+        )
+    expected = adapter_state(model)
+    state = load_file(str(adapter), device=str(device))
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{adapter} does not fit this model's adapter (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}): were model.lora.r or target_modules changed since the run began?"
+        )
+    with torch.no_grad():
+        for name, t in state.items():
+            expected[name].copy_(t)

@@ -1,0 +1,97 @@
+"""Placement settings resolved on a machine without CUDA: auto is the CPU, an explicit CUDA
+device is a ConfigError naming the key and the fix; memory budgets checked per role."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrl.config import config_from_dict
+from agentrl.devices import (
+    GiB,
+    budget_error,
+    check_memory,
+    check_placement,
+    fits,
+    learner_bytes,
+    resolve_device,
+)
+from agentrl.errors import ConfigError
+from agentrl.learner.precision import Precision
+from agentrl.runtime import build_sampler
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
+
+
+@no_cuda
+def test_auto_is_the_cpu_without_cuda():
+    assert resolve_device("auto", "sampler.device") == torch.device("cpu")
+    cfg = config_from_dict({})
+    assert check_placement(cfg) == {"learner": torch.device("cpu"), "sampler": torch.device("cpu")}
+    assert Precision.from_config(cfg.learner).device == torch.device("cpu")
+
+
+@no_cuda
+@pytest.mark.parametrize("key", ["sampler.device", "learner.device"])
+@pytest.mark.parametrize("name", ["cuda", "cuda:1"])
+def test_an_explicit_cuda_device_without_cuda_names_the_key_and_the_fix(key, name):
+    section, field = key.split(".")
+    cfg = config_from_dict({section: {field: name}})
+    with pytest.raises(ConfigError, match=rf"{key}='{name}'.*no usable CUDA.*{key}=auto"):
+        check_placement(cfg)
+
+
+@no_cuda
+def test_the_hf_sampler_and_the_learner_refuse_a_missing_gpu():
+    cfg = config_from_dict({"model": {"name": "tiny-llama"}, "sampler": {"device": "cuda"}})
+    with pytest.raises(ConfigError, match=r"sampler\.device"):
+        build_sampler(cfg)
+    with pytest.raises(ConfigError, match=r"learner\.device"):
+        Precision.from_config(config_from_dict({"learner": {"device": "cuda:0"}}).learner)
+
+
+def test_a_device_that_is_not_one_is_refused():
+    with pytest.raises(ConfigError, match=r"learner.device='gpu0' is not a device"):
+        resolve_device("gpu0", "learner.device")
+    with pytest.raises(ConfigError, match="only cpu and cuda"):
+        resolve_device("meta", "sampler.device")
+
+
+def test_budgets_are_ignored_on_the_cpu():
+    cfg = config_from_dict({"learner": {"gpu_memory_fraction": 0.01}})
+    check_memory(cfg, "learner", 10**15, torch.device("cpu"), "everything")  # no error
+
+
+def test_learner_memory_counts_adam_state_for_trained_parameters_only():
+    full = learner_bytes(1_000_000, 1_000_000)
+    lora = learner_bytes(1_000_000, 10_000)
+    assert full == 16_000_000
+    assert lora == 10_000 * 16 + 990_000 * 4
+    assert learner_bytes(1_000_000, 1_000_000, reference=True) == full + 4_000_000
+
+
+def test_a_budget_that_does_not_fit_says_what_and_how_to_fix_it():
+    total = 80 * GiB
+    need = learner_bytes(1_500_000_000, 1_500_000_000)  # 1.5B full fine-tune: ~22 GiB
+    assert not fits(need, 0.25, total) and fits(need, 0.5, total)
+    err = budget_error("learner", 0.25, need, total, torch.device("cuda", 0), "weights")
+    text = str(err)
+    assert "learner.gpu_memory_fraction=0.25" in text and "22.35 GiB" in text
+    assert "20.00 GiB of 80.00 GiB" in text and "model.lora" in text
+
+
+def test_budgets_on_one_gpu_must_add_up_to_at_most_one(monkeypatch):
+    # the sum check runs before any model loads; stand in a one-GPU machine for the lookup
+    monkeypatch.setattr(
+        "agentrl.devices.role_devices",
+        lambda cfg: {"learner": torch.device("cuda", 0), "sampler": torch.device("cuda", 0)},
+    )
+    ok = config_from_dict(
+        {"sampler": {"gpu_memory_fraction": 0.3}, "learner": {"gpu_memory_fraction": 0.7}}
+    )
+    check_placement(ok)
+    bad = config_from_dict(
+        {"sampler": {"gpu_memory_fraction": 0.5}, "learner": {"gpu_memory_fraction": 0.7}}
+    )
+    with pytest.raises(ConfigError, match=r"= 1\.2 > 1 on cuda:0.*learner\.device=cuda:1"):
+        check_placement(bad)
