@@ -90,6 +90,11 @@ class Turn:
     parse_errors: list[str] = field(default_factory=list)
     gen_latency_s: float = 0.0
     observation_tokens: int = 0
+    # what the sampler does with in-flight rows on a weight update (``sampler.on_update``:
+    # keep | reprefill | drain; None when the backend does not say) and how many context
+    # tokens it re-prefilled under new weights while generating this turn (None: not counted)
+    on_update: str | None = None
+    reprefilled_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

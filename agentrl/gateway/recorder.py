@@ -317,6 +317,8 @@ class Session:
                 finish_reason=gen.finish_reason,
                 text=text,
                 gen_latency_s=latency_s,
+                on_update=gen.metadata.get("on_update"),
+                reprefilled_tokens=gen.metadata.get("reprefilled_tokens"),
             )
         )
         sample.last_model_ids = list(gen.token_ids)

@@ -313,6 +313,8 @@ class EpisodeRunner:
                     finish_reason=gen.finish_reason,
                     text=text,
                     gen_latency_s=gen_latency,
+                    on_update=gen.metadata.get("on_update"),
+                    reprefilled_tokens=gen.metadata.get("reprefilled_tokens"),
                 )
                 traj.turns.append(turn)
                 if state.initial_entropy is None and gen.entropies:

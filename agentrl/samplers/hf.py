@@ -15,6 +15,24 @@ every row are trimmed away.
 
 Behaviour log-probs follow :mod:`agentrl.samplers.base`: ``log_softmax(logits / T)`` at the
 sampled token, before top-p / top-k truncation (greedy: unscaled logits).
+
+New weights arrive between two forward passes. What happens to the rows in flight is the
+``on_update`` option (:data:`ON_UPDATE`):
+
+* ``keep`` (partial rollouts): the rows continue on the new weights with the keys/values
+  their context got from the old ones, so a token sampled after the swap comes from a mix of
+  both versions (tagged with the new one). No extra work.
+* ``reprefill`` (AReaL's interruptible generation): every row's cache is dropped and its
+  whole context (prompt + tokens so far) is prefilled again under the new weights, in
+  batched chunks of ``prefill_tokens``, before decoding goes on; a token sampled after the
+  swap is exactly what the new weights give for its context. Costs one prefill of every
+  in-flight context per update (``benchmarks/interruptible.py``).
+* ``drain``: the swap waits until the rows in flight finish on the old weights, and new
+  requests wait for the swap (strictly on-policy).
+
+Each :class:`Generation` says which was used (``metadata["on_update"]``) and how many context
+tokens were re-prefilled for it (``metadata["reprefilled_tokens"]``); the episode runner
+copies both onto the trajectory's :class:`~agentrl.types.Turn`.
 """
 
 from __future__ import annotations
@@ -36,7 +54,7 @@ from agentrl.models import cache_kwargs, returned_cache
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.decode_attention import use_decode_attention
 from agentrl.samplers.kv_cache import GrowingCache
-from agentrl.samplers.prefix_cache import PrefixCache, PrefixEntry
+from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry
 from agentrl.samplers.sampling import sample_next
 from agentrl.weights.spec import WeightSpec
 
@@ -48,6 +66,7 @@ def _dynamic_cache() -> Any:
 
 
 KV_CACHES = {"growing": GrowingCache, "dynamic": _dynamic_cache}
+ON_UPDATE = ("keep", "reprefill", "drain")  # what in-flight rows do on a weight update
 
 
 @dataclass(eq=False)
@@ -66,10 +85,11 @@ class _Request:
     finish: FinishReason | None = None
     started: float = field(default_factory=time.perf_counter)
     kv_version: int = -1  # weights its cached keys/values were computed with
+    reprefilled: int = 0  # context tokens whose KV was recomputed after a weight update
 
 
-# (request, tokens of its prompt whose KV the prefix cache holds, the entry holding them)
-_Plan = tuple[_Request, int, PrefixEntry | None]
+# (request, the tokens to prefill, how many of them the prefix cache holds, that entry)
+_Plan = tuple[_Request, list[int], int, PrefixEntry | None]
 
 
 @dataclass(eq=False)
@@ -100,8 +120,9 @@ class HFSampler(Sampler):
     """Continuous-batching sampler over a transformers causal LM (CPU or GPU).
 
     Options: ``max_batch_size`` (rows decoded together), ``max_context`` (default: the
-    model's ``max_position_embeddings``), ``drain_on_update`` (finish in-flight sequences on
-    the old weights before a swap, holding new requests), ``default_stop_token_ids``
+    model's ``max_position_embeddings``), ``on_update`` (``keep``, ``reprefill`` or
+    ``drain``: what in-flight rows do when new weights arrive, see the module doc),
+    ``drain_on_update`` (the older spelling of ``on_update="drain"``), ``default_stop_token_ids``
     (default: the tokenizer's eos and ``<|im_end|>``; per-request ``stop_token_ids`` are
     added to them), ``prefill_tokens`` (token budget of one batched prefill), ``version``,
     ``prefix_cache_tokens`` (KV of earlier prompts and finished sequences kept for reuse, see
@@ -123,6 +144,7 @@ class HFSampler(Sampler):
         *,
         max_batch_size: int = 32,
         max_context: int | None = None,
+        on_update: str = "keep",
         drain_on_update: bool = False,
         default_stop_token_ids: Sequence[int] | None = None,
         prefill_tokens: int = 4096,
@@ -136,6 +158,15 @@ class HFSampler(Sampler):
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
         if kv_cache not in KV_CACHES:
             raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)} (got {kv_cache!r})")
+        if on_update not in ON_UPDATE:
+            raise ValueError(f"on_update must be one of {', '.join(ON_UPDATE)} (got {on_update!r})")
+        if drain_on_update and on_update != "drain":
+            if on_update != "keep":  # keep is the default: drain_on_update=True says drain
+                raise ValueError(
+                    f"drain_on_update=True contradicts on_update={on_update!r}: pass one of them"
+                )
+            on_update = "drain"
+        self.on_update = on_update
         self._new_cache = KV_CACHES[kv_cache]
         self._model = model.eval()
         self._tokenizer = tokenizer
@@ -147,7 +178,6 @@ class HFSampler(Sampler):
         self.max_context = int(
             max_context or getattr(model.config, "max_position_embeddings", 2048)
         )
-        self.drain_on_update = drain_on_update
         self.prefill_tokens = max(1, prefill_tokens)
         if default_stop_token_ids is None:
             default_stop_token_ids = _default_stop_ids(tokenizer, model)
@@ -174,8 +204,14 @@ class HFSampler(Sampler):
         self._tokens_out = 0
         self._prefix = PrefixCache(prefix_cache_tokens)
         self._prefilled = 0  # prompt tokens forwarded (reused ones excluded)
+        self._reprefilled = 0  # context tokens forwarded again after weight updates
+        self._reprefills = 0  # updates that re-prefilled rows in flight
 
     # --- public surface -------------------------------------------------------------
+
+    @property
+    def drain_on_update(self) -> bool:
+        return self.on_update == "drain"
 
     @property
     def version(self) -> int:
@@ -208,6 +244,8 @@ class HFSampler(Sampler):
                 "version": self._version,
                 "prefill_tokens": self._prefilled,
                 "prefix_reused_tokens": self._prefix.reused_tokens,
+                "reprefill_tokens": self._reprefilled,
+                "reprefills": self._reprefills,
             }
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
@@ -335,29 +373,35 @@ class HFSampler(Sampler):
     def _iteration(self) -> None:
         self._apply_updates()
         self._drop_cancelled()
-        plans = [(r, *self._prefix.lookup(r.prompt)) for r in self._admit()]
-        # by the length left to forward, so a chunk's rows need similar work
-        plans.sort(key=lambda p: len(p[0].prompt) - p[1])
-        while plans:
-            chunk, budget = [], self.prefill_tokens
-            while plans and (
-                not chunk or (len(plans[0][0].prompt) - plans[0][1]) * (len(chunk) + 1) <= budget
-            ):
-                chunk.append(plans.pop(0))
+        plans = [(r, r.prompt, *self._prefix.lookup(r.prompt)) for r in self._admit()]
+        for chunk in self._chunks(plans):
             try:
                 self._prefill(chunk)
             except Exception as e:  # these callers are not in the batch yet: fail them here
-                error = SamplerError(f"hf sampler prefill failed: {type(e).__name__}: {e}")
-                for r, _, _ in chunk:
-                    _resolve(r.future, r.loop, error)
+                _fail_chunk(chunk, "prefill", e)
         if self._active:
             self._decode_step()
         elif not self._waiting and self._updates:
             self._apply_updates()
 
+    def _chunks(self, plans: list[_Plan]) -> list[list[_Plan]]:
+        """`plans` in prefill chunks of at most ``prefill_tokens`` (padded) tokens, sorted by
+        the length left to forward so a chunk's rows need similar work."""
+        plans = sorted(plans, key=lambda p: len(p[1]) - p[2])
+        chunks: list[list[_Plan]] = []
+        while plans:
+            chunk: list[_Plan] = []
+            while plans and (
+                not chunk
+                or (len(plans[0][1]) - plans[0][2]) * (len(chunk) + 1) <= self.prefill_tokens
+            ):
+                chunk.append(plans.pop(0))
+            chunks.append(chunk)
+        return chunks
+
     def _apply_updates(self) -> None:
         with self._cond:
-            if not self._updates or (self.drain_on_update and self._active):
+            if not self._updates or (self.on_update == "drain" and self._active):
                 return
             updates, self._updates = list(self._updates), deque()
         live = [u for u in updates if not u.cancelled]
@@ -385,6 +429,59 @@ class HFSampler(Sampler):
             error = WeightUpdateError(f"applying weights failed: {e}")
             for done in live:
                 _resolve(done.future, done.loop, error)
+            return
+        if self.on_update == "reprefill":
+            self._reprefill()
+
+    def _reprefill(self) -> None:
+        """Interruptible generation: rebuild every in-flight row's keys/values under the
+        weights just loaded, then let decoding go on.
+
+        A row's cache holds its prompt and every sampled token but the last (the pending one,
+        fed by the next decode step), so that context is prefilled again, in chunks of
+        ``prefill_tokens``; the pending tokens stay as sampled (by the old weights, tagged
+        so). Prompts that several rows share (a GRPO group) are forwarded once first and
+        reused through the prefix cache when it is on."""
+        self._drop_cancelled()
+        rows, pending = self._active, self._pending
+        if not rows:
+            return
+        with self._cond:
+            self._active = []
+            self._reprefills += 1
+        self._pads, self._pending, self._cache, self._cache_len = [], [], None, 0
+        contexts = [r.prompt + r.tokens[:-1] for r in rows]
+        for r, context in zip(rows, contexts, strict=True):
+            r.reprefilled += len(context)
+        if self._prefix.max_tokens:
+            counts: dict[tuple[int, ...], int] = {}
+            for r in rows:
+                counts[tuple(r.prompt)] = counts.get(tuple(r.prompt), 0) + 1
+            shared: list[_Plan] = [
+                (r, r.prompt, 0, None)
+                for r in rows
+                if len(r.prompt) > BLOCK and counts.pop(tuple(r.prompt), 0) > 1
+            ]
+            for chunk in self._chunks(shared):  # only fills the prefix cache
+                try:
+                    self._reprefilled += self._forward(chunk)[4]
+                except Exception:  # the rows' own prefill below forwards these prompts
+                    break
+        plans = [
+            (r, context, *self._prefix.lookup(context))
+            for r, context in zip(rows, contexts, strict=True)
+        ]
+        token_of = {id(r): t for r, t in zip(rows, pending, strict=True)}
+        for chunk in self._chunks(plans):
+            try:
+                cache, pads, length, _, forwarded = self._forward(chunk)
+                self._reprefilled += forwarded
+                requests = [p[0] for p in chunk]
+                for r in requests:
+                    r.kv_version = self._version
+                self._merge(requests, cache, pads, length, [token_of[id(r)] for r in requests])
+            except Exception as e:  # these rows left the batch: fail them here
+                _fail_chunk(chunk, "re-prefill", e)
 
     def _admit(self) -> list[_Request]:
         with self._cond:
@@ -427,25 +524,37 @@ class HFSampler(Sampler):
         self._cache_len -= trim
 
     def _prefill(self, chunk: list[_Plan]) -> None:
-        """Forward the new prompts (each distinct prompt once) on top of the cached prefixes.
+        """Prefill new requests, sample their first tokens and add them to the batch."""
+        cache, pads, length, logits, forwarded = self._forward(chunk)
+        self._prefilled += forwarded
+        requests = [p[0] for p in chunk]
+        for r in requests:
+            r.kv_version = self._version
+        tokens = self._sample(requests, logits)
+        self._merge(requests, cache, pads, length, tokens)
 
-        Rows are left-padded to the longest prompt `L`; the last `Q` positions (the longest
+    def _forward(self, chunk: list[_Plan]) -> tuple[Any, list[int], int, torch.Tensor, int]:
+        """Forward the plans' tokens (each distinct sequence once) on top of the cached
+        prefixes: (cache, left pads, padded length, last logits, tokens forwarded), one row
+        per plan.
+
+        Rows are left-padded to the longest sequence `L`; the last `Q` positions (the longest
         part any row must forward) are fed, the first ``L - Q`` come from the prefix cache.
         A row with less left to forward re-feeds a few cached tokens instead.
         """
         distinct: dict[tuple[int, ...], int] = {}
         plans: list[_Plan] = []
-        row_of = []  # the distinct prompt each request forwards with
+        row_of = []  # the distinct sequence each plan forwards with
         for plan in chunk:
-            row_of.append(distinct.setdefault(tuple(plan[0].prompt), len(plans)))
+            row_of.append(distinct.setdefault(tuple(plan[1]), len(plans)))
             if row_of[-1] == len(plans):
                 plans.append(plan)
-        longest = max(len(r.prompt) for r, _, _ in plans)
-        fed = max(len(r.prompt) - reused for r, reused, _ in plans)
+        longest = max(len(t) for _, t, _, _ in plans)
+        fed = max(len(t) - reused for _, t, reused, _ in plans)
         past = longest - fed
-        pads = [longest - len(r.prompt) for r, _, _ in plans]
+        pads = [longest - len(t) for _, t, _, _ in plans]
         ids = torch.tensor(
-            [([0] * p + r.prompt)[past:] for p, (r, _, _) in zip(pads, plans, strict=True)],
+            [([0] * p + t)[past:] for p, (_, t, _, _) in zip(pads, plans, strict=True)],
             device=self._device,
         )
         mask = _mask(pads, longest, self._device)
@@ -465,29 +574,25 @@ class HFSampler(Sampler):
                 **cache_kwargs(self._model, cache),
             )
         cache = returned_cache(out)
-        self._prefilled += ids.numel() - sum(max(0, p - past) for p in pads)
-        for row, (r, _, _) in enumerate(plans):
-            self._remember(r.prompt, cache, row, pads[row], longest)
+        forwarded = ids.numel() - sum(max(0, p - past) for p in pads)
+        for row, (_, tokens, _, _) in enumerate(plans):
+            self._remember(tokens, cache, row, pads[row], longest)
         logits = out.logits[:, -1, :]
-        if len(plans) < len(chunk):  # identical prompts (a GRPO group): one row each again
+        if len(plans) < len(chunk):  # identical sequences (a GRPO group): one row each again
             index = torch.tensor(row_of, device=self._device)
             logits = logits.index_select(0, index)
             for layer in cache.layers:
                 layer.keys = layer.keys.index_select(0, index)
                 layer.values = layer.values.index_select(0, index)
-        requests = [r for r, _, _ in chunk]
-        for r in requests:
-            r.kv_version = self._version
-        tokens = self._sample(requests, logits)
-        self._merge(requests, cache, [pads[i] for i in row_of], longest, tokens)
+        return cache, [pads[i] for i in row_of], longest, logits, int(forwarded)
 
     def _seed_cache(self, cache: Any, plans: list[_Plan], pads: list[int], past: int) -> None:
         """Fill `cache` with the first `past` (left-padded) positions of every row."""
-        kv = next(entry.kv for _, _, entry in plans if entry is not None)
+        kv = next(entry.kv for _, _, _, entry in plans if entry is not None)
         for layer, (k0, v0) in enumerate(kv):
             keys = k0.new_zeros(len(plans), k0.shape[0], past, k0.shape[2])
             values = v0.new_zeros(len(plans), v0.shape[0], past, v0.shape[2])
-            for row, ((_, _, entry), pad) in enumerate(zip(plans, pads, strict=True)):
+            for row, ((_, _, _, entry), pad) in enumerate(zip(plans, pads, strict=True)):
                 take = past - pad  # <= the row's reused length, by the choice of `past`
                 if take > 0 and entry is not None:
                     keys[row, :, pad:] = entry.kv[layer][0][:, :take]
@@ -609,6 +714,8 @@ class HFSampler(Sampler):
                 "prompt_tokens": len(r.prompt),
                 "latency_s": time.perf_counter() - r.started,
                 "backend": "hf",
+                "on_update": self.on_update,
+                "reprefilled_tokens": r.reprefilled,
             },
         )
 
@@ -621,6 +728,12 @@ class HFSampler(Sampler):
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def _fail_chunk(chunk: list[_Plan], what: str, e: Exception) -> None:
+    error = SamplerError(f"hf sampler {what} failed: {type(e).__name__}: {e}")
+    for r, _, _, _ in chunk:
+        _resolve(r.future, r.loop, error)
 
 
 def _abort(r: _Request) -> Generation:

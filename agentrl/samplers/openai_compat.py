@@ -376,7 +376,11 @@ def _parse_choice(data: Mapping[str, Any], params: SamplingParams, version: int)
         finish_reason=finish,
         entropies=entropies,
         text=choice.get("text") or "",
-        metadata={"stop_reason": choice.get("stop_reason"), "id": data.get("id")},
+        metadata={
+            "stop_reason": choice.get("stop_reason"),
+            "id": data.get("id"),
+            "on_update": "drain",  # update_weights drains this client's requests first
+        },
     )
 
 

@@ -353,6 +353,9 @@ class VLLMSampler(Sampler):
             metadata={
                 "logprobs": "truncated" if truncated else "exact",
                 "stop_reason": out.stop_reason,
+                # a swap preempts running sequences; they recompute their KV on the new
+                # weights (reset_prefix_cache(reset_running_requests=True), see _swap)
+                "on_update": "drain" if self.drain_on_update else "reprefill",
             },
         )
 
