@@ -80,7 +80,10 @@ def _fraction(cfg: Any, role: str) -> float | None:
 def check_placement(cfg: Any) -> dict[str, torch.device]:
     """Resolve every role's device (errors name the key) and check that budgets of roles on
     one GPU add up to at most the whole GPU; returns the devices."""
+    from agentrl.weights.shared import sharing_kind
+
     devices = role_devices(cfg)
+    sharing_kind(cfg.learner.weight_sharing, devices["learner"])  # cuda_ipc needs CUDA
     if "sampler" in devices and devices["sampler"] == devices["learner"]:
         shared = devices["learner"]
         fractions = [_fraction(cfg, r) for r in ("sampler", "learner")]

@@ -13,9 +13,12 @@ measures the end-to-end effect).
 The child builds its :class:`~agentrl.learner.Learner` with the run assembly's
 :func:`agentrl.runtime.load_learner` (as a thread learner is built) after applying the
 run's process settings, and serves requests over a pipe, one at a
-time. Weights come back through shared memory: one flat buffer per dtype, allocated once,
+time. Weights come back through shared buffers: one flat buffer per dtype, allocated once,
 refreshed after every step and every checkpoint load, and mapped into this process as
-views (tied weights share one slot). The views hold version :attr:`version` until the
+views (tied weights share one slot): shared-memory files, or with the learner on CUDA the
+child's device buffers opened by CUDA IPC handle (``learner.weight_sharing``,
+:mod:`agentrl.weights.shared`), so a GPU sampler copies them without a trip through host
+memory. With LoRA they hold the merged policy. The views hold version :attr:`version` until the
 next :meth:`step` or :meth:`load_checkpoint`; every sampler transport copies them before
 the publish returns, which the orchestrator awaits before the next step.
 
@@ -46,7 +49,7 @@ import torch
 from torch import Tensor
 
 from agentrl.errors import AgentRLError
-from agentrl.weights.shared import SharedWeights, map_file, views
+from agentrl.weights.shared import CudaSharedWeights, SharedWeights, attach, share_weights
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +91,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(lifeline)
-    shared: SharedWeights | None = None
+    shared: SharedWeights | CudaSharedWeights | None = None
     try:
         cfg, path, plugins = conn.recv()
         sys.path[:] = path + [p for p in sys.path if p not in path]
@@ -96,12 +99,16 @@ def _serve(conn: Connection, lifeline: int) -> None:
 
         for module in plugins:  # algorithms the parent's plug-ins registered
             importlib.import_module(module)
+        from agentrl.devices import limit_process_memory
         from agentrl.runtime import apply_process_settings, load_learner
+        from agentrl.weights.shared import sharing_kind
 
         apply_process_settings(cfg)
+        limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
         learner = load_learner(cfg)
-        shared = SharedWeights(learner.model)
-        conn.send(("ready", (learner.version, learner.step_count, shared.files, shared.slots)))
+        kind = sharing_kind(cfg.learner.weight_sharing, learner.device)
+        shared = share_weights(learner.sampler_weights(), kind)
+        conn.send(("ready", (learner.version, learner.step_count, shared.handle())))
     except BaseException as e:
         if shared is not None:
             shared.unlink()
@@ -125,12 +132,12 @@ def _serve(conn: Connection, lifeline: int) -> None:
         try:
             if op == "step":
                 result: Any = learner.step(arg)
-                shared.refresh(learner.model)
+                shared.refresh(learner.sampler_weights())
             elif op == "save":
                 result = str(learner.save_checkpoint(arg))
             elif op == "load":
                 learner.load_checkpoint(arg)
-                shared.refresh(learner.model)
+                shared.refresh(learner.sampler_weights())
                 result = None
             else:
                 raise ValueError(f"unknown learner request {op!r}")
@@ -215,13 +222,10 @@ class LearnerProcess:
                 "not ones registered in a script's __main__; move them into a module, or set "
                 "orchestrator.learner_worker=thread to train in this process"
             ) from exc
-        self.version, self.step_count, files, slots = payload
-        buffers = {}
-        for dt, (path, n) in files.items():
-            buffers[dt] = map_file(path, dt, n)
-            with contextlib.suppress(OSError):
-                os.unlink(path)  # mapped on both sides now; nothing to clean up later
-        self._weights = views(buffers, slots)
+        self.version, self.step_count, handle = payload
+        # shared-memory files are unlinked once mapped here (nothing left to clean up);
+        # CUDA IPC buffers are the child's device memory, opened by handle
+        self._weights = attach(handle)
         self._ready = True
 
     def _recv(self, doing: str) -> tuple[str, Any]:

@@ -1,4 +1,4 @@
-"""A state dict in flat shared-memory buffers, one per dtype, mapped by several processes.
+"""A state dict in flat shared buffers, one per dtype, seen by several processes.
 
 The learner process (:mod:`agentrl.learner.worker`) owns a :class:`SharedWeights` and
 refreshes it after every step; the parent maps the same files with :func:`map_file` and
@@ -8,6 +8,13 @@ embeddings) share one slot.
     shared = SharedWeights(model)                 # child: files in shm_root()
     buffers = {dt: map_file(path, dt, n) for dt, (path, n) in shared.files.items()}
     weights = views(buffers, shared.slots)        # parent: name -> tensor view
+
+Two kinds, picked by :func:`sharing_kind` from ``learner.weight_sharing`` and the learner's
+device, behind one pair of calls (:func:`share_weights` in the owner, :func:`attach` in
+the other process): ``shared_memory`` (the files above; a CUDA learner's weights go
+through host memory) and ``cuda_ipc`` (:class:`CudaSharedWeights`: the buffers stay on the
+GPU and the other process opens them by CUDA IPC handle, which torch.multiprocessing's
+pickler sends over the learner's pipe, so a sampler on a GPU copies device to device).
 """
 
 from __future__ import annotations
@@ -15,10 +22,14 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Mapping
+from typing import Any
 
 import torch
+import torch.multiprocessing  # registers the IPC pickling of CUDA tensors
 from torch import Tensor
 
+from agentrl.errors import ConfigError
 from agentrl.weights.files import shm_root
 
 # name -> (dtype, offset in that dtype's buffer, shape)
@@ -56,8 +67,30 @@ def map_file(path: str, dtype: torch.dtype, numel: int) -> Tensor:
     return torch.from_file(path, shared=True, size=numel, dtype=dtype)
 
 
+def _state(source: torch.nn.Module | Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+    return source.state_dict() if isinstance(source, torch.nn.Module) else source
+
+
+def sharing_kind(setting: str, device: torch.device) -> str:
+    """``learner.weight_sharing`` for a learner on `device`: ``cuda_ipc`` or
+    ``shared_memory`` (``auto`` = CUDA IPC exactly when the learner is on CUDA)."""
+    if setting == "auto":
+        return "cuda_ipc" if device.type == "cuda" else "shared_memory"
+    if setting == "cuda_ipc" and device.type != "cuda":
+        raise ConfigError(
+            f"learner.weight_sharing=cuda_ipc needs the learner on CUDA (it is on {device}); "
+            "set learner.weight_sharing=auto or shared_memory, or learner.device=cuda"
+        )
+    if setting not in ("cuda_ipc", "shared_memory"):
+        raise ConfigError(
+            f"learner.weight_sharing={setting!r}: use auto, cuda_ipc or shared_memory"
+        )
+    return setting
+
+
 class SharedWeights:
-    """The owner's side: flat buffers in shared-memory files mirroring `model`'s state dict.
+    """The owner's side: flat buffers in shared-memory files mirroring `model`'s state dict
+    (a module or a state dict).
 
     ``files`` (dtype -> (path, elements)) and ``slots`` are what another process needs to
     map them. That process should unlink the files once it has mapped them (the mappings
@@ -65,8 +98,10 @@ class SharedWeights:
     :meth:`unlink` covers the case where it never got that far.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        state = model.state_dict()
+    kind = "shared_memory"
+
+    def __init__(self, model: torch.nn.Module | Mapping[str, Tensor]) -> None:
+        state = _state(model)
         sizes, self.slots = layout(state)
         self.files: dict[torch.dtype, tuple[str, int]] = {}
         self.buffers: dict[torch.dtype, Tensor] = {}
@@ -78,13 +113,67 @@ class SharedWeights:
         self.views = views(self.buffers, self.slots)
         self.refresh(model)
 
-    def refresh(self, model: torch.nn.Module) -> None:
+    def refresh(self, model: torch.nn.Module | Mapping[str, Tensor]) -> None:
         """Copy `model`'s current weights into the buffers."""
         with torch.no_grad():
-            for name, t in model.state_dict().items():
+            for name, t in _state(model).items():
                 self.views[name].copy_(t.detach())
+
+    def handle(self) -> tuple[str, Any, dict[str, Slot]]:
+        """What another process needs to :func:`attach` (picklable)."""
+        return self.kind, self.files, self.slots
 
     def unlink(self) -> None:
         for path, _ in self.files.values():
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+class CudaSharedWeights:
+    """The owner's side on a GPU: flat device buffers mirroring a state dict; their
+    :meth:`handle` pickles (through torch.multiprocessing's reductions) as CUDA IPC handles,
+    so another process maps the same device memory. The owner keeps the buffers alive."""
+
+    kind = "cuda_ipc"
+
+    def __init__(self, state: Mapping[str, Tensor]) -> None:
+        state = _state(state)
+        sizes, self.slots = layout(state)
+        self.device = next(iter(state.values())).device
+        self.buffers = {dt: torch.empty(n, dtype=dt, device=self.device) for dt, n in sizes.items()}
+        self.views = views(self.buffers, self.slots)
+        self.refresh(state)
+
+    def refresh(self, state: torch.nn.Module | Mapping[str, Tensor]) -> None:
+        """Copy the current weights in on the device; returns once the copy is done, so the
+        other process reads whole weights as soon as it hears back."""
+        with torch.no_grad():
+            for name, t in _state(state).items():
+                self.views[name].copy_(t.detach())
+        torch.cuda.synchronize(self.device)
+
+    def handle(self) -> tuple[str, Any, dict[str, Slot]]:
+        return self.kind, self.buffers, self.slots
+
+    def unlink(self) -> None:
+        """Nothing on disk: the buffers go with this process."""
+
+
+def share_weights(state: Mapping[str, Tensor], kind: str) -> SharedWeights | CudaSharedWeights:
+    """The owner's side of `kind` (from :func:`sharing_kind`) for `state`."""
+    return CudaSharedWeights(state) if kind == "cuda_ipc" else SharedWeights(state)
+
+
+def attach(handle: tuple[str, Any, dict[str, Slot]]) -> dict[str, Tensor]:
+    """The other process's side: name -> a view of the owner's buffers (no copy). Shared
+    memory files are unlinked once mapped (the mapping stays valid)."""
+    kind, payload, slots = handle
+    if kind == "cuda_ipc":
+        buffers = payload  # unpickled from IPC handles: the owner's device memory
+    else:
+        buffers = {}
+        for dt, (path, n) in payload.items():
+            buffers[dt] = map_file(path, dt, n)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return views(buffers, slots)

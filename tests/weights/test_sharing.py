@@ -1,0 +1,54 @@
+"""How the learner process shares its weights: the choice (CUDA IPC exactly when the learner
+is on CUDA), and the shared-memory fallback end to end on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrl.config import config_from_dict
+from agentrl.devices import check_placement
+from agentrl.errors import ConfigError
+from agentrl.learner.worker import LearnerProcess
+from agentrl.models import tiny_llama
+from agentrl.weights.shared import SharedWeights, attach, share_weights, sharing_kind
+
+
+def test_auto_picks_cuda_ipc_exactly_for_a_cuda_learner():
+    assert sharing_kind("auto", torch.device("cuda", 0)) == "cuda_ipc"
+    assert sharing_kind("auto", torch.device("cuda", 1)) == "cuda_ipc"
+    assert sharing_kind("auto", torch.device("cpu")) == "shared_memory"
+    assert sharing_kind("shared_memory", torch.device("cuda", 0)) == "shared_memory"  # via host
+
+
+def test_cuda_ipc_for_a_cpu_learner_names_the_key_and_the_fix():
+    with pytest.raises(ConfigError, match=r"learner\.weight_sharing=cuda_ipc.*cpu.*=auto"):
+        sharing_kind("cuda_ipc", torch.device("cpu"))
+    cfg = config_from_dict({"learner": {"device": "cpu", "weight_sharing": "cuda_ipc"}})
+    with pytest.raises(ConfigError, match="weight_sharing"):
+        check_placement(cfg)  # at assembly, before a learner process starts
+
+
+def test_the_shared_memory_fallback_round_trips_a_state_dict():
+    model = tiny_llama(0)
+    shared = share_weights(model.state_dict(), sharing_kind("auto", torch.device("cpu")))
+    assert isinstance(shared, SharedWeights)
+    seen = attach(shared.handle())
+    for name, t in model.state_dict().items():
+        assert torch.equal(seen[name], t), name
+    with torch.no_grad():
+        model.model.embed_tokens.weight.add_(1.0)
+    shared.refresh(model.state_dict())
+    assert torch.equal(seen["model.embed_tokens.weight"], model.model.embed_tokens.weight)
+
+
+def test_a_cpu_learner_process_shares_through_shared_memory_files():
+    cfg = config_from_dict({"model": {"name": "tiny-llama"}, "learner": {"fused_logprobs": "off"}})
+    learner = LearnerProcess(cfg)
+    try:
+        weights = learner.state_dict_for_sampler()
+        fresh = tiny_llama(0).state_dict()
+        assert all(w.device.type == "cpu" for w in weights.values())
+        assert all(torch.equal(weights[k], v) for k, v in fresh.items())
+    finally:
+        learner.close()
