@@ -1,0 +1,148 @@
+"""On CUDA: a 3-step training run (the learner in a thread and in its own process, weights
+over CUDA IPC), behaviour-vs-learner log-prob agreement, a weight update while generating.
+
+Tiny model (correctness, not speed: benchmarks/gpu.py measures speed)."""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+import pytest
+import torch
+
+from agentrl.config import config_from_dict, load_config
+from agentrl.learner import Learner
+from agentrl.learner.worker import LearnerProcess
+from agentrl.models import load_model, tiny_llama
+from agentrl.orchestrator import Orchestrator
+from agentrl.samplers import SamplingParams
+from agentrl.samplers.hf import HFSampler
+from agentrl.types import Segment, Trajectory, TrajectoryGroup
+from agentrl.weights import WeightBus
+from tests.orchestrator.test_train import BASE
+
+CUDA = ["sampler.device=cuda", "learner.device=cuda"]
+
+
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_three_training_steps_on_cuda(tmp_path, worker):
+    cfg = load_config(
+        overrides=[
+            *BASE,
+            *CUDA,
+            "orchestrator.max_steps=3",
+            f"orchestrator.learner_worker={worker}",
+            "orchestrator.max_staleness=1",
+        ]
+    )
+    orch = Orchestrator(cfg, tmp_path / "run")
+    orch.build()
+    before = {k: v.clone() for k, v in orch.sampler.model.state_dict().items()}
+    anyio.run(orch.run)
+    assert orch.step == 3 and orch.sampler.version == 3
+    assert next(orch.sampler.model.parameters()).device.type == "cuda"
+    weights = orch.learner.state_dict_for_sampler()
+    # in-process: the learner's own device tensors; learner process: its buffers by IPC handle
+    assert all(t.device.type == "cuda" for t in weights.values())
+    after = orch.sampler.model.state_dict()
+    assert any(not before[k].equal(after[k]) for k in before)  # the sampler got new weights
+    for name, t in weights.items():
+        if name in after:
+            torch.testing.assert_close(after[name], t.to(after[name].dtype))
+
+
+def test_behaviour_and_learner_logprobs_agree_on_cuda():
+    model, tokenizer = load_model("tiny-llama", dtype="float32", device="cuda")
+    sampler = HFSampler(model, tokenizer, default_stop_token_ids=())
+    prompt = tokenizer("what is 2+2?")["input_ids"]
+
+    async def sample():
+        try:
+            return [
+                await sampler.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=24))
+                for _ in range(4)
+            ]
+        finally:
+            await sampler.close()
+
+    gens = anyio.run(sample)
+    trajs = [
+        Trajectory(
+            segments=[
+                Segment("prompt", list(prompt)),
+                Segment("model", g.token_ids, logprobs=g.logprobs, versions=g.versions),
+            ],
+            reward=float(i % 2),
+            traj_id=str(i),
+        )
+        for i, g in enumerate(gens)
+    ]
+    group = TrajectoryGroup(task_id="t", trajectories=trajs)
+    cfg = config_from_dict({"learner": {"device": "cuda", "bf16": "off"}})
+    learner = Learner(tiny_llama(0), tokenizer, cfg)
+    learner_lp = learner.compute_logprobs([group]).cpu()
+    from agentrl.types import Batch
+
+    batch = Batch.from_groups([group], pad_token_id=learner.pad_token_id)
+    mask = batch.loss_mask.bool()
+    gap = (learner_lp[mask] - batch.behavior_logprobs[mask]).abs().max().item()
+    assert gap < 1e-3, f"sampler vs learner log-prob gap {gap:.2e} on CUDA in float32"
+
+
+def test_a_weight_update_while_generating_on_cuda():
+    model, tokenizer = load_model("tiny-llama", dtype="float32", device="cuda")
+    sampler = HFSampler(model, tokenizer, default_stop_token_ids=())
+    learner_model = tiny_llama(0).cuda()
+    with torch.no_grad():
+        for p in learner_model.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    new = {k: v.detach() for k, v in learner_model.state_dict().items()}
+    bus = WeightBus()
+    bus.register(sampler)
+    prompt = tokenizer("hello")["input_ids"]
+    result = {}
+
+    async def main():
+        async def run(i):
+            result[i] = await sampler.generate(
+                prompt, SamplingParams(temperature=1.0, max_new_tokens=300)
+            )
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(run, i)
+                while sampler.stats()["tokens"] < 20:
+                    await anyio.sleep(0.005)
+                await bus.publish(1, new)
+        finally:
+            await sampler.close()
+
+    anyio.run(main)
+    for gen in result.values():
+        assert gen.versions[0] == 0 and gen.versions[-1] == 1
+        assert gen.versions == sorted(gen.versions)
+    for name, t in sampler.model.state_dict().items():
+        torch.testing.assert_close(t, new[name].to(t.dtype))
+
+
+def test_a_learner_process_on_cuda_shares_by_ipc_and_via_host(tmp_path):
+    rng = random.Random(0)
+    for sharing in ("cuda_ipc", "shared_memory"):
+        cfg = config_from_dict(
+            {
+                "model": {"name": "tiny-llama"},
+                "learner": {"device": "cuda", "weight_sharing": sharing},
+            }
+        )
+        learner = LearnerProcess(cfg)
+        try:
+            weights = learner.state_dict_for_sampler()
+            want = "cuda" if sharing == "cuda_ipc" else "cpu"
+            assert {t.device.type for t in weights.values()} == {want}
+            fresh = tiny_llama(0).state_dict()
+            name = rng.choice(sorted(fresh))
+            torch.testing.assert_close(weights[name].cpu(), fresh[name])
+        finally:
+            learner.close()
