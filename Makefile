@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
 
-.PHONY: setup test test-all test-integration test-vllm demo demo-search lint format bench clean
+.PHONY: setup test test-all test-integration test-vllm gpu-check gpu-bundle demo demo-search lint format bench clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,15 @@ test-vllm:
 	VENV_VLLM=$(VLLM_VENV) bash scripts/setup_vllm.sh
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_env.py tests/samplers/test_vllm_sampler.py tests/samplers/test_openai_sampler.py tests/samplers/test_vllm_eval.py \
 		tests/samplers/test_vllm_options.py tests/samplers/test_vllm_train.py tests/samplers/test_openai_train.py
+
+# On a CUDA machine: tests/gpu and benchmarks/gpu.py in .venv-gpu over the machine's own
+# torch (scripts/gpu_check.sh). gpu-bundle (here, with network) fills .gpu-bundle/ for a
+# GPU machine without network: wheels of what is missing there, SmolLM2's tokenizer
+gpu-check:
+	bash scripts/gpu_check.sh
+
+gpu-bundle: setup
+	bash scripts/gpu_check.sh --bundle
 
 demo: setup
 	$(VENV)/bin/agentrl train configs/demo.yaml
