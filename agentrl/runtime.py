@@ -257,15 +257,21 @@ def load_learner(cfg: Config) -> Any:
     n_params = sum(p.numel() for p in policy.parameters())
     n_trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     reference = bool(cfg.algorithm.kl) and cfg.algorithm.kl_coef > 0  # Objective.use_kl
+    lora = cfg.model.lora is not None  # its reference is the policy with adapters off
     check_memory(
         cfg,
         "learner",
-        learner_bytes(n_params, n_trained, reference=reference),
+        learner_bytes(n_params, n_trained, reference=reference and not lora),
         device,
         f"float32 weights of {n_params / 1e6:.0f}M parameters, gradients and AdamW state of "
-        f"{n_trained / 1e6:.0f}M{', a reference copy' if reference else ''}",
+        f"{n_trained / 1e6:.0f}M{', a reference copy' if reference and not lora else ''}",
     )
-    learner = Learner(policy, tokenizer, cfg)
+    ref_model = None
+    if cfg.model.lora is not None and reference:  # the base weights, not a second copy
+        from agentrl.learner.lora import AdaptersOff
+
+        ref_model = AdaptersOff(policy)
+    learner = Learner(policy, tokenizer, cfg, ref_model=ref_model)
     learner.warmup()
     return learner
 

@@ -5,6 +5,7 @@ and evaluation see merged weights under the base model's names.
     state = sampler_state(policy)                   # base + B @ A * alpha / r, base names
     save_policy(policy, folder)                     # adapter.safetensors + merged model.safetensors
     load_policy(policy, folder, device)             # resume: the adapter into the fresh base
+    reference = AdaptersOff(policy)                 # the KL reference: no second copy
 
 The learner keeps the transformers model itself (peft injects its layers in place), so the
 forward passes, the fused LM head and gradient checkpointing see the same module as
@@ -15,6 +16,8 @@ the adapter (what resume loads) and the merged policy (what ``agentrl eval`` and
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,11 @@ def apply_lora(model: Any, lora: Any, gradient_checkpointing: bool = False) -> A
             f"layers are named {', '.join(names)}, or use all-linear"
         ) from None
     base = wrapped.get_base_model()
+    if isinstance(base.get_output_embeddings(), _lora_layer_type() or ()):
+        raise ConfigError(
+            f"model.lora.target_modules={targets!r} includes the LM head, which the learner "
+            "reads as a plain weight (fused log-probs): leave it out (all-linear does)"
+        )
     if gradient_checkpointing:  # frozen embeddings: checkpointed blocks need an input with grad
         base.enable_input_require_grads()
     return base
@@ -164,3 +172,61 @@ def load_policy(model: Any, folder: Path, device: torch.device) -> None:
     with torch.no_grad():
         for name, t in state.items():
             expected[name].copy_(t)
+
+
+class AdaptersOff:
+    """The policy with its LoRA adapters switched off, which is the initial policy (the
+    base weights): the reference model of a LoRA run with a KL term, sharing the policy's
+    weights instead of holding a second copy. Calls and ``base_model`` calls run with the
+    adapters off; moving, freezing or switching it to eval mode leaves the policy alone."""
+
+    training = False
+
+    def __init__(self, policy: Any) -> None:
+        self._policy = policy
+
+    @contextlib.contextmanager
+    def _off(self) -> Iterator[None]:
+        layers = [m for m in self._policy.modules() if isinstance(m, _lora_layer_type() or ())]
+        before = [m._disable_adapters for m in layers]
+        for m in layers:
+            m._disable_adapters = True
+        try:
+            yield
+        finally:
+            for m, was in zip(layers, before, strict=True):
+                m._disable_adapters = was
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self._off():
+            return self._policy(*args, **kwargs)
+
+    @property
+    def base_model(self) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with self._off():
+                return self._policy.base_model(*args, **kwargs)
+
+        return run
+
+    def get_output_embeddings(self) -> Any:
+        return self._policy.get_output_embeddings()  # never adapted (apply_lora refuses it)
+
+    def modules(self) -> Iterator[Any]:
+        return self._policy.modules()
+
+    @property
+    def config(self) -> Any:
+        return self._policy.config
+
+    def to(self, *args: Any, **kwargs: Any) -> AdaptersOff:
+        return self
+
+    def eval(self) -> AdaptersOff:
+        return self
+
+    def train(self, mode: bool = True) -> AdaptersOff:
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True) -> AdaptersOff:
+        return self

@@ -14,7 +14,7 @@ from agentrl.checkpoint import latest_checkpoint
 from agentrl.config import LoraConfig, config_from_dict, load_config
 from agentrl.errors import CheckpointError, ConfigError
 from agentrl.learner import Learner
-from agentrl.learner.lora import adapter_state, apply_lora, has_lora, sampler_state
+from agentrl.learner.lora import AdaptersOff, adapter_state, apply_lora, has_lora, sampler_state
 from agentrl.models import tiny_llama
 from agentrl.orchestrator import Orchestrator
 from tests.learner.conftest import make_groups
@@ -59,6 +59,40 @@ def test_published_weights_equal_peft_merge_and_unload():
         torch.testing.assert_close(published[name], tensor, rtol=1e-5, atol=1e-6)
         changed += not tensor.equal(tiny_llama(0).state_dict()[name])
     assert changed > 0  # the merge is not the untouched base
+
+
+def test_the_kl_reference_of_a_lora_run_is_the_base_model_without_a_copy():
+    from agentrl.runtime import load_learner
+
+    cfg = config_from_dict(
+        {
+            "model": {"name": "tiny-llama", "lora": {"r": 4}},
+            "algorithm": {"kl": "k3", "kl_coef": 0.1},
+            "learner": {"device": "cpu", "fused_logprobs": "off", "lr": 5e-2},
+        }
+    )
+    learner = load_learner(cfg)
+    assert isinstance(learner.ref_model, AdaptersOff)
+    groups = make_groups(tiny_llama(0), n_groups=2, group_size=4)
+    learner.step(groups)  # the adapters move; the reference must not
+    batch_lp = learner.compute_logprobs(groups)
+    from agentrl.types import Batch
+
+    batch = Batch.from_groups(groups, pad_token_id=learner.pad_token_id)
+    layout = learner.layout(batch)
+    rows = torch.arange(batch.input_ids.shape[0])
+    ref_lp, _, _ = learner.forward.whole_rows(learner.ref_model, batch, layout, rows)
+    base = Learner(tiny_llama(0), None, config_from_dict({"learner": {"device": "cpu"}}))
+    base_lp, _, _ = base.forward.whole_rows(base.model, batch, layout, rows)
+    mask = batch.loss_mask.bool()
+    torch.testing.assert_close(ref_lp[mask], base_lp[mask])  # the base model's log-probs
+    assert not torch.allclose(batch_lp[mask], base_lp[mask])  # while the policy has moved
+    assert all(p.requires_grad for p in adapter_state(learner.model).values())  # still trained
+
+
+def test_the_lm_head_is_refused_as_a_target():
+    with pytest.raises(ConfigError, match="LM head"):
+        apply_lora(tiny_llama(0), LoraConfig(target_modules=["q_proj", "lm_head"]))
 
 
 def test_target_modules_that_do_not_exist_name_the_key():
