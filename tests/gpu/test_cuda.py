@@ -146,3 +146,28 @@ def test_a_learner_process_on_cuda_shares_by_ipc_and_via_host(tmp_path):
             torch.testing.assert_close(weights[name].cpu(), fresh[name])
         finally:
             learner.close()
+
+
+def test_a_swap_from_cuda_weights_copies_device_to_device_only():
+    """The hf sampler's update path never takes the weights through host memory when the
+    learner's tensors and the sampler are both on the GPU (CUDA memcpy kinds, profiled)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, tokenizer = load_model("tiny-llama", dtype="bfloat16", device="cuda")
+    sampler = HFSampler(model, tokenizer, default_stop_token_ids=())
+    new = {k: v.float().add(0.01) for k, v in model.state_dict().items()}  # fp32, as a learner
+    torch.cuda.synchronize()
+
+    async def swap():
+        try:
+            await sampler.update_weights(new, 1)
+        finally:
+            await sampler.close()
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        anyio.run(swap)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert not [n for n in names if "HtoD" in n or "DtoH" in n], sorted(set(names))[:10]
+    for name, t in sampler.model.state_dict().items():
+        torch.testing.assert_close(t, new[name].to(t.dtype))
