@@ -165,3 +165,21 @@ def test_a_checkpoint_resumes_only_with_the_same_lora_setting(tmp_path):
     plain.save_checkpoint(tmp_path / "full")
     with pytest.raises(CheckpointError, match=r"model\.lora is set"):
         Learner(apply_lora(tiny_llama(0), LORA), None, cfg).load_checkpoint(tmp_path / "full")
+
+
+def test_lora_trains_under_gradient_checkpointing():
+    from agentrl.runtime import load_learner
+
+    cfg = config_from_dict(
+        {
+            "model": {"name": "tiny-llama", "lora": {"r": 4}, "gradient_checkpointing": True},
+            "learner": {"device": "cpu", "fused_logprobs": "off", "lr": 5e-2},
+        }
+    )
+    learner = load_learner(cfg)
+    before = {k: v.clone() for k, v in adapter_state(learner.model).items()}
+    learner.step(make_groups(tiny_llama(0), n_groups=2, group_size=4))
+    after = adapter_state(learner.model)
+    # B starts at zero, so the first step moves every B (and no A: its gradient is B^T ...)
+    moved = {k for k in before if not before[k].equal(after[k])}
+    assert moved == {k for k in before if "lora_B" in k}
