@@ -64,11 +64,15 @@ def resolve_device(name: str, key: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def role_devices(cfg: Any) -> dict[str, torch.device]:
-    """The device of each role of `cfg` that places itself here: ``learner`` always, and
-    ``sampler`` for the hf backend (vLLM and remote servers place themselves)."""
-    devices = {"learner": resolve_device(cfg.learner.device, "learner.device")}
-    if cfg.sampler.backend == "hf":
+def role_devices(
+    cfg: Any, roles: Iterable[str] = ("learner", "sampler")
+) -> dict[str, torch.device]:
+    """The device of each of `roles` that places itself here: ``learner``, and ``sampler``
+    for the hf backend (vLLM and remote servers place themselves)."""
+    devices = {}
+    if "learner" in roles:
+        devices["learner"] = resolve_device(cfg.learner.device, "learner.device")
+    if "sampler" in roles and cfg.sampler.backend == "hf":
         devices["sampler"] = resolve_device(cfg.sampler.device, "sampler.device")
     return devices
 
@@ -137,7 +141,8 @@ def check_memory(cfg: Any, role: str, need_bytes: int, device: torch.device, wha
 def limit_process_memory(cfg: Any, roles: Iterable[str]) -> None:
     """Cap this process's CUDA allocations on each GPU at the sum of the budgets of the
     `roles` it runs there (a role without a budget leaves its GPU uncapped)."""
-    devices = role_devices(cfg)
+    roles = list(roles)
+    devices = role_devices(cfg, roles)  # an eval run does not resolve learner.device
     sums: dict[torch.device, float] = {}
     uncapped: set[torch.device] = set()
     for role in roles:

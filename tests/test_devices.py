@@ -84,7 +84,10 @@ def test_budgets_on_one_gpu_must_add_up_to_at_most_one(monkeypatch):
     # the sum check runs before any model loads; stand in a one-GPU machine for the lookup
     monkeypatch.setattr(
         "agentrl.devices.role_devices",
-        lambda cfg: {"learner": torch.device("cuda", 0), "sampler": torch.device("cuda", 0)},
+        lambda cfg, roles=(): {
+            "learner": torch.device("cuda", 0),
+            "sampler": torch.device("cuda", 0),
+        },
     )
     ok = config_from_dict(
         {"sampler": {"gpu_memory_fraction": 0.3}, "learner": {"gpu_memory_fraction": 0.7}}
@@ -95,3 +98,13 @@ def test_budgets_on_one_gpu_must_add_up_to_at_most_one(monkeypatch):
     )
     with pytest.raises(ConfigError, match=r"= 1\.2 > 1 on cuda:0.*learner\.device=cuda:1"):
         check_placement(bad)
+
+
+@no_cuda
+def test_an_eval_or_rollout_run_does_not_resolve_the_learner_device():
+    from agentrl.devices import limit_process_memory
+
+    cfg = config_from_dict({"learner": {"device": "cuda:3"}})
+    limit_process_memory(cfg, ["sampler"])  # no error: this process runs no learner
+    with pytest.raises(ConfigError, match=r"learner\.device"):
+        limit_process_memory(cfg, ["sampler", "learner"])
