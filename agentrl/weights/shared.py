@@ -29,7 +29,7 @@ import torch
 import torch.multiprocessing  # registers the IPC pickling of CUDA tensors
 from torch import Tensor
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, WeightUpdateError
 from agentrl.weights.files import shm_root
 
 # name -> (dtype, offset in that dtype's buffer, shape)
@@ -71,6 +71,22 @@ def _state(source: torch.nn.Module | Mapping[str, Tensor]) -> Mapping[str, Tenso
     return source.state_dict() if isinstance(source, torch.nn.Module) else source
 
 
+def _check_space(nbytes: int) -> None:
+    """Refuse buffers the shared-memory folder cannot hold: a file on a full tmpfs maps
+    fine and then kills the process (SIGBUS) on first write. Containers often give
+    /dev/shm 64 MB."""
+    root = shm_root()
+    st = os.statvfs(root)
+    free = st.f_bavail * st.f_frsize
+    if nbytes > free:
+        raise WeightUpdateError(
+            f"sharing the learner's weights needs {nbytes / 2**20:.0f} MB in {root} but it has "
+            f"{free / 2**20:.0f} MB free: enlarge it (docker run --shm-size=...), or with the "
+            "learner on CUDA use learner.weight_sharing=cuda_ipc (no files), or train in this "
+            "process (orchestrator.learner_worker=thread)"
+        )
+
+
 def sharing_kind(setting: str, device: torch.device) -> str:
     """``learner.weight_sharing`` for a learner on `device`: ``cuda_ipc`` or
     ``shared_memory`` (``auto`` = CUDA IPC exactly when the learner is on CUDA)."""
@@ -103,6 +119,7 @@ class SharedWeights:
     def __init__(self, model: torch.nn.Module | Mapping[str, Tensor]) -> None:
         state = _state(model)
         sizes, self.slots = layout(state)
+        _check_space(sum(n * dt.itemsize for dt, n in sizes.items()))
         self.files: dict[torch.dtype, tuple[str, int]] = {}
         self.buffers: dict[torch.dtype, Tensor] = {}
         for dt, n in sizes.items():

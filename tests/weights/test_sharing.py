@@ -52,3 +52,21 @@ def test_a_cpu_learner_process_shares_through_shared_memory_files():
         assert all(torch.equal(weights[k], v) for k, v in fresh.items())
     finally:
         learner.close()
+
+
+def test_shared_memory_too_small_for_the_weights_is_refused_before_any_write(monkeypatch):
+    import os
+
+    from agentrl.errors import WeightUpdateError
+
+    real = os.statvfs
+
+    class Tiny:  # a 64 MB /dev/shm, as containers often have
+        def __init__(self, st):
+            self.f_frsize = st.f_frsize
+            self.f_bavail = (64 << 20) // st.f_frsize
+
+    monkeypatch.setattr(os, "statvfs", lambda p: Tiny(real(p)))
+    with pytest.raises(WeightUpdateError, match=r"needs \d+ MB .* has 64 MB free.*shm-size"):
+        share_weights({"w": torch.zeros(20 << 20)}, "shared_memory")  # 80 MB of float32
+    share_weights({"w": torch.zeros(1 << 20)}, "shared_memory").unlink()  # 4 MB fits
