@@ -206,6 +206,7 @@ class HFSampler(Sampler):
         self._prefilled = 0  # prompt tokens forwarded (reused ones excluded)
         self._reprefilled = 0  # context tokens forwarded again after weight updates
         self._reprefills = 0  # updates that re-prefilled rows in flight
+        self._reprefill_s = 0.0  # time spent re-prefilling
 
     # --- public surface -------------------------------------------------------------
 
@@ -246,6 +247,7 @@ class HFSampler(Sampler):
                 "prefix_reused_tokens": self._prefix.reused_tokens,
                 "reprefill_tokens": self._reprefilled,
                 "reprefills": self._reprefills,
+                "reprefill_s": self._reprefill_s,
             }
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
@@ -431,7 +433,9 @@ class HFSampler(Sampler):
                 _resolve(done.future, done.loop, error)
             return
         if self.on_update == "reprefill":
+            t0 = time.perf_counter()
             self._reprefill()
+            self._reprefill_s += time.perf_counter() - t0
 
     def _reprefill(self) -> None:
         """Interruptible generation: rebuild every in-flight row's keys/values under the
