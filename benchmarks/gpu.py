@@ -122,6 +122,15 @@ def save_folder(shape: str, root: Path, device: torch.device) -> Path:
     return folder
 
 
+def free_memory(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -280,16 +289,23 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
             model = llama(shape, device)
             n_compute = compute_params(model)
             learner = Learner(model, tokenizer, cfg)
-            learner.warmup()
-            learner.step(groups)  # warm-up: allocator, kernels
             times, extra_pass = [], False
-            for _ in range(args.steps):
-                sync(device)
-                t0 = time.perf_counter()
-                metrics = learner.step(groups)
-                sync(device)
-                times.append(time.perf_counter() - t0)
-                extra_pass = extra_pass or metrics.get("time/no_grad_pass_s", 0.0) > 1e-3
+            try:
+                learner.warmup()
+                learner.step(groups)  # warm-up: allocator, kernels
+                for _ in range(args.steps):
+                    sync(device)
+                    t0 = time.perf_counter()
+                    metrics = learner.step(groups)
+                    sync(device)
+                    times.append(time.perf_counter() - t0)
+                    extra_pass = extra_pass or metrics.get("time/no_grad_pass_s", 0.0) > 1e-3
+            except torch.cuda.OutOfMemoryError as e:
+                rows.append({"shape": shape, "packing": packing, "error": f"out of memory: {e}"})
+                print(f"  learner {shape} packing={packing}: out of memory", flush=True)
+                del learner, model
+                free_memory(device)
+                continue
             best = min(times)
             passes = 6 + (2 if extra_pass else 0)  # fwd+bwd, plus a no-grad pass if one ran
             flops = passes * n_compute * tokens
@@ -318,9 +334,7 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
                 flush=True,
             )
             del learner, model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(device)
+            free_memory(device)
     return {
         "dtype": "float32 masters, bf16 autocast" if device.type == "cuda" else "float32",
         "peak_bf16_flops": peak,
@@ -369,7 +383,12 @@ def bench_publish(args: argparse.Namespace, device: torch.device, root: Path) ->
     async def main() -> None:
         try:
             for kind in kinds:
-                shared = share_weights(state, kind)
+                try:
+                    shared = share_weights(state, kind)
+                except Exception as e:  # e.g. a /dev/shm too small for the weights
+                    out["in_process"][kind] = {"error": f"{type(e).__name__}: {e}"}
+                    print(f"  publish {kind}: FAILED {e}", flush=True)
+                    continue
                 try:
                     views = attach(shared.handle())
                     refresh, deliver = [], []
@@ -418,6 +437,10 @@ def bench_publish(args: argparse.Namespace, device: torch.device, root: Path) ->
                 times = [
                     await swap(learner.state_dict_for_sampler()) for _ in range(args.publishes)
                 ]
+            except Exception as e:
+                out["learner_process"][kind] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"  publish from a learner process, {kind}: FAILED {e}", flush=True)
+                continue
             finally:
                 learner.close()
             out["learner_process"][kind] = {"swap_s_median": statistics.median(times)}
@@ -505,6 +528,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3, help="sampler: best of this many")
     ap.add_argument("--steps", type=int, default=3, help="learner: timed steps (best reported)")
     ap.add_argument("--publishes", type=int, default=5)
+    ap.add_argument(
+        "--micro-batch", type=int, default=None, help="learner micro-batch (default 4; smoke 4)"
+    )
     ap.add_argument("--no-learner-process", dest="learner_process", action="store_false")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -513,7 +539,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.new_tokens = 4
         args.sampler_shape = args.publish_shape = args.async_shape = "tiny"
         args.learner_shapes = ["tiny"]
-        args.groups, args.group_size, args.micro_batch = 2, 4, 4
+        args.groups, args.group_size = 2, 4
         args.prompt_len, args.response_len = (4, 12), (2, 10)
         args.steps, args.repeats, args.publishes = 1, 1, 2
         args.learner_process = False
@@ -528,11 +554,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.publish_shape = "llama-1.5b"
         args.learner_shapes = ["llama-0.5b", "llama-1.5b"]
         # 64 sequences of 64-512 prompt + 32-1,024 response tokens: ~50k tokens a step
-        args.groups, args.group_size, args.micro_batch = 8, 8, 8
+        args.groups, args.group_size = 8, 8
         args.prompt_len, args.response_len = (64, 512), (32, 1024)
         args.tool_delay, args.turns, args.async_new_tokens = 0.2, 3, 64
         args.async_group_size, args.async_batch_groups, args.async_steps = 8, 4, 8
         args.out = args.out or str(RESULTS / "gpu.json")
+    args.micro_batch = args.micro_batch or 4
     args.staleness = 2
     return args
 
@@ -559,17 +586,23 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         result["note"] = "learner.packing is not in this checkout: padded steps only"
     with tempfile.TemporaryDirectory(prefix="agentrl-gpu-bench-") as tmp:
         root = Path(tmp)
+        benches = {
+            "sampler": lambda: bench_sampler(args, device),
+            "learner": lambda: bench_learner(args, device),
+            "publish": lambda: bench_publish(args, device, root),
+            "async": lambda: bench_async(args, device, root),
+        }
         for name in sections:
             t0 = time.perf_counter()
-            if name == "sampler":
-                result["sampler"] = bench_sampler(args, device)
-            elif name == "learner":
-                result["learner"] = bench_learner(args, device)
-            elif name == "publish":
-                result["publish"] = bench_publish(args, device, root)
-            else:
-                result["async"] = bench_async(args, device, root)
+            try:
+                result[name] = benches[name]()
+            except Exception as e:  # one section failing keeps the others' figures
+                if args.smoke:
+                    raise
+                result[name] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"  {name}: FAILED {type(e).__name__}: {e}", flush=True)
             result[name]["section_s"] = time.perf_counter() - t0
+            free_memory(device)
     result["environment"]["load_average_end"] = list(os.getloadavg())
     print_table(result)
     out = Path(args.out)
@@ -581,6 +614,10 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     lines = ["", "| measure | value |", "|---|---|"]
+    for name in ("sampler", "learner", "publish", "async"):
+        if "error" in result.get(name, {}):
+            lines.append(f"| {name} | failed: {result[name]['error'][:120]} |")
+            result = {k: v for k, v in result.items() if k != name}
     if "sampler" in result:
         for c, row in result["sampler"]["by_concurrency"].items():
             lines.append(
@@ -589,6 +626,9 @@ def print_table(result: dict[str, Any]) -> None:
             )
     if "learner" in result:
         for row in result["learner"]["rows"]:
+            if "error" in row:
+                lines.append(f"| learner step {row['shape']} | {row['error'][:80]} |")
+                continue
             mfu = f", MFU {row['mfu']:.1%}" if row["mfu"] is not None else ""
             lines.append(
                 f"| learner step {row['shape']}, packing {'on' if row['packing'] else 'off'} | "
@@ -596,10 +636,16 @@ def print_table(result: dict[str, Any]) -> None:
             )
     if "publish" in result:
         for kind, row in result["publish"]["in_process"].items():
+            if "error" in row:
+                lines.append(f"| publish via {kind} | failed: {row['error'][:80]} |")
+                continue
             lines.append(
                 f"| publish {result['publish']['shape']} via {kind} | {row['total_s_median']:.3f} s |"
             )
         for kind, row in result["publish"]["learner_process"].items():
+            if "error" in row:
+                lines.append(f"| swap from a learner process via {kind} | failed |")
+                continue
             lines.append(
                 f"| swap from a learner process via {kind} | {row['swap_s_median']:.3f} s |"
             )
