@@ -165,6 +165,9 @@ class LearnerConfig(_Section):
     ppo_epochs: int = Field(1, ge=1)
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     bf16: Literal["auto", "on", "off"] = "auto"
+    # fp16 autocast with a gradient scaler (loss scaling, overflowing steps skipped; its
+    # state is checkpointed): for GPUs without bf16. Not together with bf16=on
+    fp16: Literal["on", "off"] = "off"
     device: str = "auto"  # auto (CUDA when present), cpu, cuda, cuda:N; the critic and the
     # reference model live here too
     # share of the GPU's memory the learner may use (weights, gradients, AdamW state checked
@@ -181,16 +184,29 @@ class LearnerConfig(_Section):
     # forward a group's shared prompt once (its KV cache repeated for the group's rows):
     # identical values and gradients, a fraction of the compute when prompts dominate
     share_prompt: bool = True
+    # a micro-batch's sequences concatenated into one row (position ids restarting per
+    # sequence, attention block-diagonal): no compute on padding. Micro-batches whose rows
+    # share a prompt (share_prompt) keep that path; see docs/performance.md#packing
+    packing: bool = False
     # attention kernel: auto = math for micro-batches of <= 256 tokens on CPU (faster there),
     # else PyTorch's own choice; torch / math / flash force one
     sdpa_backend: Literal["auto", "torch", "math", "flash"] = "auto"
     critic_lr: float | None = None
 
-    @field_validator("bf16", "fused_logprobs", mode="before")
+    @field_validator("bf16", "fp16", "fused_logprobs", mode="before")
     @classmethod
     def _on_off(cls, v: Any) -> Any:
         # YAML reads a bare on/off as a boolean (`--set learner.bf16=off`)
         return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _one_half_precision(self) -> LearnerConfig:
+        if self.fp16 == "on" and self.bf16 == "on":
+            raise ValueError(
+                "learner.fp16=on and learner.bf16=on ask for two autocast dtypes: set "
+                "learner.bf16=auto (or off) to train in fp16, or learner.fp16=off for bf16"
+            )
+        return self
 
 
 class OrchestratorConfig(_Section):

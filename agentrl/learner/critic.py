@@ -48,8 +48,16 @@ class ValueModel(nn.Module):
         backbone = backbone.to(torch.float32)
         return cls(backbone, int(policy.config.hidden_size))
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Tensor:
+        kw = {} if position_ids is None else {"position_ids": position_ids}
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw
+        )
         return self.head(out[0])
 
 

@@ -7,6 +7,12 @@ never touch the vocabulary. Output alignment follows :mod:`agentrl.types`:
 ``logprobs[:, t] = log softmax(logits[:, t-1] / T)[input_ids[:, t]]``, 0 where not trained.
 :class:`PolicyForward` runs these per micro-batch under the learner's precision, with the
 critic's values when the advantage estimator needs them.
+
+Three ways through the decoder, all the same function of the weights (same values and
+gradients up to float rounding): rows as they are (right-padded to the longest);
+``learner.packing``: the rows' real tokens concatenated into one row (:func:`packed_logprobs`,
+no compute on padding); ``learner.share_prompt``: a shared prompt forwarded once
+(:func:`shared_prefix_logprobs`).
 """
 
 from __future__ import annotations
@@ -33,17 +39,140 @@ class TokenOutputs:
     hidden: Tensor | None  # [B, T, H] decoder output (for a value head on the policy)
 
 
-def decoder_hidden(model: Any, input_ids: Tensor) -> Tensor:
+def decoder_hidden(model: Any, input_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
     """Last hidden states ``[B, T, H]`` of a ``*ForCausalLM`` without computing logits.
 
     Rows are right-padded, so causal attention alone keeps real tokens from seeing the
     padding and no attention mask is needed (which keeps SDPA on its fused causal path).
+    ``position_ids`` restarting at 0 inside a row mark packed sequences (see
+    :func:`packed_logprobs`).
     """
+    kw: dict[str, Any] = {} if position_ids is None else {"position_ids": position_ids}
     base = getattr(model, "base_model", None)
     if base is None or base is model:
-        out = model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+        out = model(input_ids=input_ids, output_hidden_states=True, use_cache=False, **kw)
         return out.hidden_states[-1]
-    return base(input_ids=input_ids, use_cache=False)[0]
+    return base(input_ids=input_ids, use_cache=False, **kw)[0]
+
+
+def checkpointing_active(model: Any) -> bool:
+    """Whether a forward of `model` now runs under activation (gradient) checkpointing:
+    enabled on a layer, the model in training mode, gradients on."""
+    if not (model.training and torch.is_grad_enabled()):
+        return False
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where a micro-batch's real tokens go in its packed rows.
+
+    The sequences (row ``i``: its first ``lengths[i]`` tokens) are laid end to end into
+    ``rows`` rows of ``width`` tokens, first-fit by decreasing length; the rest of a packed
+    row is padding. ``positions [rows, width]`` restart at 0 for every sequence (and for a
+    row's padding tail): transformers reads packed sequences from them
+    (``masking_utils.find_packed_sequence_indices``) and builds a block-diagonal causal
+    mask for sdpa / eager / flex attention, or varlen boundaries for flash-attention, so
+    no token attends across sequences. ``src`` / ``dst``: flat indices of the real tokens
+    in the ``[b, L]`` and the ``[rows, width]`` layout.
+    """
+
+    src: Tensor  # [N] into b * L
+    dst: Tensor  # [N] into rows * width
+    positions: Tensor  # [rows, width]
+    shape: tuple[int, int]  # (b, L)
+
+    @classmethod
+    def of(
+        cls, lengths: Tensor, length: int, device: torch.device, *, width: int | None = None
+    ) -> Packing:
+        """Rows of `width` tokens (default: the longest sequence, so attention never costs
+        more than unpacked); ``width >= lengths.sum()`` packs everything into one row."""
+        lens = [int(n) for n in lengths]
+        width = max(max(lens), width or 0)
+        free: list[int] = []  # tokens left per packed row
+        place: list[tuple[int, int]] = [(0, 0)] * len(lens)  # (packed row, offset)
+        for i in sorted(range(len(lens)), key=lambda i: -lens[i]):
+            row = next((r for r, f in enumerate(free) if f >= lens[i]), None)
+            if row is None:
+                row = len(free)
+                free.append(width)
+            place[i] = (row, width - free[row])
+            free[row] -= lens[i]
+        src, dst = [], []
+        positions = torch.zeros(len(free), width, dtype=torch.long)
+        for i, (row, offset) in enumerate(place):
+            src.append(torch.arange(lens[i]) + i * length)
+            dst.append(torch.arange(lens[i]) + row * width + offset)
+            positions[row, offset : offset + lens[i]] = torch.arange(lens[i])
+        for row, f in enumerate(free):  # the padding tail: a sequence of its own
+            positions[row, width - f :] = torch.arange(f)
+        return cls(
+            torch.cat(src).to(device),
+            torch.cat(dst).to(device),
+            positions.to(device),
+            (len(lens), length),
+        )
+
+    @property
+    def rows(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.positions.shape[1]
+
+    def saves(self) -> bool:
+        """Whether the packed rows hold fewer tokens than the padded ones."""
+        return self.rows * self.width < self.shape[0] * self.shape[1]
+
+    def pack(self, x: Tensor) -> Tensor:
+        """``[b, L, ...]`` -> ``[rows, width, ...]``, zeros in the packed rows' padding."""
+        flat = x.reshape(-1, *x.shape[2:])
+        out = flat.new_zeros(self.rows * self.width, *x.shape[2:])
+        return out.index_copy(0, self.dst, flat[self.src]).reshape(
+            self.rows, self.width, *x.shape[2:]
+        )
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """``[rows, width, ...]`` -> ``[b, L, ...]``, zeros at the padding (differentiable)."""
+        flat = x.reshape(-1, *x.shape[2:])
+        b, L = self.shape
+        out = flat.new_zeros(b * L, *x.shape[2:])
+        return out.index_copy(0, self.src, flat[self.dst]).reshape(b, L, *x.shape[2:])
+
+
+def packed_logprobs(
+    model: Any,
+    input_ids: Tensor,
+    mask: Tensor,
+    lengths: Tensor | None = None,
+    *,
+    packing: Packing | None = None,
+    temperature: float = 1.0,
+    chunk: int = 512,
+    with_entropy: bool = False,
+    keep_hidden: bool = False,
+    fused: Fused = "auto",
+) -> TokenOutputs:
+    """:func:`token_logprobs` for right-padded rows of `lengths` real tokens, forwarded
+    packed (`packing`, default :meth:`Packing.of` `lengths`): no decoder compute on
+    padding. Returns the same ``[b, L]`` layout."""
+    if packing is None:
+        assert lengths is not None, "packed_logprobs needs lengths or a packing"
+        packing = Packing.of(lengths, input_ids.shape[1], input_ids.device)
+    ids = packing.pack(input_ids)
+    # a sequence's first token has no context: never predicted (from the previous sequence)
+    m = packing.pack(mask) * (packing.positions > 0)
+    hidden = decoder_hidden(model, ids, packing.positions)  # [rows, width, H]
+    lp, ent = _predicted_logprobs(
+        model, hidden[:, :-1], ids, m, 1, temperature, chunk, with_entropy, fused
+    )
+    return TokenOutputs(
+        packing.unpack(lp),
+        packing.unpack(ent) if ent is not None else None,
+        packing.unpack(hidden) if keep_hidden else None,
+    )
 
 
 def lm_head_weight(model: Any) -> Tensor:
@@ -177,6 +306,7 @@ class PolicyForward:
     fused: Fused = "auto"
     value_head: ValueHead | None = None
     critic: ValueModel | None = None
+    packing: bool = False  # learner.packing
 
     def __call__(
         self,
@@ -187,14 +317,29 @@ class PolicyForward:
         with_entropy: bool,
         with_values: bool,
         prefix_len: int = 0,
+        lengths: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """(logprobs, entropy, values) for one micro-batch, all float32 ``[b, L]``.
 
-        ``prefix_len > 0``: the rows share that many leading tokens (forwarded once)."""
-        forward = token_logprobs
-        if prefix_len > 0:
+        ``prefix_len > 0``: the rows share that many leading tokens (forwarded once), unless
+        activation checkpointing is on (it drops the prefix's KV cache; the rows go whole).
+        ``lengths``: real tokens per row; with :attr:`packing` on and padding to save, the
+        rows are forwarded packed (:func:`packed_logprobs`)."""
+        forward: Any = token_logprobs
+        packing: Packing | None = None
+        width = input_ids.shape[1]
+        if prefix_len > 0 and not checkpointing_active(model):
             forward = functools.partial(shared_prefix_logprobs, prefix_len=prefix_len)
-        with self.precision.autocast(), self.precision.attention(input_ids.shape[1]):
+        elif self.packing and lengths is not None and len(lengths) > 1:
+            # one row: rows of the longest sequence would rarely pair two sequences, since
+            # micro-batches are cut from rows sorted by length
+            packing = Packing.of(lengths, width, input_ids.device, width=int(lengths.sum()))
+            if packing.saves():
+                forward = functools.partial(packed_logprobs, packing=packing)
+                width = packing.width
+            else:
+                packing = None
+        with self.precision.autocast(), self.precision.attention(width):
             out = forward(
                 model,
                 input_ids,
@@ -212,7 +357,13 @@ class PolicyForward:
                     values = shift_values(self.value_head(out.hidden))
                 else:
                     assert self.critic is not None, "with_values needs a value head or a critic"
-                    values = shift_values(self.critic(input_ids))
+                    if packing is None:
+                        raw = self.critic(input_ids)
+                    else:
+                        raw = packing.unpack(
+                            self.critic(packing.pack(input_ids), position_ids=packing.positions)
+                        )
+                    values = shift_values(raw)
         ent = out.entropy.float() if out.entropy is not None else None
         return out.logprobs.float(), ent, values.float() if values is not None else None
 
@@ -237,7 +388,13 @@ class PolicyForward:
             ids = batch.input_ids[idx, :L].to(device)
             m = batch.loss_mask[idx, :L].to(device)
             lp_mb, ent_mb, v_mb = self(
-                model, ids, m, with_entropy=with_entropy, with_values=with_values, prefix_len=P
+                model,
+                ids,
+                m,
+                with_entropy=with_entropy,
+                with_values=with_values,
+                prefix_len=P,
+                lengths=layout.lengths[idx],
             )
             lp[idx, :L] = lp_mb.cpu()
             if ent is not None and ent_mb is not None:

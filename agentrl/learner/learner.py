@@ -49,7 +49,7 @@ from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.forward import PolicyForward
 from agentrl.learner.metrics import WeightedMeans, batch_metrics
 from agentrl.learner.objective import Objective
-from agentrl.learner.precision import Precision
+from agentrl.learner.precision import Precision, same_attention_kernel
 from agentrl.learner.schedule import lr_lambda
 from agentrl.types import Batch, TrajectoryGroup
 
@@ -99,11 +99,13 @@ class Learner:
         self.model = model.to(device=self.device, dtype=torch.float32)
         self.model.config.use_cache = False
         if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            enable_checkpointing(self.model)
         self.pad_token_id = _pad_id(tokenizer)
 
         self.use_critic = self.objective.needs_critic
         self.critic = critic.to(self.device) if critic is not None else None
+        if self.critic is not None and cfg.model.gradient_checkpointing:
+            enable_checkpointing(self.critic.backbone)
         self.value_head: ValueHead | None = None
         if self.use_critic and self.critic is None:
             self.value_head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
@@ -114,6 +116,7 @@ class Learner:
             fused=self.lcfg.fused_logprobs,
             value_head=self.value_head,
             critic=self.critic,
+            packing=self.lcfg.packing,
         )
 
         self.ref_model = None
@@ -131,6 +134,9 @@ class Learner:
             betas=tuple(self.lcfg.betas),
             weight_decay=self.lcfg.weight_decay,
         )
+        # fp16: loss scaling (learner.fp16); a pass-through scaler otherwise
+        self.scaler = self.precision.grad_scaler()
+        self.skipped_steps = 0  # optimizer steps the scaler skipped on overflow, all steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lr_lambda(self.lcfg.schedule, self.lcfg.warmup_steps, self.total_steps),
@@ -261,6 +267,7 @@ class Learner:
         first_pass_lp = torch.zeros(B, T) if prox_lp is None else None
         grad_norms: list[float] = []
         nonfinite = 0
+        skipped = 0  # fp16 updates the gradient scaler skipped (a gradient overflowed)
         dev = self.device
         updates = 0  # optimizer updates taken so far in this step
         for epoch in range(lcfg.ppo_epochs):
@@ -282,6 +289,7 @@ class Learner:
                         with_entropy=with_entropy,
                         with_values=self.use_critic,
                         prefix_len=P,
+                        lengths=layout.lengths[idx],
                     )
                     behavior = batch.behavior_logprobs[idx, :L].to(dev)
                     if loglinear:  # pi_prox interpolated by version, no forward pass
@@ -312,18 +320,30 @@ class Learner:
                     if not torch.isfinite(loss):
                         nonfinite += 1
                         continue
-                    loss.backward()
+                    self.scaler.scale(loss).backward()  # scaled up under fp16 only
                     step_loss += float(loss.detach())
                     means.add(mb_metrics, float(loss_mask[idx, :L].sum()))
                     if first_pass_lp is not None and epoch == 0:
                         first_pass_lp[idx, :L] = lp.detach().cpu()
                 updates += 1
-                gn = torch.nn.utils.clip_grad_norm_(self.trained_parameters(), lcfg.grad_clip)
+                params = self.trained_parameters()
+                scaled = self.scaler.is_enabled() and any(p.grad is not None for p in params)
+                if scaled:
+                    self.scaler.unscale_(self.optimizer)  # clip the true gradients
+                gn = torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip)
                 if torch.isfinite(gn):
-                    self.optimizer.step()
+                    if scaled:  # skipped by the scaler when a gradient overflowed
+                        self.scaler.step(self.optimizer)
+                    else:
+                        self.optimizer.step()
                     grad_norms.append(float(gn))
                 else:
                     nonfinite += 1
+                if scaled:
+                    scale = self.scaler.get_scale()
+                    self.scaler.update()  # halved after an overflow
+                    overflowed = self.scaler.get_scale() < scale
+                    skipped += int(overflowed)
                 self.optimizer.zero_grad(set_to_none=True)
                 means.add({"loss/total": step_loss}, 1.0)
         with warnings.catch_warnings():
@@ -427,6 +447,8 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
+        if self.scaler.is_enabled() and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
         restore_rng_state(state["rng"])
         self.version = int(meta["version"])
         self.step_count = int(meta["step"])
@@ -436,6 +458,19 @@ class Learner:
 
     def close(self) -> None:
         """Nothing to release in this process (see :class:`~agentrl.learner.LearnerLike`)."""
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Activation (gradient) checkpointing on a transformers model: each decoder layer's
+    activations are recomputed in backward instead of kept (``model.gradient_checkpointing``),
+    non-reentrant, the recompute under the forward's attention kernel."""
+    kwargs = {"use_reentrant": False, "context_fn": same_attention_kernel}
+    # transformers 5.2x renamed it (the old name warns); older versions have only the old one
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _rows(x: Tensor | None, rows: Tensor, length: int, device: torch.device) -> Tensor | None:

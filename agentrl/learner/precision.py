@@ -1,7 +1,9 @@
-"""Where and in what precision the learner computes: device, bf16 autocast, attention kernel.
+"""Where and in what precision the learner computes: device, autocast dtype, attention kernel.
 
-Master weights stay float32; bf16 is used only inside autocast, and only where the device
-computes it natively (or where ``learner.bf16=on`` asks for it).
+Master weights stay float32; bf16 / fp16 are used only inside autocast. bf16 where the
+device computes it natively (or where ``learner.bf16=on`` asks for it); fp16 only when
+``learner.fp16=on`` asks for it, always with a gradient scaler (:meth:`Precision.grad_scaler`):
+fp16's narrow exponent underflows small gradients unless the loss is scaled up first.
 """
 
 from __future__ import annotations
@@ -49,18 +51,38 @@ class Precision:
     device: torch.device
     bf16: bool
     sdpa_backend: str = "auto"  # auto | torch | math | flash
+    fp16: bool = False  # never together with bf16 (the config refuses both on)
+
+    def __post_init__(self) -> None:
+        if self.bf16 and self.fp16:
+            raise ValueError("Precision: bf16 and fp16 cannot both be on")
 
     @classmethod
     def from_config(cls, lcfg: LearnerConfig) -> Precision:
         device = resolve_device(lcfg.device)
-        bf16 = lcfg.bf16 == "on" or (lcfg.bf16 == "auto" and bf16_supported(device))
-        return cls(device, bf16, lcfg.sdpa_backend)
+        fp16 = lcfg.fp16 == "on"
+        bf16 = not fp16 and (lcfg.bf16 == "on" or (lcfg.bf16 == "auto" and bf16_supported(device)))
+        return cls(device, bf16, lcfg.sdpa_backend, fp16)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype matmuls run in inside :meth:`autocast`."""
+        if self.fp16:
+            return torch.float16
+        return torch.bfloat16 if self.bf16 else torch.float32
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast when on, else nothing (float32)."""
-        if not self.bf16:
+        """bf16 / fp16 autocast on this device when on, else nothing (float32)."""
+        if not (self.bf16 or self.fp16):
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """The loss scaler of fp16 training on this device; a disabled (pass-through) one
+        otherwise. It scales the loss before backward, unscales before clipping, skips the
+        optimizer step when a gradient overflowed and lowers the scale then (raises it
+        again after 2,000 clean steps)."""
+        return torch.amp.GradScaler(self.device.type, enabled=self.fp16)
 
     def attention(self, length: int) -> contextlib.AbstractContextManager[Any]:
         """The scaled-dot-product attention kernel for a micro-batch of `length` tokens."""
@@ -74,3 +96,14 @@ class Precision:
             return contextlib.nullcontext()
         backend = SDPBackend.MATH if choice == "math" else SDPBackend.FLASH_ATTENTION
         return sdpa_kernel(backend)
+
+
+def same_attention_kernel() -> tuple[
+    contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]
+]:
+    """``context_fn`` for ``torch.utils.checkpoint``: the recompute of a checkpointed layer
+    in backward runs under the attention kernels its forward had (:meth:`Precision.attention`
+    is left by then). Another kernel saves other tensors, which checkpointing refuses."""
+    from torch.nn.attention import _cur_sdpa_kernel_backends, sdpa_kernel
+
+    return contextlib.nullcontext(), sdpa_kernel(_cur_sdpa_kernel_backends())
