@@ -170,7 +170,7 @@ def build_sampler(cfg: Config) -> Any:
     options = sampler_options(cfg)
     backend = cfg.sampler.backend
     if backend == "hf":
-        from agentrl.devices import check_memory
+        from agentrl.devices import check_memory, sampler_bytes
         from agentrl.devices import resolve_device as resolve
 
         device = resolve(cfg.sampler.device, "sampler.device")
@@ -180,9 +180,8 @@ def build_sampler(cfg: Config) -> Any:
             device=device,
             seed=cfg.model.seed,
         )
-        model = hf_model[0]
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        check_memory(cfg, "sampler", weights, device, f"its weights in {model.dtype}")
+        need, what = sampler_bytes(hf_model[0], cfg.sampler.max_batch_size, cfg.rollout.max_tokens)
+        check_memory(cfg, "sampler", need, device, what)
         return create_sampler("hf", model=hf_model, **options)
     if backend == "openai":
         options.setdefault("tokenizer", load_tokenizer(cfg.model.name))
