@@ -107,6 +107,32 @@ def learner_bytes(n_params: int, n_trained: int, *, reference: bool = False) -> 
     return n_trained * TRAINED_BYTES + frozen * FROZEN_BYTES + (n_params * 4 if reference else 0)
 
 
+def kv_cache_bytes(model_config: Any, rows: int, tokens: int, element_size: int) -> int:
+    """Keys and values of `rows` sequences of `tokens` tokens (0 when the config does not
+    say its layer and head sizes)."""
+    layers = getattr(model_config, "num_hidden_layers", None)
+    heads = getattr(model_config, "num_attention_heads", None)
+    hidden = getattr(model_config, "hidden_size", None)
+    if not (layers and heads and hidden):
+        return 0
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(model_config, "head_dim", None) or hidden // heads
+    return 2 * layers * kv_heads * head_dim * element_size * rows * tokens
+
+
+def sampler_bytes(model: Any, rows: int, tokens: int) -> tuple[int, str]:
+    """What the hf sampler holds at its fullest: its weights, and a KV cache of `rows`
+    sequences of `tokens` tokens (``sampler.max_batch_size`` x ``rollout.max_tokens``)."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    element = next(model.parameters()).element_size()
+    kv = kv_cache_bytes(model.config, rows, tokens, element)
+    what = (
+        f"weights {weights / GiB:.2f} GiB in {model.dtype} + KV cache of {rows} sequences x "
+        f"{tokens} tokens {kv / GiB:.2f} GiB"
+    )
+    return weights + kv, what
+
+
 def fits(need_bytes: int, fraction: float, total_bytes: int) -> bool:
     return need_bytes <= fraction * total_bytes
 
@@ -117,8 +143,9 @@ def budget_error(
     fix = {
         "learner": "raise learner.gpu_memory_fraction, train a LoRA adapter (model.lora), or "
         "put the learner on another GPU (learner.device=cuda:1)",
-        "sampler": "raise sampler.gpu_memory_fraction, load the sampler in a smaller dtype "
-        "(model.dtype=bfloat16), or put it on another GPU (sampler.device=cuda:1)",
+        "sampler": "raise sampler.gpu_memory_fraction, lower sampler.max_batch_size or "
+        "rollout.max_tokens, load the sampler in a smaller dtype (model.dtype=bfloat16), or "
+        "put it on another GPU (sampler.device=cuda:1)",
     }[role]
     return ConfigError(
         f"{role}.gpu_memory_fraction={fraction}: the {role} needs about "

@@ -108,3 +108,15 @@ def test_an_eval_or_rollout_run_does_not_resolve_the_learner_device():
     limit_process_memory(cfg, ["sampler"])  # no error: this process runs no learner
     with pytest.raises(ConfigError, match=r"learner\.device"):
         limit_process_memory(cfg, ["sampler", "learner"])
+
+
+def test_the_sampler_budget_counts_weights_and_a_full_kv_cache():
+    from agentrl.devices import kv_cache_bytes, sampler_bytes
+    from agentrl.models import tiny_llama
+
+    model = tiny_llama(0)  # 2 layers, 4 heads of 16, float32: 2 x 2 x 4 x 16 x 4 B a token
+    assert kv_cache_bytes(model.config, rows=32, tokens=1024, element_size=4) == 32 * 2**20
+    need, what = sampler_bytes(model, rows=32, tokens=1024)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    assert need == weights + 32 * 2**20
+    assert "KV cache of 32 sequences x 1024 tokens 0.03 GiB" in what
