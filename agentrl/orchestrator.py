@@ -151,7 +151,11 @@ class Orchestrator:
                             await anyio.to_thread.run_sync(self.save_checkpoint)
         except BaseException as e:
             if error is None:  # the run finished but closing one of its parts failed
-                error, self._stop_reason = e, "error"
+                error = e
+                # ... or a second Ctrl-C arrived while the first one's shutdown was closing
+                # them: still the user's interrupt, not an error
+                if not (self._stop_reason == "interrupted" and _is_interrupt(e)):
+                    self._stop_reason = "error"
             raise
         finally:
             self.events.publish(
