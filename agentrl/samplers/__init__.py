@@ -45,7 +45,7 @@ def create_sampler(
     ``hf`` options: ``dtype`` (default ``"auto"``: bf16 where the CPU/GPU has it, fp32 for
     random test models), ``device`` (``"auto"``: cuda when available), ``seed`` (random aliases
     and the unseeded sampling stream), plus everything :class:`~agentrl.samplers.hf.HFSampler`
-    takes (``max_batch_size``, ``max_context``, ``drain_on_update``, ...). Other backends get
+    takes (``max_batch_size``, ``max_context``, ``on_update``, ...). Other backends get
     `model` and `options` unchanged.
     """
     cls = _backend_class(backend)
