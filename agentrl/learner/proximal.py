@@ -1,0 +1,74 @@
+"""When the start-of-step pass cannot change the result: the proximal-policy bypass.
+
+Under ``off_policy: tis`` / ``decoupled`` (``proximal: recompute``) the learner recomputes
+pi_old with its current weights before the step's updates. When those weights are the
+ones that sampled every trained token (a synchronous run: ``max_staleness: 0``, all tokens
+at the learner's version), the step makes one optimizer update (``ppo_epochs`` x
+``minibatches`` = 1) and the sampler computes in the learner's dtype, pi_old *is* the
+behaviour policy up to kernel rounding, so the behaviour log-probs stand in for it and the
+pass is skipped (verl's "bypass mode"). The importance weight pi_old / pi_behave is then
+exactly 1, which is what it is to rounding when recomputed.
+
+The decision has two halves: :func:`bypass_blockers` (the config, once) and the batch
+(every trained token at the learner's version, each step). ``algorithm.proximal_bypass:
+off`` keeps the pass always.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from agentrl.config import Config
+from agentrl.learner.precision import Precision, resolve_device
+
+
+def sampler_dtype(cfg: Config) -> torch.dtype | None:
+    """The dtype the embedded ``hf`` sampler computes in under `cfg` (None for other
+    backends, whose kernels are not the learner's whatever their dtype)."""
+    if cfg.sampler.backend != "hf":
+        return None
+    from agentrl.models import _ALIASES, resolve_dtype
+
+    alias = _ALIASES.get(cfg.model.name)
+    device = resolve_device(cfg.sampler.device)
+    return resolve_dtype(
+        None if cfg.model.dtype == "auto" else cfg.model.dtype,
+        device,
+        exact=bool(alias and alias.random_init),
+    )
+
+
+def bypass_blockers(cfg: Config, precision: Precision, *, pass_needed_for: str = "") -> list[str]:
+    """Why the config keeps the start-of-step pass for the proximal log-probs (empty: it
+    may be bypassed on batches whose tokens are all at the learner's version).
+
+    `pass_needed_for` names what else needs the pass (critic values, the KL in the reward):
+    then it runs anyway and bypassing its log-probs saves nothing."""
+    alg, lcfg = cfg.algorithm, cfg.learner
+    out: list[str] = []
+    if alg.proximal_bypass == "off":
+        out.append("algorithm.proximal_bypass=off")
+    if alg.off_policy == "none":
+        out.append("algorithm.off_policy=none (no pass to skip)")
+    if alg.off_policy == "decoupled" and alg.proximal == "loglinear":
+        out.append("algorithm.proximal=loglinear (no pass to skip)")
+    if pass_needed_for:
+        out.append(f"the pass is needed for {pass_needed_for}")
+    if lcfg.ppo_epochs * lcfg.minibatches != 1:
+        out.append(
+            f"{lcfg.ppo_epochs * lcfg.minibatches} optimizer updates per step "
+            "(learner.ppo_epochs x learner.minibatches)"
+        )
+    if cfg.orchestrator.max_staleness != 0:
+        out.append(f"orchestrator.max_staleness={cfg.orchestrator.max_staleness}")
+    if alg.is_mask is not None:
+        out.append(f"algorithm.is_mask={alg.is_mask} rejects tokens by the recomputed ratio")
+    learner_dtype = getattr(precision, "compute_dtype", None) or (
+        torch.bfloat16 if precision.bf16 else torch.float32
+    )
+    s_dtype = sampler_dtype(cfg)
+    if s_dtype is None:
+        out.append(f"sampler.backend={cfg.sampler.backend} (other kernels than the learner's)")
+    elif s_dtype != learner_dtype:
+        out.append(f"sampler computes in {s_dtype}, the learner in {learner_dtype}")
+    return out
