@@ -77,6 +77,18 @@ def apply_lora(model: Any, lora: Any, gradient_checkpointing: bool = False) -> A
             f"model.lora.target_modules={targets!r} includes the LM head, which the learner "
             "reads as a plain weight (fused log-probs): leave it out (all-linear does)"
         )
+    from peft.tuners.lora import Linear as LoraLinear
+
+    other = sorted(
+        n
+        for n, m in base.named_modules()
+        if isinstance(m, _lora_layer_type() or ()) and not isinstance(m, LoraLinear)
+    )
+    if other:  # embeddings (tied to the LM head) and convolutions would publish unmerged
+        raise ConfigError(
+            f"model.lora.target_modules={targets!r} adapts {other[0]}, which is not a linear "
+            "layer: only linear layers are supported (all-linear picks them)"
+        )
     if gradient_checkpointing:  # frozen embeddings: checkpointed blocks need an input with grad
         base.enable_input_require_grads()
     return base

@@ -90,9 +90,11 @@ def test_the_kl_reference_of_a_lora_run_is_the_base_model_without_a_copy():
     assert all(p.requires_grad for p in adapter_state(learner.model).values())  # still trained
 
 
-def test_the_lm_head_is_refused_as_a_target():
+def test_the_lm_head_and_embeddings_are_refused_as_targets():
     with pytest.raises(ConfigError, match="LM head"):
         apply_lora(tiny_llama(0), LoraConfig(target_modules=["q_proj", "lm_head"]))
+    with pytest.raises(ConfigError, match="embed_tokens, which is not a linear layer"):
+        apply_lora(tiny_llama(0), LoraConfig(target_modules=["q_proj", "embed_tokens"]))
 
 
 def test_target_modules_that_do_not_exist_name_the_key():
