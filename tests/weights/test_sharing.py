@@ -1,5 +1,6 @@
 """How the learner process shares its weights: the choice (CUDA IPC exactly when the learner
-is on CUDA), and the shared-memory fallback end to end on the CPU."""
+is on CUDA), and the shared-memory fallback (a CPU learner process uses it in
+tests/learner/test_worker.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import torch
 from agentrl.config import config_from_dict
 from agentrl.devices import check_placement
 from agentrl.errors import ConfigError
-from agentrl.learner.worker import LearnerProcess
 from agentrl.models import tiny_llama
 from agentrl.weights.shared import SharedWeights, attach, share_weights, sharing_kind
 
@@ -40,18 +40,6 @@ def test_the_shared_memory_fallback_round_trips_a_state_dict():
         model.model.embed_tokens.weight.add_(1.0)
     shared.refresh(model.state_dict())
     assert torch.equal(seen["model.embed_tokens.weight"], model.model.embed_tokens.weight)
-
-
-def test_a_cpu_learner_process_shares_through_shared_memory_files():
-    cfg = config_from_dict({"model": {"name": "tiny-llama"}, "learner": {"fused_logprobs": "off"}})
-    learner = LearnerProcess(cfg)
-    try:
-        weights = learner.state_dict_for_sampler()
-        fresh = tiny_llama(0).state_dict()
-        assert all(w.device.type == "cpu" for w in weights.values())
-        assert all(torch.equal(weights[k], v) for k, v in fresh.items())
-    finally:
-        learner.close()
 
 
 def test_shared_memory_too_small_for_the_weights_is_refused_before_any_write(monkeypatch):
