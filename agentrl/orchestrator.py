@@ -275,7 +275,10 @@ class Orchestrator:
 
     async def _publish(self) -> None:
         t0 = time.time()
-        weights = self.learner.state_dict_for_sampler()
+        # a learner in this process: the bus reads its live weights, no full copy (the
+        # learner trains again only once publish has returned, every sampler swapped)
+        live = getattr(self.learner, "sampler_weights", None)
+        weights = live() if live is not None else self.learner.state_dict_for_sampler()
         await self.weight_bus.publish(self.learner.version, weights)
         self.events.publish(
             WeightsPublished(version=self.learner.version, seconds=time.time() - t0)
