@@ -1,9 +1,17 @@
 """Time learner steps, side by side per C-allocator mode and log-prob kernel, beside a plain
-HF step.
+HF step; or (``--packing``) packed vs padded micro-batches on sequences of varied length.
 
     .venv/bin/python benchmarks/learner_step.py [--model smollm2-135m-instruct | tiny-llama]
         [--steps 3] [--bf16 auto|on|off] [--micro 4] [--threads N] [--no-baseline]
         [--allocators reuse system] [--fused auto off]
+    .venv/bin/python benchmarks/learner_step.py --packing [--model ...] [--steps 5]
+
+``--packing``: 8 sequences of 64 prompt + 32..448 model tokens (uniform, seeded), so
+micro-batches sorted by length still carry padding; ``learner.packing`` off and on each in
+its own subprocess (allocator reuse, fused log-probs auto, share_prompt off), in
+alternating order per repeat. Reports real tokens per second, the padding fraction of the
+padded micro-batches and the packed/padded ratio; writes
+benchmarks/results/learner_step_packing[_<model>].json.
 
 Workload: 8 sequences x 256 tokens (64 prompt + 192 model), GRPO. Each (allocator mode
 (``orchestrator.cpu_allocator``, see ``agentrl.cpu``), ``learner.fused_logprobs`` mode)
@@ -30,7 +38,14 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def make_groups(n_groups: int, group_size: int, prompt: int, response: int, vocab: int):
+def make_groups(
+    n_groups: int,
+    group_size: int,
+    prompt: int,
+    response: int | tuple[int, int],
+    vocab: int,
+):
+    """Groups of random tokens; ``response`` a length, or a (min, max) range drawn from."""
     from agentrl.types import Segment, Trajectory, TrajectoryGroup
 
     rng = random.Random(0)
@@ -39,12 +54,13 @@ def make_groups(n_groups: int, group_size: int, prompt: int, response: int, voca
         trajs = []
         for i in range(group_size):
             p = [rng.randrange(3, vocab) for _ in range(prompt)]
-            r = [rng.randrange(3, vocab) for _ in range(response)]
+            n = response if isinstance(response, int) else rng.randint(*response)
+            r = [rng.randrange(3, vocab) for _ in range(n)]
             trajs.append(
                 Trajectory(
                     segments=[
                         Segment("prompt", p),
-                        Segment("model", r, logprobs=[-10.0] * response, versions=[0] * response),
+                        Segment("model", r, logprobs=[-10.0] * n, versions=[0] * n),
                     ],
                     reward=float(i % 2),
                     traj_id=f"{g}-{i}",
@@ -111,6 +127,126 @@ def child(args: argparse.Namespace) -> dict:
     }
 
 
+VARIED = (32, 448)  # --packing: model tokens per sequence, uniform
+
+
+def packing_child(args: argparse.Namespace) -> dict:
+    """``learner.packing`` = args.packing_child in this process, on the varied workload."""
+    sys.path.insert(0, str(ROOT))
+    from agentrl.config import config_from_dict
+    from agentrl.cpu import set_allocator
+    from agentrl.learner import Learner
+    from agentrl.models import load_model
+    from agentrl.types import Batch
+
+    set_allocator("reuse")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok = load_model(args.model, dtype="float32")
+    packing = args.packing_child == "on"
+    cfg = config_from_dict(
+        {
+            "learner": {
+                "lr": 1e-6,
+                "micro_batch_size": args.micro,
+                "bf16": args.bf16,
+                "packing": packing,
+                "share_prompt": False,
+            },
+            "algorithm": {"off_policy": args.correction},
+        }
+    )
+    learner = Learner(model, tok, cfg)
+    groups = make_groups(2, 4, 64, VARIED, model.config.vocab_size)
+    batch = Batch.from_groups(groups)
+    layout = learner.layout(batch)
+    real = int(layout.lengths.sum())
+    padded = sum(len(idx) * L for idx, L, _ in layout.micro_batches(torch.arange(batch.size)))
+    learner.warmup()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        learner.step(groups)
+        times.append(time.perf_counter() - t0)
+    return {
+        "packing": packing,
+        "bf16": learner.bf16,
+        "threads": torch.get_num_threads(),
+        "step_s": times,
+        "real_tokens": real,
+        "padded_tokens": padded,
+        "padding_fraction": 1 - real / padded,
+    }
+
+
+def packing_main(args: argparse.Namespace) -> None:
+    load_before = os.getloadavg()[0]
+    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    for rep in range(args.repeats):
+        for mode in ("off", "on") if rep % 2 == 0 else ("on", "off"):
+            cmd = [sys.executable, __file__, "--packing-child", mode, "--model", args.model]
+            cmd += ["--steps", str(args.steps), "--bf16", args.bf16, "--micro", str(args.micro)]
+            cmd += ["--correction", args.correction, "--threads", str(args.threads)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+            runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    rows = []
+    for mode in ("off", "on"):
+        r = runs[mode]
+        steps = sorted(t for run in r for t in run["step_s"])
+        best, median = steps[0], steps[len(steps) // 2]
+        rows.append(
+            {
+                "packing": mode == "on",
+                "step_s": [run["step_s"] for run in r],
+                "step_s_best": best,
+                "step_s_median": median,
+                "tokens_per_s_best": r[0]["real_tokens"] / best,
+                "tokens_per_s_median": r[0]["real_tokens"] / median,
+                "real_tokens": r[0]["real_tokens"],
+                "forwarded_tokens": r[0]["real_tokens"] if mode == "on" else r[0]["padded_tokens"],
+                "padding_fraction": 0.0 if mode == "on" else r[0]["padding_fraction"],
+                "bf16": r[0]["bf16"],
+                "threads": r[0]["threads"],
+            }
+        )
+    ratio_best = rows[1]["tokens_per_s_best"] / rows[0]["tokens_per_s_best"]
+    ratio_median = rows[1]["tokens_per_s_median"] / rows[0]["tokens_per_s_median"]
+    print(
+        f"{args.model}: 8 sequences, 64 prompt + {VARIED[0]}..{VARIED[1]} model tokens, "
+        f"micro {args.micro}, {args.repeats} x {args.steps} steps per mode"
+    )
+    print(
+        f"{'packing':<9}{'padding':>9}{'tokens fwd':>12}{'best step (s)':>15}"
+        f"{'median (s)':>12}{'tokens/s best':>15}{'tokens/s median':>17}"
+    )
+    for r in rows:
+        print(
+            f"{'on' if r['packing'] else 'off':<9}{r['padding_fraction']:>9.1%}"
+            f"{r['forwarded_tokens']:>12}{r['step_s_best']:>15.2f}{r['step_s_median']:>12.2f}"
+            f"{r['tokens_per_s_best']:>15.0f}{r['tokens_per_s_median']:>17.0f}"
+        )
+    print(f"packed / padded tokens/s: best {ratio_best:.2f}x, median {ratio_median:.2f}x")
+    result = {
+        "model": args.model,
+        "sequences": 8,
+        "prompt_tokens": 64,
+        "model_tokens_range": list(VARIED),
+        "micro_batch_size": args.micro,
+        "correction": args.correction,
+        "rows": rows,
+        "ratio_tokens_per_s_best": ratio_best,
+        "ratio_tokens_per_s_median": ratio_median,
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m_before_after": [load_before, os.getloadavg()[0]],
+    }
+    default = args.model == "smollm2-135m-instruct"
+    name = "learner_step_packing.json" if default else f"learner_step_packing_{args.model}.json"
+    out_path = Path(__file__).parent / "results" / name
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out_path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -130,11 +266,22 @@ def main() -> None:
         choices=["auto", "on", "off"],
         help="learner.fused_logprobs modes (compiled log-softmax passes); each allocator runs each",
     )
+    ap.add_argument(
+        "--packing", action="store_true", help="packed vs padded on sequences of varied length"
+    )
+    ap.add_argument("--repeats", type=int, default=2, help="--packing: subprocesses per mode")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--packing-child", choices=["off", "on"], help=argparse.SUPPRESS)
     ap.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args)))
+        return
+    if args.packing_child:
+        print(json.dumps(packing_child(args)))
+        return
+    if args.packing:
+        packing_main(args)
         return
 
     load_before = os.getloadavg()[0]
