@@ -19,10 +19,12 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
 
 
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
 def test_fp16_step_trains_with_a_loss_scale(
-    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+    packing: bool, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
-    learner = Learner(fresh_model(), None, make_cfg(learner={"fp16": "on", "bf16": "auto"}))
+    cfg = make_cfg(learner={"fp16": "on", "bf16": "auto", "packing": packing})
+    learner = Learner(fresh_model(), None, cfg)
     assert learner.precision.fp16 and not learner.bf16
     assert learner.precision.compute_dtype == torch.float16
     assert learner.scaler.is_enabled()
