@@ -22,7 +22,7 @@ async it runs).
 Rounds are interleaved (every configuration once per round, the order rotated) so machine
 noise hits all of them; the median round is reported with every round's ratio to TRL in
 that round. Timing covers steps 2..N (model load, compilation and the first step are left
-out, on both sides). Memory is sampled every 0.2 s over the whole process tree (the
+out, on both sides). Memory is sampled every 0.5 s over the whole process tree (the
 learner child included) until the last measured step: peak of the summed RSS (shared
 pages counted in each process that maps them) and of the summed PSS (shared pages split).
 The prompt token ids of every task are asserted identical on both sides.
@@ -346,24 +346,24 @@ def _rss_pss(pid: int) -> tuple[int, int]:
 class TreeMemory(threading.Thread):
     """Samples the summed RSS and PSS of a process and its descendants every `every` s."""
 
-    def __init__(self, pid: int, every: float = 0.2) -> None:
+    def __init__(self, pid: int, every: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.pid, self.every = pid, every
         self.samples: list[tuple[float, int, int, int]] = []  # (wall, rss, pss, processes)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             pids = _tree(self.pid)
             rss = pss = 0
             for p in pids:
                 r, s = _rss_pss(p)
                 rss, pss = rss + r, pss + s
             self.samples.append((time.time(), rss, pss, len(pids)))
-            self._stop.wait(self.every)
+            self._halt.wait(self.every)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
 
     def peaks(self, until: float) -> tuple[int, int, int]:
@@ -453,6 +453,12 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["trl", "sync", "async"])
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vs_trl.json"))
+    ap.add_argument(
+        "--summarize",
+        metavar="PARTIAL",
+        help="build the table and JSON from the runs a cut-short run left in PARTIAL "
+        "(<out>.tmp, written after every run)",
+    )
     ap.add_argument("--child", choices=["trl", "sync", "async"], help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -464,6 +470,14 @@ def main() -> None:
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is not timed)")
 
+    if args.summarize:
+        runs = json.loads(Path(args.summarize).read_text())["runs"]
+        args.dtypes = [d for d in args.dtypes if any(r["dtype"] == d for r in runs)]
+        args.configs = [c for c in args.configs if any(r["config"] == c for r in runs)]
+        args.rounds = len({r["round"] for r in runs})
+        args.steps = len(runs[0]["step_s"]) + 1
+        summarize(args, runs)
+        return
     sys.path.insert(0, str(ROOT))
     from agentrl.models import _smollm2_dir
 
@@ -488,6 +502,11 @@ def main() -> None:
                 flush=True,
             )
 
+    summarize(args, runs)
+
+
+def summarize(args: argparse.Namespace, runs: list[dict]) -> None:
+    """Check the prompts, print the table, write the JSON."""
     # the same prompts, token for token, on both sides
     prompts: dict[str, dict[str, list[int]]] = {}
     for r in runs:
@@ -511,6 +530,8 @@ def main() -> None:
                 (r for r in runs if r["dtype"] == dtype and r["config"] == config),
                 key=lambda r: r["samples_per_s"],
             )
+            if not mine:  # a cut-short run (--summarize) did not get to it
+                continue
             med = mine[len(mine) // 2]
             row = {
                 "dtype": dtype,
@@ -528,14 +549,16 @@ def main() -> None:
             if config != "trl" and "trl" in args.configs:
                 ratios = []
                 for r in mine:
-                    (t,) = [
+                    same_round = [
                         x
                         for x in runs
                         if x["config"] == "trl" and x["dtype"] == dtype and x["round"] == r["round"]
                     ]
-                    ratios.append(r["samples_per_s"] / t["samples_per_s"])
-                row["vs_trl_per_round"] = sorted(ratios)
-                row["vs_trl_median"] = statistics.median(ratios)
+                    if same_round:
+                        ratios.append(r["samples_per_s"] / same_round[0]["samples_per_s"])
+                if ratios:
+                    row["vs_trl_per_round"] = sorted(ratios)
+                    row["vs_trl_median"] = statistics.median(ratios)
             rows.append(row)
 
     from rich.console import Console
@@ -584,6 +607,7 @@ def main() -> None:
         },
         "rows": rows,
         "runs": runs,
+        "rounds_completed": args.rounds,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str))
