@@ -161,7 +161,7 @@ def summarize_group(group: Any) -> dict[str, float]:
     trajs = group.trajectories
     n = max(len(trajs), 1)
     valid = [t for t in trajs if t.status != "infra_error"]
-    return {
+    out = {
         "reward_mean": sum(t.reward for t in valid) / max(len(valid), 1),
         "success_rate": sum(1 for t in valid if t.reward > 0.5) / max(len(valid), 1),
         "infra_errors": float(len(trajs) - len(valid)),
@@ -171,6 +171,17 @@ def summarize_group(group: Any) -> dict[str, float]:
         "turns_per_episode": sum(len(t.turns) for t in trajs) / n,
         "model_tokens": float(sum(t.num_model_tokens for t in trajs)),
     }
+    if any("gateway" in t.metadata for t in trajs):
+        # agent programs behind the gateway: samples started because the agent changed the
+        # model's earlier reply (docs/gateway.md, "What a break costs")
+        out["gateway/prefix_breaks"] = float(
+            sum(
+                1
+                for t in trajs
+                if str(t.metadata.get("gateway", {}).get("started_by", "")).startswith("prefix")
+            )
+        )
+    return out
 
 
 class JsonlMetrics:

@@ -295,8 +295,9 @@ class Orchestrator:
         rewards."""
         out: dict[str, float] = {}
         window, self._finished = self._finished, []
-        for k in window[0] if window else ():
-            out[k] = sum(r[k] for r in window) / len(window)
+        for k in dict.fromkeys(k for r in window for k in r):  # some only where they apply
+            values = [r[k] for r in window if k in r]
+            out[k] = sum(values) / len(values)
         out["groups_finished"] = float(len(window))
         trained = [summarize_group(g) for g in groups]
         if trained:

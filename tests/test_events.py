@@ -99,3 +99,17 @@ def test_step_metrics_prefix_other_events_by_name():
         {"eval/pass@1": 0.5},
     )
     assert step_metrics(RunFinished(step=4, reason="completed")) is None
+
+
+def test_gateway_prefix_breaks_are_a_group_number_only_for_gateway_groups():
+    from agentrl.events import summarize_group
+    from agentrl.types import Trajectory, TrajectoryGroup
+
+    def sample(started_by: str) -> Trajectory:
+        return Trajectory(metadata={"gateway": {"started_by": started_by}})
+
+    broken = "prefix break: the agent changed the model's reply (message 2)"
+    group = TrajectoryGroup("t", [sample("first call"), sample(broken), sample("first call")])
+    assert summarize_group(group)["gateway/prefix_breaks"] == 1.0
+    plain = TrajectoryGroup("t", [Trajectory(), Trajectory()])
+    assert "gateway/prefix_breaks" not in summarize_group(plain)

@@ -61,7 +61,11 @@ def _train(cfg: Any, run_dir: Path) -> tuple[Orchestrator, list[Any]]:
 )
 def test_two_training_steps_through_an_agent_program(tmp_path: Path, program: dict) -> None:
     orch, groups = _train(_config(program), tmp_path / "run")
-    assert [s["step"] for s in read_steps(tmp_path / "run")] == [1, 2]
+    steps = read_steps(tmp_path / "run")
+    assert [s["step"] for s in steps] == [1, 2]
+    # the training metric: samples started by a prefix break (none: the agent never edits)
+    breaks = [s["gateway/prefix_breaks"] for s in steps if "gateway/prefix_breaks" in s]
+    assert breaks and all(b == 0 for b in breaks)
     assert orch.sampler.version == 2
     trajs = [t for g in groups for t in g.trajectories]
     assert trajs and all(t.status == "ok" for t in trajs)
