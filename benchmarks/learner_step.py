@@ -5,6 +5,11 @@ HF step; or (``--packing``) packed vs padded micro-batches on sequences of varie
         [--steps 3] [--bf16 auto|on|off] [--micro 4] [--threads N] [--no-baseline]
         [--allocators reuse system] [--fused auto off]
     .venv/bin/python benchmarks/learner_step.py --packing [--model ...] [--steps 5]
+    .venv/bin/python benchmarks/learner_step.py --mfu [--model ...] [--steps 3]
+
+``--mfu``: the learner's achieved model GFLOP/s (benchmarks/flops.py) in float32 and in
+bf16 autocast, each beside the matmul peak measured by the same process right after its
+steps (same threads, same machine load); writes benchmarks/results/learner_step_mfu.json.
 
 ``--packing``: 8 sequences of 64 prompt + 32..448 model tokens (uniform, seeded), so
 micro-batches sorted by length still carry padding; ``learner.packing`` off and on each in
@@ -114,7 +119,19 @@ def child(args: argparse.Namespace) -> dict:
         times.append(time.perf_counter() - t0)
     t_pub = time.perf_counter()
     learner.state_dict_for_sampler()
+    publish_s = time.perf_counter() - t_pub
+    # CPU MFU: the step's model FLOPs per second beside this process's measured matmul
+    # peak in the learner's compute dtype (benchmarks/flops.py)
+    from benchmarks.flops import matmul_peak_gflops, step_flops
+
+    passes = int(m["time/no_grad_pass_s"] > 1e-3)  # the start-of-step pass ran
+    gflop = step_flops(model.config, [256] * 8, [192] * 8, no_grad_passes=passes) / 1e9
+    peak = matmul_peak_gflops(torch.bfloat16 if learner.bf16 else torch.float32)
     return {
+        "model_gflop_per_step": gflop,
+        "achieved_gflops": gflop / min(times),
+        "matmul_peak_gflops": peak,
+        "mfu": gflop / min(times) / peak,
         "allocator": args.child,
         "fused_logprobs": args.fused[0],
         "bf16": learner.bf16,
@@ -122,7 +139,7 @@ def child(args: argparse.Namespace) -> dict:
         "step_s": times,
         "step_s_best": min(times),
         "no_grad_pass_s": m["time/no_grad_pass_s"],
-        "state_dict_for_sampler_s": time.perf_counter() - t_pub,
+        "state_dict_for_sampler_s": publish_s,
         "plain_hf_step_s": baseline_s,
     }
 
@@ -247,6 +264,48 @@ def packing_main(args: argparse.Namespace) -> None:
     print(f"wrote {out_path}")
 
 
+def mfu_main(args: argparse.Namespace) -> None:
+    """The learner's achieved model GFLOP/s in float32 and bf16 autocast, each beside the
+    matmul peak its own process measured right after its steps (same threads, same load)."""
+    load_before = os.getloadavg()[0]
+    rows = []
+    for bf16 in ("off", "on"):
+        cmd = [sys.executable, __file__, "--child", "reuse", "--fused", "auto"]
+        cmd += ["--model", args.model, "--steps", str(args.steps), "--bf16", bf16]
+        cmd += ["--micro", str(args.micro), "--correction", args.correction]
+        cmd += ["--threads", str(args.threads)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"{args.model}: 8 x 256 tokens (192 trained), micro {args.micro}, MFU")
+    print(
+        f"{'dtype':<8}{'threads':>8}{'best step (s)':>15}{'GFLOP/step':>12}{'GFLOP/s':>10}"
+        f"{'matmul peak GFLOP/s':>21}{'MFU':>7}"
+    )
+    for r in rows:
+        print(
+            f"{'bf16' if r['bf16'] else 'fp32':<8}{r['threads']:>8}{r['step_s_best']:>15.2f}"
+            f"{r['model_gflop_per_step']:>12.0f}{r['achieved_gflops']:>10.1f}"
+            f"{r['matmul_peak_gflops']:>21.1f}{r['mfu']:>7.0%}"
+        )
+    result = {
+        "model": args.model,
+        "sequences": 8,
+        "tokens_per_sequence": 256,
+        "trained_tokens_per_sequence": 192,
+        "flops": "benchmarks/flops.py: 2 per MAC, backward 2x forward, causal attention, "
+        "LM head on trained positions only; embeddings and element-wise work not counted",
+        "rows": rows,
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m_before_after": [load_before, os.getloadavg()[0]],
+    }
+    default = args.model == "smollm2-135m-instruct"
+    name = "learner_step_mfu.json" if default else f"learner_step_mfu_{args.model}.json"
+    out_path = Path(__file__).parent / "results" / name
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out_path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -270,6 +329,11 @@ def main() -> None:
         "--packing", action="store_true", help="packed vs padded on sequences of varied length"
     )
     ap.add_argument("--repeats", type=int, default=2, help="--packing: subprocesses per mode")
+    ap.add_argument(
+        "--mfu",
+        action="store_true",
+        help="CPU MFU: fp32 and bf16 steps (allocator reuse, fused auto) beside the matmul peak",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--packing-child", choices=["off", "on"], help=argparse.SUPPRESS)
     ap.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
@@ -282,6 +346,10 @@ def main() -> None:
         return
     if args.packing:
         packing_main(args)
+        return
+
+    if args.mfu:
+        mfu_main(args)
         return
 
     load_before = os.getloadavg()[0]
@@ -299,13 +367,14 @@ def main() -> None:
     print(f"{args.model}: 8 x 256 tokens, micro {args.micro}, correction {args.correction}")
     print(
         f"{'allocator':<12}{'fused':>7}{'bf16':>6}{'threads':>9}{'best step (s)':>15}"
-        f"{'all steps (s)':>30}"
+        f"{'all steps (s)':>30}{'GFLOP/s':>9}{'matmul peak':>13}{'MFU':>6}"
     )
     for r in rows:
         steps = ", ".join(f"{t:.2f}" for t in r["step_s"])
         print(
             f"{r['allocator']:<12}{r['fused_logprobs']:>7}{r['bf16']!s:>6}{r['threads']:>9}"
-            f"{r['step_s_best']:>15.2f}{steps:>30}"
+            f"{r['step_s_best']:>15.2f}{steps:>30}{r['achieved_gflops']:>9.1f}"
+            f"{r['matmul_peak_gflops']:>13.1f}{r['mfu']:>6.0%}"
         )
     base = next((r["plain_hf_step_s"] for r in rows if r["plain_hf_step_s"]), None)
     if base is not None:
