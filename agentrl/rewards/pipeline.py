@@ -68,7 +68,7 @@ class RewardPipeline:
 
             model = RewardModelScorer(
                 rc.model,
-                device=resolve_device(rc.model_device),
+                device=resolve_device(rc.model_device, "reward.model_device"),
                 batch_size=rc.model_batch_size,
                 max_length=rc.model_max_length,
             )
