@@ -98,6 +98,8 @@ class RayWeightBus:
         self.learner = learner
         self.sampler = sampler
         self.samplers = samplers
+        self._lost_seen = [0] * len(workers)  # requests_lost per worker, this life
+        self._lost_before = [0] * len(workers)  # ... and its earlier lives
         self.workers = workers
         self.engine = engine
         self.version: int | None = None
@@ -111,7 +113,17 @@ class RayWeightBus:
         self.version = version
         self.last = report
         self.sampler.set_versions(held)
-        await asyncio.gather(*(w.set_versions.remote(held) for w in self.workers))
+        self.engine.versions = held  # a worker Ray restarts later gets them from its probe
+        told = await asyncio.gather(
+            *(w.set_versions.remote(held) for w in self.workers), return_exceptions=True
+        )
+        for i, result in enumerate(told):
+            if isinstance(result, BaseException):
+                if not ReplicaRouter.is_replica_failure(result):
+                    raise result
+                log.warning(
+                    "rollout worker %d is restarting; it gets version %s when back", i, version
+                )
         await self._refresh_stats(report)
         return report
 
@@ -129,10 +141,20 @@ class RayWeightBus:
             if s is not None:
                 self.sampler._stats[i] = s
         states = await asyncio.gather(*(quiet(w.router_state.remote()) for w in self.workers))
-        lost = sum(s["counters"]["requests_lost"] for s in states if s)
+        # each worker's router counts since its (re)start: a count that went down belongs to
+        # a restarted worker, and what its previous life counted stays in the total
+        for i, state in enumerate(states):
+            if state is None:  # restarting: its last count stands
+                continue
+            count = state["counters"]["requests_lost"]
+            if count < self._lost_seen[i]:
+                self._lost_before[i] += self._lost_seen[i]
+            self._lost_seen[i] = count
+        lost = sum(self._lost_before) + sum(self._lost_seen)
         self.sampler.placement_counters = {
             "sampler_requests_lost": float(lost),
             "groups_redispatched": float(self.engine.counters["groups_redispatched"]),
+            "rollout_workers_lost": float(self.engine.counters["workers_lost"]),
             "weights_missed": float(report["missed"]),
             "publish_seconds": float(report["seconds"]),
         }
@@ -144,21 +166,33 @@ class _Runner:
 
 
 class RemoteEngine:
-    """Groups run on rollout worker actors (least groups in flight first)."""
+    """Groups run on rollout worker actors (least groups in flight first).
 
-    def __init__(self, workers: list[Any], renderer: Any, retries: int) -> None:
+    A worker that dies mid-group is marked down and its group runs again on another live
+    worker (counted in ``groups_redispatched``); a background probe marks it up again once
+    Ray has restarted it. While every worker is down, groups wait for the first one back
+    (up to `revive_timeout_s`)."""
+
+    def __init__(
+        self, workers: list[Any], renderer: Any, retries: int, revive_timeout_s: float = 120.0
+    ) -> None:
         self.workers = workers
         self.runner = _Runner(renderer)
         self.retries = retries
+        self.revive_timeout_s = revive_timeout_s
         self.outstanding = [0] * len(workers)
-        self.counters = {"groups_redispatched": 0}
+        self.down: set[int] = set()
+        self._back: asyncio.Event | None = None  # set when a down worker answers again
+        self._probes: set[asyncio.Task[None]] = set()
+        self.counters = {"groups_redispatched": 0, "workers_lost": 0}
+        self.versions: list[int | None] | None = None  # what each sampler replica holds
 
     async def run_task(
         self, task: dict[str, Any], index: int = 0, group_id: str | None = None
     ) -> Any:
         failures: list[str] = []
         for _attempt in range(self.retries + 1):
-            i = min(range(len(self.workers)), key=lambda k: (self.outstanding[k], k))
+            i = await self._pick(index, failures)
             self.outstanding[i] += 1
             try:
                 return await self.workers[i].run_task.remote(task, index)
@@ -167,6 +201,7 @@ class RemoteEngine:
                     raise
                 failures.append(f"worker {i}: {e}")
                 self.counters["groups_redispatched"] += 1
+                self._mark_down(i)
                 log.warning("rollout worker %d died; task %d runs again (%s)", i, index, e)
             finally:
                 self.outstanding[i] -= 1
@@ -174,3 +209,53 @@ class RemoteEngine:
             f"task {index}: every attempt lost its rollout worker ({'; '.join(failures)}); "
             "raise ray.max_restarts or check the workers' logs"
         )
+
+    async def _pick(self, index: int, failures: list[str]) -> int:
+        """The live worker with the fewest groups in flight; waits while all are down."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.revive_timeout_s
+        while True:
+            live = [k for k in range(len(self.workers)) if k not in self.down]
+            if live:
+                return min(live, key=lambda k: (self.outstanding[k], k))
+            if self._back is None:
+                self._back = asyncio.Event()
+            left = deadline - loop.time()
+            try:
+                await asyncio.wait_for(self._back.wait(), timeout=max(left, 0.0))
+            except TimeoutError:
+                raise InfraError(
+                    f"task {index}: every rollout worker ({len(self.workers)}) has been down "
+                    f"for {self.revive_timeout_s:g} s ({'; '.join(failures) or 'no answer'}); "
+                    "raise ray.max_restarts or check the workers' logs"
+                ) from None
+
+    def _mark_down(self, i: int) -> None:
+        if i in self.down:
+            return
+        self.down.add(i)
+        self.counters["workers_lost"] += 1
+        probe = asyncio.get_running_loop().create_task(self._probe(i))
+        self._probes.add(probe)
+        probe.add_done_callback(self._probes.discard)
+
+    async def _probe(self, i: int) -> None:
+        """Marks worker `i` up once Ray has restarted it (it stays down if Ray gave up)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.revive_timeout_s
+        while loop.time() < deadline:
+            try:
+                await self.workers[i].describe.remote()
+                if self.versions is not None:  # what was published while it was down
+                    await self.workers[i].set_versions.remote(self.versions)
+            except Exception as e:
+                if not ReplicaRouter.is_replica_failure(e):
+                    raise
+                await asyncio.sleep(0.2)  # restarting
+                continue
+            self.down.discard(i)
+            log.info("rollout worker %d is back", i)
+            if self._back is not None:
+                self._back.set()
+                self._back = None
+            return

@@ -127,39 +127,55 @@ def test_two_nodes_samplers_and_rollout_workers_apart(tmp_path):
     assert orch.weight_bus.last["missed"] == 0
 
 
-def test_a_killed_sampler_actor_loses_episodes_not_the_run(tmp_path):
+def test_killed_rollout_worker_and_sampler_actors_lose_episodes_not_the_run(tmp_path):
     orch = _orchestrator(
         tmp_path / "run",
-        "orchestrator.max_steps=2",
+        "orchestrator.max_steps=4",
         "orchestrator.max_staleness=1",
         "sampler.max_new_tokens=48",
         *SMALL,
         "ray.samplers.replicas=2",
         "ray.samplers.num_cpus=0.25",
+        "ray.rollout_workers.replicas=2",
+        "ray.rollout_workers.num_cpus=0.25",
         "ray.max_restarts=1",
     )
-    victim = orch.parts.placement.samplers[0]
-    killed = threading.Event()
+    worker = orch.parts.placement.workers[0]
+    sampler = orch.parts.placement.samplers[0]
+    engine = orch.rollout
+    killed = {"worker": threading.Event(), "sampler": threading.Event()}
 
-    def kill_while_generating() -> None:
-        # SIGKILL-like: the actor dies with requests in flight; Ray restarts it
-        deadline = time.time() + 60
+    def kill_while_busy() -> None:
+        # SIGKILL-like: each actor dies with work in flight and Ray restarts it; first a
+        # sampler generating, then (once a step has counted what that lost) a rollout
+        # worker running groups
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed["sampler"].is_set():
+            if ray.get(sampler.stats.remote(), timeout=30)["active"] > 0:
+                ray.kill(sampler, no_restart=False)
+                killed["sampler"].set()
+            time.sleep(0.01)
+        while time.time() < deadline and orch.step < 2:
+            time.sleep(0.05)
         while time.time() < deadline:
-            if ray.get(victim.stats.remote(), timeout=30)["active"] > 0:
-                ray.kill(victim, no_restart=False)
-                killed.set()
+            if engine.outstanding[0] > 0:
+                ray.kill(worker, no_restart=False)
+                killed["worker"].set()
                 return
             time.sleep(0.01)
 
-    killer = threading.Thread(target=kill_while_generating)
+    killer = threading.Thread(target=kill_while_busy)
     killer.start()
     try:
         anyio.run(orch.run)
     finally:
         killer.join()
     steps = read_steps(tmp_path / "run")
-    assert killed.is_set()
-    assert [s["step"] for s in steps] == [1, 2]  # the run finished every step
+    assert killed["worker"].is_set() and killed["sampler"].is_set()
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]  # the run finished every step
+    # the dead worker's groups ran again on a live worker: counted, none lost
+    assert steps[-1]["placement/groups_redispatched"] >= 1
+    assert steps[-1]["placement/rollout_workers_lost"] == 1
     lost = steps[-1]["placement/sampler_requests_lost"]  # cumulative over the run
     assert lost >= 1  # counted: those episodes were retried on the other replica or masked
     assert sum(s.get("infra_errors", 0) for s in steps) <= lost
