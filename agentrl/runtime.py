@@ -202,13 +202,6 @@ def build_engine(
     renderer = ChatRenderer(
         sampler.tokenizer, tools=env.tool_schemas(), template=cfg.model.chat_template
     )
-    workflow = None
-    from agentrl.envs.agent import AgentEnv
-
-    if isinstance(env, AgentEnv):  # an agent program, served by the run's gateway
-        from agentrl.gateway.workflow import agent_workflow
-
-        workflow = agent_workflow(env, cfg)
     return RolloutEngine(
         env,
         sampler,
@@ -217,7 +210,7 @@ def build_engine(
         sampler_cfg=cfg.sampler,
         seed=cfg.orchestrator.seed,
         split=split,
-        workflow=workflow,
+        workflow=env.episode_workflow(cfg),  # an agent program's own, say; else rollout.workflow
     )
 
 

@@ -132,6 +132,12 @@ class AgentEnv(Environment):
             for i, row in enumerate(tasks or []):
                 yield {**row, "id": str(row.get("id", f"task-{i}"))}
 
+    def episode_workflow(self, cfg: Any) -> Any:
+        """Each episode runs the agent program against the run's gateway."""
+        from agentrl.gateway.workflow import agent_workflow
+
+        return agent_workflow(self, cfg)
+
     def score(self, result: Any, task: dict[str, Any], last_reply: str) -> tuple[float, dict]:
         """(reward, info) of an episode whose program returned `result`."""
         if self.verifier is not None:

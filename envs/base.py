@@ -111,6 +111,14 @@ class Environment(abc.ABC):
     async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
         """Release per-episode resources (sandbox sessions ...)."""
 
+    def episode_workflow(self, cfg: Any) -> Any:
+        """The workflow that runs this environment's episodes in a run configured by `cfg`
+        (see :mod:`agentrl.rollout.workflow`), or None for the configured one
+        (``rollout.workflow``, the built-in episode runner by default). An environment whose
+        episodes are driven from outside, like an agent program behind the gateway, returns
+        its own."""
+        return None
+
 
 def parse_options(env_cls: type[Environment], options: dict[str, Any]) -> Any:
     """Validate ``options`` with ``env_cls.Options``; errors name the option and the fix."""
