@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from agentrl.errors import CheckpointError, ConfigError
+from agentrl.weights.files import unshared
 
 ADAPTER_WEIGHTS = "adapter.safetensors"
 POLICY_WEIGHTS = "model.safetensors"
@@ -127,20 +128,6 @@ def adapter_state(model: Any) -> dict[str, Tensor]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def _unique_cpu(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """CPU copies for safetensors, one entry per storage (a tied LM head is left out: the
-    embedding it shares is there, and every loader of ours fills it in)."""
-    seen: set[tuple[int, int]] = set()
-    out = {}
-    for name, t in state.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = t.detach().to("cpu").contiguous()
-    return out
-
-
 def save_policy(model: Any, folder: Path) -> None:
     """``model.safetensors`` (the policy under its base names, merged with LoRA) and, with
     LoRA, ``adapter.safetensors`` (what :func:`load_policy` resumes from)."""
@@ -149,8 +136,8 @@ def save_policy(model: Any, folder: Path) -> None:
     if not has_lora(model):
         save_model(model, str(folder / POLICY_WEIGHTS))
         return
-    save_file(_unique_cpu(adapter_state(model)), str(folder / ADAPTER_WEIGHTS))
-    save_file(_unique_cpu(sampler_state(model)), str(folder / POLICY_WEIGHTS))
+    save_file(unshared(adapter_state(model)), str(folder / ADAPTER_WEIGHTS))
+    save_file(unshared(sampler_state(model)), str(folder / POLICY_WEIGHTS))
 
 
 def load_policy(model: Any, folder: Path, device: torch.device) -> None:
