@@ -22,12 +22,14 @@ async it runs).
 Rounds are interleaved (every configuration once per round, the order rotated) so machine
 noise hits all of them; the median round is reported with every round's ratio to TRL in
 that round. Timing covers steps 2..N (model load, compilation and the first step are left
-out, on both sides). Memory is sampled every 0.5 s over the whole process tree (the
+out, on both sides). Asynchronous runs need ``--steps`` >= 3 for a steady-state figure:
+the producer never samples past the last step, so with 2 steps the timed interval is the
+learner's second step alone (its batch was generated during step 1). Memory is sampled every 0.5 s over the whole process tree (the
 learner child included) until the last measured step: peak of the summed RSS (shared
 pages counted in each process that maps them) and of the summed PSS (shared pages split).
 The prompt token ids of every task are asserted identical on both sides.
 
-    .venv/bin/python benchmarks/vs_trl.py [--steps 3] [--rounds 2]
+    .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--rounds 2]
         [--dtypes float32 bfloat16] [--configs trl sync async] [--lr 1e-6]
 
 Prints a table and writes benchmarks/results/vs_trl.json. This module is also the child
@@ -447,7 +449,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--steps", type=int, default=3, help="steps per run; 2..N are timed")
+    ap.add_argument("--steps", type=int, default=4, help="steps per run; 2..N are timed")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--configs", nargs="+", default=["trl", "sync", "async"])
