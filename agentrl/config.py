@@ -50,6 +50,13 @@ class SamplerConfig(_Section):
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     max_new_tokens: int = Field(256, ge=1, description="per assistant turn")
     drain_on_update: bool = False  # finish in-flight sequences on old weights before a swap
+    # what in-flight sequences do when new weights arrive (docs/off_policy.md): keep = go
+    # on with the KV the old weights computed (tokens after the swap see a mix); reprefill =
+    # recompute the whole context's KV under the new weights, then go on (AReaL's
+    # interruptible generation, exact); drain = finish on the old weights first (the same as
+    # drain_on_update: true); auto = drain when drain_on_update or not
+    # orchestrator.partial_rollouts, else the backend's own: hf keep, vllm reprefill
+    on_update: Literal["auto", "keep", "reprefill", "drain"] = "auto"
     device: str = "auto"  # hf backend: auto (CUDA when present), cpu, cuda, cuda:N
     # share of the GPU's memory the hf sampler may use (checked against its weights at start,
     # then enforced as the process's CUDA cap); null = no budget. Ignored on CPU

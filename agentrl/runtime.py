@@ -95,15 +95,62 @@ def _user_set(section: Any, key: str) -> bool:
     return key in section.model_fields_set
 
 
+# what each backend does with in-flight sequences on a weight update when nothing says
+_ON_UPDATE_DEFAULT = {"hf": "keep", "vllm": "reprefill", "openai": "drain"}
+# the policies a backend can honour, and why not the others
+_ON_UPDATE_CANNOT = {
+    ("vllm", "keep"): "vLLM preempts running sequences on a weight swap and recomputes their "
+    "KV on the new weights (reset_prefix_cache(reset_running_requests=True)), so use "
+    "reprefill (what it does) or drain",
+    ("openai", "keep"): "the openai backend finishes in-flight requests before a weight "
+    "reload, so use drain",
+    ("openai", "reprefill"): "the openai backend finishes in-flight requests before a weight "
+    "reload, so use drain",
+}
+
+
+def on_update_policy(cfg: Config) -> str:
+    """``sampler.on_update`` resolved to ``keep``, ``reprefill`` or ``drain`` for the run's
+    backend; a contradiction with ``sampler.drain_on_update`` or
+    ``orchestrator.partial_rollouts``, or a policy the backend cannot honour, is a
+    :class:`ConfigError` naming the keys."""
+    s, backend = cfg.sampler, cfg.sampler.backend
+    drains = [
+        key
+        for key, on in (
+            ("sampler.drain_on_update=true", s.drain_on_update),
+            ("orchestrator.partial_rollouts=false", not cfg.orchestrator.partial_rollouts),
+        )
+        if on
+    ]
+    if s.on_update in ("keep", "reprefill") and drains:
+        raise ConfigError(
+            f"sampler.on_update={s.on_update} contradicts {drains[0]} (which finishes in-flight "
+            f"sequences on the old weights): remove {drains[0].split('=')[0]}, or set "
+            "sampler.on_update=drain"
+        )
+    if s.on_update != "auto":
+        policy = s.on_update
+    else:
+        policy = "drain" if drains else _ON_UPDATE_DEFAULT[backend]
+    why = _ON_UPDATE_CANNOT.get((backend, policy))
+    if why:
+        raise ConfigError(
+            f"sampler.on_update={policy} cannot be honoured by sampler.backend={backend}: {why}"
+        )
+    return policy
+
+
 def sampler_options(cfg: Config) -> dict[str, Any]:
     """The keyword options `cfg` gives its sampler backend.
 
-    First-class settings (``sampler.max_batch_size``, ``drain_on_update``, ``device``,
-    ``model.dtype``, ``orchestrator.partial_rollouts``) are forwarded where the backend
-    honours them; one a backend cannot honour, set by the user, is a :class:`ConfigError`.
-    ``sampler.options`` holds backend-specific extras and may not repeat those."""
+    First-class settings (``sampler.max_batch_size``, ``on_update``, ``drain_on_update``,
+    ``device``, ``model.dtype``, ``orchestrator.partial_rollouts``) are forwarded where the
+    backend honours them; one a backend cannot honour, set by the user, is a
+    :class:`ConfigError`. ``sampler.options`` holds backend-specific extras and may not
+    repeat those."""
     s, backend = cfg.sampler, cfg.sampler.backend
-    first_class = {"max_batch_size", "drain_on_update", "device", "dtype"}
+    first_class = {"max_batch_size", "on_update", "drain_on_update", "device", "dtype"}
     doubled = sorted(first_class & set(s.options))
     if doubled:
         raise ConfigError(
@@ -119,10 +166,11 @@ def sampler_options(cfg: Config) -> dict[str, Any]:
         )
     options = dict(s.options)
     # partial rollouts off = finish in-flight sequences on the old weights before a swap
-    drain = s.drain_on_update or not cfg.orchestrator.partial_rollouts
+    policy = on_update_policy(cfg)
+    drain = policy == "drain"
     dtype = cfg.model.dtype
     if backend == "hf":
-        options.update(max_batch_size=s.max_batch_size, drain_on_update=drain)
+        options.update(max_batch_size=s.max_batch_size, on_update=policy)
         return options
     if backend == "vllm":
         if _user_set(s, "device") and s.device != "auto":

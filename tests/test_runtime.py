@@ -30,8 +30,8 @@ def _openai_cfg(*overrides: str):
 
 def test_hf_gets_batch_size_and_drains_without_partial_rollouts():
     opts = sampler_options(_cfg("orchestrator.partial_rollouts=false"))
-    assert opts["max_batch_size"] == 16 and opts["drain_on_update"] is True
-    assert sampler_options(_cfg())["drain_on_update"] is False
+    assert opts["max_batch_size"] == 16 and opts["on_update"] == "drain"
+    assert sampler_options(_cfg())["on_update"] == "keep"
 
 
 def test_vllm_gets_dtype_batch_size_and_drain():
