@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from agentrl.models import load_model
+from agentrl.models import cache_kwargs, load_model, returned_cache
 from agentrl.samplers.decode_attention import NAME, use_decode_attention
 
 
@@ -40,10 +40,8 @@ def test_decode_steps_match_sdpa(padded: bool, monkeypatch) -> None:
             for _ in range(6):
                 nxt = out.logits[:, -1].argmax(-1, keepdim=True)
                 m = torch.cat([m, torch.ones_like(nxt)], dim=1)
-                out = model(
-                    input_ids=nxt, attention_mask=m, past_key_values=out.past_key_values,
-                    use_cache=True,
-                )  # fmt: skip
+                cache = cache_kwargs(model, returned_cache(out))
+                out = model(input_ids=nxt, attention_mask=m, use_cache=True, **cache)
                 steps.append(out.logits[:, -1])
         logits[name] = torch.stack(steps)
     torch.testing.assert_close(logits["ours"], logits["sdpa"], atol=1e-5, rtol=1e-5)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from agentrl.models import load_model
+from agentrl.models import cache_kwargs, load_model, returned_cache
 from agentrl.samplers import kv_cache
 from agentrl.samplers.hf import HFSampler
 from agentrl.samplers.kv_cache import GrowingCache, GrowingLayer
@@ -17,12 +17,12 @@ from agentrl.samplers.kv_cache import GrowingCache, GrowingLayer
 def _decode(model, cache, ids, steps):
     logits = []
     with torch.inference_mode():
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        out = model(input_ids=ids, use_cache=True, **cache_kwargs(model, cache))
         for _ in range(steps):
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             logits.append(out.logits[:, -1].float())
-            out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
-    return torch.stack(logits), out.past_key_values
+            out = model(input_ids=nxt, use_cache=True, **cache_kwargs(model, returned_cache(out)))
+    return torch.stack(logits), returned_cache(out)
 
 
 def test_same_logits_and_keys_as_dynamic_cache(monkeypatch) -> None:
