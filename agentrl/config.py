@@ -145,6 +145,10 @@ class AlgorithmConfig(_Section):
     # decoupled's pi_prox: recompute = a no-grad pass at the start of the step; loglinear =
     # AReaL's interpolation between behaviour and current log-probs (no extra pass)
     proximal: Literal["recompute", "loglinear"] = "recompute"
+    # auto: skip that pass when pi_old is the behaviour policy (max_staleness 0, one
+    # optimizer update per step, the hf sampler in the learner's dtype, every trained token
+    # at the learner's version) and use the behaviour log-probs; off: always recompute
+    proximal_bypass: Literal["auto", "off"] = "auto"
     dynamic_sampling: bool = False
     # dynamic sampling's bound: after this many all-equal groups in a row (a warning half
     # way), stop with an error naming the likely cause, or (train) train on them anyway

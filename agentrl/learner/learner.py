@@ -8,8 +8,10 @@ Per step:
 1. :meth:`Batch.from_groups`; the rewards shaped by the objective (DAPO overlong).
 2. One no-grad pass at the start (when needed): the proximal log-probs for ``tis`` /
    ``decoupled`` (not under ``proximal: loglinear``, which interpolates them per
-   micro-batch instead), the critic's values when the advantage estimator needs them,
-   and the exact sampler-vs-learner gap; reference log-probs when a KL term is on.
+   micro-batch instead, nor when they are the behaviour log-probs: see
+   :mod:`agentrl.learner.proximal`), the critic's values when the advantage estimator
+   needs them, and the exact sampler-vs-learner gap; reference log-probs when a KL term
+   is on. Without the pass the gap is measured on the first update's forward instead.
 3. Advantages from the registry (:class:`~agentrl.learner.objective.Objective`), from
    per-token rewards when the KL is in the reward; DAPO's overlong filter on the mask.
 4. ``ppo_epochs`` x ``minibatches`` optimizer steps; each minibatch is split into
@@ -50,6 +52,7 @@ from agentrl.learner.forward import PolicyForward
 from agentrl.learner.metrics import WeightedMeans, batch_metrics
 from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
+from agentrl.learner.proximal import bypass_blockers
 from agentrl.learner.schedule import lr_lambda
 from agentrl.types import Batch, TrajectoryGroup
 
@@ -144,6 +147,21 @@ class Learner:
         self.generator = torch.Generator().manual_seed(
             cfg.orchestrator.seed if seed is None else seed
         )
+        # why the start-of-step pass may not be skipped (empty: skipped on batches whose
+        # trained tokens are all at this learner's version; agentrl.learner.proximal)
+        also_needed = [
+            what
+            for what, on in (
+                ("the critic's values", self.use_critic),
+                ("the KL in the reward", self.alg.kl_in_reward),
+            )
+            if on
+        ]
+        self.bypass_blockers = bypass_blockers(
+            cfg.model_copy(update={"algorithm": self.alg, "learner": self.lcfg}),
+            self.precision,
+            pass_needed_for=" and ".join(also_needed),
+        )
         self.version = 0
         self.step_count = 0
         # the pi_old log-probs the loss used in the last step's first epoch (for inspection)
@@ -227,11 +245,18 @@ class Learner:
         need_prox = (not loglinear and (alg.off_policy != "none" or n_updates > 1)) or (
             self.use_critic or alg.kl_in_reward
         )
+        # pi_old is the behaviour policy: every trained token sampled by these weights
+        bypass = (
+            need_prox
+            and not self.bypass_blockers
+            and bool((batch.versions[batch.loss_mask > 0] == self.version).all())
+        )
+        metrics["learner/proximal_bypass"] = float(bypass)
         prox_lp: Tensor | None = None
         start_entropy: Tensor | None = None
         old_values: Tensor | None = None
         t_fwd = time.perf_counter()
-        if need_prox and len(trained_rows):
+        if need_prox and not bypass and len(trained_rows):
             self.model.eval()
             prox_lp, start_entropy, old_values = self.forward.whole_rows(
                 self.model,
@@ -401,9 +426,11 @@ class Learner:
         """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically."""
         from safetensors.torch import save_model
 
+        from agentrl.learner.lora import save_policy
+
         directory = Path(directory)
         with atomic_directory(directory) as tmp:
-            save_model(self.model, str(tmp / "model.safetensors"))
+            save_policy(self.model, tmp)  # with LoRA: the adapter, and the merged policy
             if self.use_critic:
                 save_model(self._critic_module(), str(tmp / "critic.safetensors"))
             torch.save(
@@ -436,7 +463,9 @@ class Learner:
                 f"checkpoint {directory} was saved with critic={meta.get('critic')} but this "
                 f"learner has critic={self.use_critic}; use the config the run was started with"
             )
-        load_model(self.model, str(directory / "model.safetensors"), device=str(self.device))
+        from agentrl.learner.lora import load_policy
+
+        load_policy(self.model, directory, self.device)
         if self.use_critic:
             load_model(
                 self._critic_module(),

@@ -158,7 +158,7 @@ class Objective:
         alg = self.alg
         defaults = type(alg).model_fields
         if alg.off_policy == "none":
-            for key in ("is_mode", "is_level", "is_mask", "proximal"):
+            for key in ("is_mode", "is_level", "is_mask", "proximal", "proximal_bypass"):
                 if getattr(alg, key) != defaults[key].default:
                     raise ConfigError(
                         f"algorithm.{key}={getattr(alg, key)} has no effect with "

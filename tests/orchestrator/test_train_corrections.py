@@ -55,3 +55,17 @@ def test_overlong_filter_end_to_end(tmp_path):
     assert step["overlong_filtered"] == 8  # learner.batch_groups=2 x rollout.group_size=4
     assert step["tokens/trained"] == 0
     assert not _weights_changed(orch)
+
+
+def test_synchronous_tis_run_bypasses_the_start_of_step_pass(tmp_path):
+    """Sampler and learner in float32, one update per step, max_staleness 0: every step
+    uses the behaviour log-probs as pi_old, and the sampler-vs-learner gap stays logged."""
+    _run(
+        tmp_path, "orchestrator.max_steps=2", "orchestrator.max_staleness=0",
+        "algorithm.off_policy=tis", "learner.bf16=off",
+    )  # fmt: skip
+    steps = read_steps(tmp_path / "run")
+    assert [s["learner/proximal_bypass"] for s in steps] == [1.0, 1.0], steps
+    assert all(s["pg/is_weight_mean"] == 1.0 for s in steps), steps
+    gaps = [s["logprob_gap/mean"] for s in steps]
+    assert all(0 <= g < 1e-3 for g in gaps), gaps  # same numerics, fresh tokens
