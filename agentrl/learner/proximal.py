@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from agentrl.config import Config
-from agentrl.learner.precision import Precision, resolve_device
+from agentrl.devices import resolve_device
+from agentrl.learner.precision import Precision
 
 
 def sampler_dtype(cfg: Config) -> torch.dtype | None:
@@ -30,7 +31,7 @@ def sampler_dtype(cfg: Config) -> torch.dtype | None:
     from agentrl.models import _ALIASES, resolve_dtype
 
     alias = _ALIASES.get(cfg.model.name)
-    device = resolve_device(cfg.sampler.device)
+    device = resolve_device(cfg.sampler.device, "sampler.device")
     return resolve_dtype(
         None if cfg.model.dtype == "auto" else cfg.model.dtype,
         device,
@@ -63,9 +64,7 @@ def bypass_blockers(cfg: Config, precision: Precision, *, pass_needed_for: str =
         out.append(f"orchestrator.max_staleness={cfg.orchestrator.max_staleness}")
     if alg.is_mask is not None:
         out.append(f"algorithm.is_mask={alg.is_mask} rejects tokens by the recomputed ratio")
-    learner_dtype = getattr(precision, "compute_dtype", None) or (
-        torch.bfloat16 if precision.bf16 else torch.float32
-    )
+    learner_dtype = precision.compute_dtype
     s_dtype = sampler_dtype(cfg)
     if s_dtype is None:
         out.append(f"sampler.backend={cfg.sampler.backend} (other kernels than the learner's)")
