@@ -130,8 +130,10 @@ def parse_options(env_cls: type[Environment], options: dict[str, Any]) -> Any:
     except ValidationError as e:
         problems = []
         for err in e.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "?"
-            if err["type"] == "extra_forbidden":
+            key = ".".join(str(p) for p in err["loc"])
+            if not key:  # a check across options (a model validator): its message says which
+                problems.append(f"options: {err['msg']} (got {err.get('input')!r})")
+            elif err["type"] == "extra_forbidden":
                 problems.append(
                     f"unknown option {key!r}{suggest(key, known)}; known options: "
                     + ", ".join(known)
