@@ -33,6 +33,22 @@ class LearnerWeights:
     version: int
 
 
+def learner_death(e: Exception, doing: str) -> Exception:
+    """What to raise for `e` from a call to the learner actor: its death as one line (a
+    LearnerError, as for the local learner process) instead of a Ray traceback; `e` itself
+    for anything else."""
+    if not ReplicaRouter.is_replica_failure(e):
+        return e
+    from agentrl.learner.worker import LearnerError
+
+    first = (str(e).strip().splitlines() or [""])[0]
+    return LearnerError(
+        f"the learner actor died while {doing} ({type(e).__name__}: {first}); the last "
+        "checkpoint is intact: --resume the run from it (out of memory? try a smaller "
+        "learner.micro_batch_size, or more memory for ray.learner)"
+    )
+
+
 class RemoteLearner:
     def __init__(self, ray: Any, handle: Any) -> None:
         self._ray = ray
@@ -43,9 +59,15 @@ class RemoteLearner:
         self.node = info["node"]
         self._closed = False
 
+    def _get(self, ref: Any, doing: str) -> Any:
+        try:
+            return self._ray.get(ref)
+        except Exception as e:
+            raise learner_death(e, doing) from None
+
     def step(self, groups: Any) -> dict[str, float]:
-        metrics, self.version, self.step_count = self._ray.get(
-            self.handle.step.remote(list(groups))
+        metrics, self.version, self.step_count = self._get(
+            self.handle.step.remote(list(groups)), f"training step {self.step_count + 1}"
         )
         return metrics
 
@@ -53,11 +75,12 @@ class RemoteLearner:
         return LearnerWeights(self.version)
 
     def save_checkpoint(self, directory: str | Path) -> Path:
-        return Path(self._ray.get(self.handle.save_checkpoint.remote(str(directory))))
+        ref = self.handle.save_checkpoint.remote(str(directory))
+        return Path(self._get(ref, "writing a checkpoint"))
 
     def load_checkpoint(self, directory: str | Path) -> None:
-        self.version, self.step_count = self._ray.get(
-            self.handle.load_checkpoint.remote(str(directory))
+        self.version, self.step_count = self._get(
+            self.handle.load_checkpoint.remote(str(directory)), "loading a checkpoint"
         )
 
     def close(self) -> None:
@@ -108,7 +131,10 @@ class RayWeightBus:
     async def publish(self, version: int, weights: Any) -> dict[str, Any]:
         if isinstance(weights, LearnerWeights) and weights.version != version:
             raise ValueError(f"publishing version {version} with weights of {weights.version}")
-        report = await self.learner.handle.publish.remote()
+        try:
+            report = await self.learner.handle.publish.remote()
+        except Exception as e:
+            raise learner_death(e, f"publishing version {version}") from None
         held: list[int | None] = report["held"]
         self.version = version
         self.last = report

@@ -181,6 +181,37 @@ def test_killed_rollout_worker_and_sampler_actors_lose_episodes_not_the_run(tmp_
     assert sum(s.get("infra_errors", 0) for s in steps) <= lost
 
 
+def test_a_dead_learner_actor_ends_the_run_in_one_line_with_a_checkpoint(tmp_path):
+    from agentrl.errors import user_error
+
+    orch = _orchestrator(
+        tmp_path / "run",
+        "orchestrator.max_steps=6",
+        "orchestrator.checkpoint_every=1",
+        "orchestrator.max_staleness=1",
+        *SMALL,
+    )
+    learner = orch.parts.placement.learner
+
+    def kill_after_a_checkpoint() -> None:
+        deadline = time.time() + 120
+        while latest_checkpoint(tmp_path / "run") is None and time.time() < deadline:
+            time.sleep(0.05)
+        ray.kill(learner, no_restart=True)
+
+    killer = threading.Thread(target=kill_after_a_checkpoint)
+    killer.start()
+    try:
+        with pytest.raises(BaseException) as caught:
+            anyio.run(orch.run)
+    finally:
+        killer.join()
+    said = str(user_error(caught.value))
+    assert said.startswith("the learner actor died while "), said
+    assert "--resume" in said and "\n" not in said, said
+    assert latest_checkpoint(tmp_path / "run") is not None  # what --resume starts from
+
+
 def _driver(run_dir: Path, steps: int, *extra: str) -> list[str]:
     args = [sys.executable, "-m", "agentrl.cli", "train", "configs/demo.yaml"]
     args += [*extra, "--no-summary"]
