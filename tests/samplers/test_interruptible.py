@@ -8,7 +8,7 @@ import anyio
 import pytest
 import torch
 
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, SamplerError
 from agentrl.models import load_model
 from agentrl.runtime import on_update_policy, sampler_options
 from agentrl.samplers import SamplingParams
@@ -107,6 +107,58 @@ async def test_a_turn_records_the_policy_and_survives_json():
     assert (back.on_update, back.reprefilled_tokens) == ("reprefill", 42)
     old = Turn.from_dict({"index": 0})  # a trace written before these fields existed
     assert (old.on_update, old.reprefilled_tokens) == (None, None)
+
+
+async def test_a_failing_reprefill_fails_its_rows_and_the_sampler_serves_on():
+    """A re-prefill forward that raises (out of memory, a broken kernel): the rows in
+    flight get a SamplerError naming the re-prefill, nothing hangs, and the sampler goes
+    on serving new requests under the new weights."""
+    torch.set_num_threads(1)
+    model, tokenizer = load_model("tiny-llama", dtype="float32")
+    sampler = HFSampler(model, tokenizer, on_update="reprefill", default_stop_token_ids=(), seed=0)
+    forward, reprefill = sampler._forward, sampler._reprefill
+    in_reprefill = False
+
+    def failing_reprefill() -> None:
+        nonlocal in_reprefill
+        in_reprefill = True
+        try:
+            reprefill()
+        finally:
+            in_reprefill = False
+
+    def forward_or_fail(chunk):
+        if in_reprefill:  # fault injection: the re-prefill's forward pass raises
+            raise RuntimeError("out of memory (injected)")
+        return forward(chunk)
+
+    sampler._forward, sampler._reprefill = forward_or_fail, failing_reprefill
+    prompts = _prompts(tokenizer)
+    errors: dict[int, BaseException] = {}
+
+    async def one(i: int) -> None:
+        params = SamplingParams(temperature=1.0, max_new_tokens=100, seed=i)
+        try:
+            await sampler.generate(prompts[i], params)
+        except Exception as e:
+            errors[i] = e
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(one, i)
+            await wait_for(lambda: sampler.stats()["steps"] >= 4)
+            await sampler.update_weights(perturbed(model, scale=0.05), 1)
+        assert sorted(errors) == list(range(len(prompts)))
+        for e in errors.values():
+            assert isinstance(e, SamplerError), repr(e)
+            assert "re-prefill failed: RuntimeError: out of memory (injected)" in str(e)
+        assert sampler.stats()["reprefills"] == 1
+        after = await sampler.generate(
+            prompts[2], SamplingParams(temperature=1.0, max_new_tokens=8)
+        )
+    await sampler.close()
+    assert len(after.token_ids) == 8 and after.versions == [1] * 8
 
 
 def test_hf_sampler_refuses_contradicting_options():
