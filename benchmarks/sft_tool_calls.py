@@ -1,9 +1,11 @@
 """Does a short SFT teach SmolLM2-135M the Hermes ``<tool_call>`` format?
 
-    python benchmarks/sft_tool_calls.py                        # 300 demos, 2 epochs, 64 samples
-    python benchmarks/sft_tool_calls.py --demos 100 --epochs 1 --samples 32   # smaller
+    python benchmarks/sft_tool_calls.py                        # 160 demos, 1 epoch, 64 samples
+    python benchmarks/sft_tool_calls.py --demos 300 --epochs 2 --samples 128  # longer
 
-On 2 shared CPU cores the "before" pass alone (48 samples) took 868 s: run it on a GPU.
+A demonstration is about 410 tokens (the python tool's schema makes most of the prompt);
+SFT on 2 CPU cores trains a few hundred tokens/s, so the defaults take about 10 minutes
+there in all (two sampling passes and one SFT epoch).
 
 1. Demonstrations are generated from code_math's chain_sum tasks in the run's own format
    (``call_format: tool_call``, no few-shot turns): system prompt with the python tool's
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import time
@@ -115,17 +118,20 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--demos", type=int, default=300)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--demos", type=int, default=160)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--work", type=Path, default=Path("/tmp/agentrl_sft_bench"))
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     env = make_env("code_math", **ENV)
+    load = [os.getloadavg()[0]]
     t0 = time.time()
     before, before_texts = tool_call_rate(args.model, env, args.samples, seed=1)
-    print(f"before SFT: {before:.1%} well-formed tool calls ({time.time() - t0:.0f}s)", flush=True)
+    before_seconds = time.time() - t0
+    print(f"before SFT: {before:.1%} well-formed tool calls ({before_seconds:.0f}s)", flush=True)
     demos = make_demos(env, args.demos, args.work / "demos.jsonl")
     cfg = load_config(
         overrides=[f"model.name={args.model}", "env.name=code_math"]
@@ -138,26 +144,40 @@ def main() -> None:
         cfg=cfg,
         epochs=args.epochs,
         lr=args.lr,
-        batch_size=8,
+        batch_size=args.batch_size,
         eval_fraction=0.1,
     )
     sft_seconds = time.time() - t1
+    load.append(os.getloadavg()[0])
+    print(
+        f"SFT: {report.trained_tokens} assistant tokens per epoch, {sft_seconds:.0f}s", flush=True
+    )
+    t2 = time.time()
     after, after_texts = tool_call_rate(str(args.work / "sft"), env, args.samples, seed=1)
+    after_seconds = time.time() - t2
+    load.append(os.getloadavg()[0])
     rows = {
         "model": args.model,
         "demos": args.demos,
         "epochs": args.epochs,
         "lr": args.lr,
+        "batch_size": args.batch_size,
+        "sft_examples": report.examples,
         "samples": args.samples,
         "env": ENV,
         "rate_before": before,
         "rate_after": after,
+        "before_seconds": before_seconds,
         "sft_seconds": sft_seconds,
+        "after_seconds": after_seconds,
+        "sft_out": str(args.work / "sft"),
         "sft_eval_loss_before": report.eval_loss_before,
         "sft_eval_loss_after": report.eval_loss,
         "examples_before": before_texts[:3],
         "examples_after": after_texts[:3],
         "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_avg_1m": load,
     }
     print(
         f"\n| | well-formed <tool_call> |\n|---|---|\n| before SFT | {before:.1%} |\n| after SFT ({args.demos} demos, {args.epochs} epochs) | {after:.1%} |"
