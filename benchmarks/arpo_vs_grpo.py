@@ -299,6 +299,24 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
     fig.savefig(path, dpi=110)
 
 
+def earlier_runs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The runs of ``--add-to``, refused when they were measured under other settings."""
+    earlier = json.loads(args.add_to.read_text())
+    for key, ours in (
+        ("token_budget", args.token_budget),
+        ("eval_tasks", args.eval_tasks),
+        ("eval_samples", args.eval_samples),
+        ("quick", args.quick),
+        ("overrides", args.set),
+    ):
+        if earlier.get(key) != ours:
+            raise SystemExit(
+                f"--add-to {args.add_to}: its {key} is {earlier.get(key)!r}, this run's is "
+                f"{ours!r}; runs are only comparable under the same settings"
+            )
+    return list(earlier["runs"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
@@ -309,14 +327,23 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny random model, scripted search")
     ap.add_argument("--set", action="append", default=[], help="config override for every run")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/arpo_vs_grpo"))
+    ap.add_argument(
+        "--add-to",
+        type=Path,
+        help="an earlier result JSON: its runs join this one's (same budget, eval and "
+        "overrides required; a method and seed it already holds is not run again)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.token_budget = min(args.token_budget, 200)
         args.eval_tasks = min(args.eval_tasks, 2)
-    runs = []
+    runs = earlier_runs(args) if args.add_to else []
+    done = {(r["method"], r["seed"]) for r in runs}
     with tempfile.TemporaryDirectory(prefix="arpo_vs_grpo-") as tmp:
         for seed in args.seeds:  # interleaved, so machine load drifts hit every method alike
             for method in args.methods:
+                if (method, seed) in done:
+                    continue
                 print(f"== {method} seed {seed}", flush=True)
                 runs.append(run_one(method, seed, args, Path(tmp)))
     summary = summarise(runs)
