@@ -58,6 +58,8 @@ GROUP = 8
 PROMPTS = 2
 NEW_TOKENS = 64
 DATA_SEED = 0
+# agentrl settings of this benchmark beyond the shared workload (--agentrl-set replaces them)
+AGENTRL_DEFAULT_SET: list[str] = []
 # reasoning-gym basic_arithmetic, code_math's "easy" settings (envs/code_math.py)
 EASY = {"min_terms": 2, "max_terms": 3, "min_digits": 2, "max_digits": 3, "operators": "+-*"}
 
@@ -207,6 +209,20 @@ def child_trl(args: argparse.Namespace) -> dict[str, Any]:
 # --- the agentrl child ----------------------------------------------------------------------
 
 
+def agentrl_overrides(settings: list[str], config: str) -> list[str]:
+    """The ``--agentrl-set`` entries that apply to `config`: ``KEY=VALUE`` to both agentrl
+    configurations, ``sync:KEY=VALUE`` / ``async:KEY=VALUE`` to one."""
+    out = []
+    for item in settings:
+        scope, sep, rest = item.partition(":")
+        if sep and scope in ("sync", "async") and "=" not in scope:
+            if scope == config:
+                out.append(rest)
+        else:
+            out.append(item)
+    return out
+
+
 def child_agentrl(args: argparse.Namespace) -> dict[str, Any]:
     import anyio
     import torch
@@ -246,6 +262,7 @@ def child_agentrl(args: argparse.Namespace) -> dict[str, Any]:
             "orchestrator.checkpoint_every=0",
             "logging.progress=false",
             "logging.trace=false",
+            *agentrl_overrides(args.agentrl_set, args.config),
         ]
     )
     with tempfile.TemporaryDirectory() as run_dir:
@@ -352,17 +369,36 @@ class TreeMemory(threading.Thread):
         super().__init__(daemon=True)
         self.pid, self.every = pid, every
         self.samples: list[tuple[float, int, int, int]] = []  # (wall, rss, pss, processes)
+        # per process: (wall, rss, pss) samples, to say which process holds what
+        self.by_pid: dict[int, list[tuple[float, int, int]]] = {}
         self._halt = threading.Event()
 
     def run(self) -> None:
         while not self._halt.is_set():
             pids = _tree(self.pid)
             rss = pss = 0
+            now = time.time()
             for p in pids:
                 r, s = _rss_pss(p)
                 rss, pss = rss + r, pss + s
-            self.samples.append((time.time(), rss, pss, len(pids)))
+                if r:
+                    self.by_pid.setdefault(p, []).append((now, r, s))
+            self.samples.append((now, rss, pss, len(pids)))
             self._halt.wait(self.every)
+
+    def process_peaks(self, until: float) -> list[dict[str, float]]:
+        """Each process's own peak RSS and PSS (MB) up to `until`; the root process first."""
+        out = []
+        for pid, samples in self.by_pid.items():
+            inside = [s for s in samples if s[0] <= until] or samples
+            out.append(
+                {
+                    "process": "root" if pid == self.pid else "child",
+                    "peak_rss_mb": max(s[1] for s in inside) / 2**20,
+                    "peak_pss_mb": max(s[2] for s in inside) / 2**20,
+                }
+            )
+        return sorted(out, key=lambda r: r["process"] != "root")
 
     def stop(self) -> None:
         self._halt.set()
@@ -399,6 +435,7 @@ def run_one(config: str, dtype: str, args: argparse.Namespace, model_dir: Path) 
             str(args.lr),
             "--model-dir",
             str(model_dir),
+            *(x for kv in args.agentrl_set for x in ("--agentrl-set", kv)),
             "--out",
             str(out),
         ]
@@ -436,6 +473,7 @@ def run_one(config: str, dtype: str, args: argparse.Namespace, model_dir: Path) 
         "peak_rss_mb": rss / 2**20,
         "peak_pss_mb": pss / 2**20,
         "processes": nproc,
+        "peak_by_process": mem.process_peaks(res["t_last_step_wall"]),
         "process_wall_s": wall,
         "loadavg_before": load0,
         "loadavg_after": os.getloadavg(),
@@ -454,6 +492,15 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--configs", nargs="+", default=["trl", "sync", "async"])
     ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument(
+        "--agentrl-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for both agentrl configurations (repeatable), after the "
+        "benchmark's own; sync:KEY=VALUE or async:KEY=VALUE for one of them; default: "
+        + (" ".join(AGENTRL_DEFAULT_SET) or "none"),
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vs_trl.json"))
     ap.add_argument(
         "--summarize",
@@ -465,6 +512,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not args.agentrl_set and not args.child:
+        args.agentrl_set = list(AGENTRL_DEFAULT_SET)
     if args.child:
         args.config = args.child
         child_main(args)
