@@ -18,7 +18,8 @@ refreshed after every step and every checkpoint load, and mapped into this proce
 views (tied weights share one slot): shared-memory files, or with the learner on CUDA the
 child's device buffers opened by CUDA IPC handle (``learner.weight_sharing``,
 :mod:`agentrl.weights.shared`), so a GPU sampler copies them without a trip through host
-memory. With LoRA they hold the merged policy. The views hold version :attr:`version` until the
+memory. With the hf sampler in a half type (``model.dtype: bfloat16`` / ``float16``) they
+are kept in that type (:func:`shared_dtype`): half the bytes mapped in each process. With LoRA they hold the merged policy. The views hold version :attr:`version` until the
 next :meth:`step` or :meth:`load_checkpoint`; every sampler transport copies them before
 the publish returns, which the orchestrator awaits before the next step.
 
@@ -107,7 +108,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
         limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
         learner = load_learner(cfg)
         kind = sharing_kind(cfg.learner.weight_sharing, learner.device)
-        shared = share_weights(learner.sampler_weights(), kind)
+        shared = share_weights(learner.sampler_weights(), kind, shared_dtype(cfg))
         conn.send(("ready", (learner.version, learner.step_count, shared.handle())))
     except BaseException as e:
         if shared is not None:
@@ -152,6 +153,15 @@ def main() -> None:
 
 
 # --- the parent's handle ----------------------------------------------------------------------
+
+
+def shared_dtype(cfg: Any) -> torch.dtype | None:
+    """The dtype the shared weights are kept in: the hf sampler's own when ``model.dtype``
+    names a half type (each process maps half the bytes, and the cast the sampler's copy
+    would make is made once, over there, with the same result); None: the learner's float32."""
+    if cfg.sampler.backend != "hf" or cfg.model.dtype not in ("bfloat16", "float16"):
+        return None
+    return getattr(torch, cfg.model.dtype)
 
 
 class LearnerProcess:

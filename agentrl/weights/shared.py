@@ -36,17 +36,21 @@ from agentrl.weights.files import shm_root
 Slot = tuple[torch.dtype, int, tuple[int, ...]]
 
 
-def layout(state: dict[str, Tensor]) -> tuple[dict[torch.dtype, int], dict[str, Slot]]:
-    """Elements per dtype buffer, and each name's slot; tied entries share a slot."""
+def layout(
+    state: Mapping[str, Tensor], dtype: torch.dtype | None = None
+) -> tuple[dict[torch.dtype, int], dict[str, Slot]]:
+    """Elements per dtype buffer, and each name's slot; tied entries share a slot. With
+    `dtype`, floating-point entries are kept in it (the refresh casts)."""
     sizes: dict[torch.dtype, int] = {}
     seen: dict[tuple[int, torch.dtype, tuple[int, ...]], Slot] = {}
     slots: dict[str, Slot] = {}
     for name, t in state.items():
         key = (t.data_ptr(), t.dtype, tuple(t.shape))
         if key not in seen:
-            off = sizes.get(t.dtype, 0)
-            seen[key] = (t.dtype, off, tuple(t.shape))
-            sizes[t.dtype] = off + t.numel()
+            dt = dtype if dtype is not None and t.is_floating_point() else t.dtype
+            off = sizes.get(dt, 0)
+            seen[key] = (dt, off, tuple(t.shape))
+            sizes[dt] = off + t.numel()
         slots[name] = seen[key]
     return sizes, slots
 
@@ -116,9 +120,11 @@ class SharedWeights:
 
     kind = "shared_memory"
 
-    def __init__(self, model: torch.nn.Module | Mapping[str, Tensor]) -> None:
+    def __init__(
+        self, model: torch.nn.Module | Mapping[str, Tensor], dtype: torch.dtype | None = None
+    ) -> None:
         state = _state(model)
-        sizes, self.slots = layout(state)
+        sizes, self.slots = layout(state, dtype)
         _check_space(sum(n * dt.itemsize for dt, n in sizes.items()))
         self.files: dict[torch.dtype, tuple[str, int]] = {}
         self.buffers: dict[torch.dtype, Tensor] = {}
@@ -153,9 +159,9 @@ class CudaSharedWeights:
 
     kind = "cuda_ipc"
 
-    def __init__(self, state: Mapping[str, Tensor]) -> None:
+    def __init__(self, state: Mapping[str, Tensor], dtype: torch.dtype | None = None) -> None:
         state = _state(state)
-        sizes, self.slots = layout(state)
+        sizes, self.slots = layout(state, dtype)
         self.device = next(iter(state.values())).device
         self.buffers = {dt: torch.empty(n, dtype=dt, device=self.device) for dt, n in sizes.items()}
         self.views = views(self.buffers, self.slots)
@@ -176,9 +182,14 @@ class CudaSharedWeights:
         """Nothing on disk: the buffers go with this process."""
 
 
-def share_weights(state: Mapping[str, Tensor], kind: str) -> SharedWeights | CudaSharedWeights:
-    """The owner's side of `kind` (from :func:`sharing_kind`) for `state`."""
-    return CudaSharedWeights(state) if kind == "cuda_ipc" else SharedWeights(state)
+def share_weights(
+    state: Mapping[str, Tensor], kind: str, dtype: torch.dtype | None = None
+) -> SharedWeights | CudaSharedWeights:
+    """The owner's side of `kind` (from :func:`sharing_kind`) for `state`, its floating-point
+    entries in `dtype` when given."""
+    if kind == "cuda_ipc":
+        return CudaSharedWeights(state, dtype)
+    return SharedWeights(state, dtype)
 
 
 def attach(handle: tuple[str, Any, dict[str, Slot]]) -> dict[str, Tensor]:

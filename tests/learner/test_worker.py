@@ -193,3 +193,21 @@ def test_the_child_exits_when_its_parent_dies(tmp_path) -> None:
     while alive(child) and time.time() < deadline:
         time.sleep(0.05)
     assert not alive(child)
+
+
+def test_shared_weights_are_kept_in_the_hf_samplers_half_type(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    """model.dtype bfloat16: the child shares bf16 weights, the float32 masters cast (what
+    the sampler's own copy would have made of them), tied entries in one slot."""
+    cfg = make_cfg(**{**CFG, "model": {**CFG["model"], "dtype": "bfloat16"}})
+    local = Learner(fresh_model(), None, make_cfg(**CFG))
+    with closing(LearnerProcess(cfg)) as proc:
+        proc.step(groups)
+        local.step(groups)
+        published = proc.state_dict_for_sampler()
+        for k, v in local.model.state_dict().items():
+            assert published[k].dtype == torch.bfloat16, k
+            torch.testing.assert_close(published[k], v.to(torch.bfloat16), rtol=0.01, atol=1e-3)
+        ptr = published["lm_head.weight"].data_ptr()
+        assert ptr == published["model.embed_tokens.weight"].data_ptr()
