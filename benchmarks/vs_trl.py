@@ -11,7 +11,9 @@ its defaults otherwise. Configurations, each a fresh process:
   this script runs), ``model.generate`` for the rollouts;
 - ``sync``: agentrl, ``max_staleness: 0`` (generate, train, publish, repeat);
 - ``async``: agentrl, ``max_staleness: 1`` (generation overlaps training; the learner in
-  its own process, ``orchestrator.learner_worker: auto``).
+  its own process, ``orchestrator.learner_worker: auto``);
+- ``sync+gc`` / ``async+gc`` (on request): the same with ``model.gradient_checkpointing``,
+  which TRL turns on by default.
 
 Each in ``float32`` and ``bfloat16``: TRL ``bf16=True`` (fp32 weights, bf16 autocast for
 generation and training); agentrl ``model.dtype: bfloat16`` (sampler weights in bf16) and
@@ -30,7 +32,8 @@ pages counted in each process that maps them) and of the summed PSS (shared page
 The prompt token ids of every task are asserted identical on both sides.
 
     .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--rounds 2]
-        [--dtypes float32 bfloat16] [--configs trl sync async] [--lr 1e-6]
+        [--dtypes float32 bfloat16] [--configs trl sync async async+gc] [--lr 1e-6]
+        [--agentrl-set [sync:|async:]KEY=VALUE ...]
 
 Prints a table and writes benchmarks/results/vs_trl.json. This module is also the child
 process of each configuration (``--child``), and its top level imports nothing outside the
@@ -58,6 +61,7 @@ GROUP = 8
 PROMPTS = 2
 NEW_TOKENS = 64
 DATA_SEED = 0
+CONFIGS = ["trl", "sync", "async", "sync+gc", "async+gc"]
 # agentrl settings of this benchmark beyond the shared workload (--agentrl-set replaces them)
 AGENTRL_DEFAULT_SET: list[str] = []
 # reasoning-gym basic_arithmetic, code_math's "easy" settings (envs/code_math.py)
@@ -231,7 +235,8 @@ def child_agentrl(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.events import BatchTrained, GroupFinished
     from agentrl.orchestrator import Orchestrator
 
-    staleness = 1 if args.config == "async" else 0
+    mode, _, saver = args.config.partition("+")
+    staleness = 1 if mode == "async" else 0
     inflight = (staleness + 1) * PROMPTS * GROUP
     bf16 = args.dtype == "bfloat16"
     cfg = load_config(
@@ -262,7 +267,8 @@ def child_agentrl(args: argparse.Namespace) -> dict[str, Any]:
             "orchestrator.checkpoint_every=0",
             "logging.progress=false",
             "logging.trace=false",
-            *agentrl_overrides(args.agentrl_set, args.config),
+            *(["model.gradient_checkpointing=true"] if saver == "gc" else []),
+            *agentrl_overrides(args.agentrl_set, mode),
         ]
     )
     with tempfile.TemporaryDirectory() as run_dir:
@@ -490,7 +496,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="steps per run; 2..N are timed")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    ap.add_argument("--configs", nargs="+", default=["trl", "sync", "async"])
+    ap.add_argument(
+        "--configs",
+        nargs="+",
+        default=["trl", "sync", "async"],
+        choices=CONFIGS,
+        help="sync+gc / async+gc: agentrl with model.gradient_checkpointing (TRL's default)",
+    )
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument(
         "--agentrl-set",
@@ -508,7 +520,7 @@ def main() -> None:
         help="build the table and JSON from the runs a cut-short run left in PARTIAL "
         "(<out>.tmp, written after every run)",
     )
-    ap.add_argument("--child", choices=["trl", "sync", "async"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=CONFIGS, help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -524,7 +536,7 @@ def main() -> None:
     if args.summarize:
         runs = json.loads(Path(args.summarize).read_text())["runs"]
         args.dtypes = [d for d in args.dtypes if any(r["dtype"] == d for r in runs)]
-        args.configs = [c for c in args.configs if any(r["config"] == c for r in runs)]
+        args.configs = [c for c in CONFIGS if any(r["config"] == c for r in runs)]
         args.rounds = len({r["round"] for r in runs})
         args.steps = len(runs[0]["step_s"]) + 1
         summarize(args, runs)
