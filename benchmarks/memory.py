@@ -13,6 +13,14 @@ of the live weights copied straight into the sampler's, what it does now).
     .venv/bin/python benchmarks/memory.py [--model smollm2-135m-instruct | tiny-llama]
 
 Prints a table and writes benchmarks/results/memory.json (memory_<model>.json otherwise).
+
+``--learner-variants`` measures the learner alone instead, one subprocess per variant, on
+the vs_trl workload as the learner sees it (2 groups x 8 samples sharing their 46-token
+prompt, 64 model tokens, ``micro_batch_size`` 16, fp32, reuse allocator, 2 threads): peak
+RSS (VmHWM) and RSS after each of 3 steps, and each step's seconds. Variants: ``lazy``
+(AdamW's state made inside the first step, as torch does and the learner did before),
+``default`` (made at construction), ``gc`` (+ ``model.gradient_checkpointing``), ``mb4``
+(``learner.micro_batch_size: 4``). Writes benchmarks/results/memory_learner_variants.json.
 """
 
 from __future__ import annotations
@@ -104,6 +112,107 @@ def child(args: argparse.Namespace) -> dict:
     return {"dtype": args.dtype, "publish": args.publish, "stages": stages}
 
 
+VARIANTS = ("lazy", "default", "gc", "mb4")
+
+
+def shared_prompt_groups(vocab: int, n_groups: int = 2, size: int = 8) -> list:
+    """vs_trl's batch shape: every sample of a group shares its 46-token prompt."""
+    import random
+
+    from agentrl.types import Segment, Trajectory, TrajectoryGroup
+
+    rng = random.Random(0)
+    groups = []
+    for g in range(n_groups):
+        prompt = [rng.randrange(3, vocab) for _ in range(46)]
+        trajs = []
+        for i in range(size):
+            tokens = [rng.randrange(3, vocab) for _ in range(64)]
+            segments = [
+                Segment("prompt", prompt),
+                Segment("model", tokens, logprobs=[-10.0] * 64, versions=[0] * 64),
+            ]
+            trajs.append(Trajectory(segments=segments, reward=float(i % 2), traj_id=f"{g}-{i}"))
+        groups.append(TrajectoryGroup(task_id=str(g), trajectories=trajs))
+    return groups
+
+
+def _status_mb(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def learner_variant(model: str, variant: str) -> dict:
+    """Three learner steps of `variant` in this process (see the module doc)."""
+    import time
+
+    sys.path.insert(0, str(ROOT))
+    from agentrl.cpu import set_allocator
+
+    set_allocator("reuse")
+    import torch
+
+    torch.set_num_threads(2)
+    from agentrl.config import config_from_dict
+    from agentrl.learner import Learner
+    from agentrl.models import load_model
+
+    policy, tok = load_model(model, dtype="float32")
+    cfg = config_from_dict(
+        {
+            "model": {"gradient_checkpointing": variant == "gc"},
+            "learner": {"lr": 1e-6, "micro_batch_size": 4 if variant == "mb4" else 16},
+            "algorithm": {"off_policy": "tis"},
+            "orchestrator": {"max_staleness": 0},
+        }
+    )
+    learner = Learner(policy, tok, cfg)
+    if variant == "lazy":
+        learner.optimizer.state.clear()  # torch makes it inside the first step
+    learner.warmup()
+    groups = shared_prompt_groups(policy.config.vocab_size)
+    out = {"variant": variant, "rss_before_mb": _status_mb("VmRSS"), "steps": []}
+    for _ in range(3):
+        t0 = time.perf_counter()
+        learner.step(groups)
+        out["steps"].append(
+            {
+                "seconds": time.perf_counter() - t0,
+                "rss_after_mb": _status_mb("VmRSS"),
+                "peak_rss_mb": _status_mb("VmHWM"),
+            }
+        )
+    return out
+
+
+def learner_variants(args: argparse.Namespace) -> None:
+    load = os.getloadavg()[0]
+    runs = []
+    for variant in args.variants:
+        cmd = [sys.executable, __file__, "--child-variant", variant, "--model", args.model]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        r = runs[-1]
+        steps = " | ".join(
+            f"{s['seconds']:.1f} s, RSS {s['rss_after_mb']:.0f}, peak {s['peak_rss_mb']:.0f}"
+            for s in r["steps"]
+        )
+        print(f"{variant:<8} before {r['rss_before_mb']:.0f} MB | {steps}", flush=True)
+    result = {
+        "model": args.model,
+        "allocator": "reuse",
+        "workload": "2 groups x 8 samples, shared 46-token prompt, 64 model tokens, fp32",
+        "runs": runs,
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m_before_after": [load, os.getloadavg()[0]],
+    }
+    out_path = ROOT / "benchmarks" / "results" / "memory_learner_variants.json"
+    out_path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out_path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -111,9 +220,18 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--publish", nargs="+", default=["copy", "live"])
+    ap.add_argument("--learner-variants", action="store_true", help="see the module doc")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--child-variant", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_variant:
+        print(json.dumps(learner_variant(args.model, args.child_variant)))
+        return
+    if args.learner_variants:
+        learner_variants(args)
+        return
     if args.child:
         args.publish = args.publish[0]
         print(json.dumps(child(args)))
