@@ -1,6 +1,6 @@
 """Teach SmolLM2-135M the calculator agent's tool call by SFT, then train the agent with RL.
 
-    python examples/calculator_agent_warmstart.py                       # SmolLM2-135M, ~25 min on 2 CPUs
+    python examples/calculator_agent_warmstart.py                       # SmolLM2-135M, ~31 min on 2 busy CPUs
     python examples/calculator_agent_warmstart.py --tiny --demos 8 --steps 1   # the test model, seconds
 
 examples/calculator_agent.py is a plain `openai` tool loop; through the gateway its
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--tiny", action="store_true", help="the random test model (seconds)")
-    parser.add_argument("--demos", type=int, default=200)
+    parser.add_argument("--demos", type=int, default=160)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch-size", type=int, default=4)
