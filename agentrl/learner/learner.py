@@ -137,7 +137,6 @@ class Learner:
             betas=tuple(self.lcfg.betas),
             weight_decay=self.lcfg.weight_decay,
         )
-        init_adam_state(self.optimizer)
         # fp16: loss scaling (learner.fp16); a pass-through scaler otherwise
         self.scaler = self.precision.grad_scaler()
         self.skipped_steps = 0  # optimizer steps the scaler skipped on overflow, all steps
@@ -501,29 +500,6 @@ def enable_checkpointing(model: Any) -> None:
         enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
-    """Adam(W)'s step count and moments for every parameter now, as its first ``step()``
-    would make them. Made lazily inside the first step, the moments land in the holes that
-    step's freed activations left, and every later step's activations need new memory,
-    which the C allocator keeps (``orchestrator.cpu_allocator: reuse``)."""
-    if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-        return
-    for group in optimizer.param_groups:
-        if group["fused"] or group["capturable"]:
-            return  # their step counts live elsewhere: leave it to torch
-        for p in group["params"]:
-            state = optimizer.state[p]
-            if state:
-                continue
-            # as torch's Adam._init_group: a CPU float step count, zero moments like p
-            scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-            state["step"] = torch.tensor(0.0, dtype=scalar)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            if group["amsgrad"]:
-                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def _rows(x: Tensor | None, rows: Tensor, length: int, device: torch.device) -> Tensor | None:

@@ -520,26 +520,3 @@ def test_learner_and_learner_process_are_learner_like(
     methods = ("step", "state_dict_for_sampler", "save_checkpoint", "load_checkpoint", "close")
     for name in methods:
         assert callable(getattr(LearnerProcess, name)), name
-
-
-def test_adam_state_made_up_front_trains_as_the_lazy_one(
-    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
-) -> None:
-    """The learner makes AdamW's moments at construction (so they do not land in the first
-    step's activation holes); two steps then give bitwise the weights and optimizer state
-    that torch's own lazy initialisation inside the first step gives."""
-    cfg = make_cfg(algorithm={"advantage": "grpo"}, learner={"weight_decay": 0.1})
-    eager = Learner(fresh_model(), None, cfg)
-    lazy = Learner(fresh_model(), None, cfg)
-    params = eager.trained_parameters()
-    assert all(set(eager.optimizer.state[p]) == {"step", "exp_avg", "exp_avg_sq"} for p in params)
-    lazy.optimizer.state.clear()  # what torch.optim.AdamW starts with
-    for _ in range(2):
-        eager.step(groups)
-        lazy.step(groups)
-    assert torch.equal(_flat(eager.model), _flat(lazy.model))
-    for a, b in zip(params, lazy.trained_parameters(), strict=True):
-        sa, sb = eager.optimizer.state[a], lazy.optimizer.state[b]
-        assert set(sa) == set(sb)
-        for k in sa:
-            assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
