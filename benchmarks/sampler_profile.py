@@ -1,16 +1,12 @@
 """Where the hf sampler's time goes at small batch (16 rows x 64 tokens, SmolLM2-135M).
 
 16 concurrent callers of ``HFSampler.generate`` (one 46-token prompt, 64 new tokens each,
-eos ignored, temperature 1), as in ``benchmarks/samplers.py --concurrency 16``. Two passes
-per dtype after a warm-up:
-
-1. Timing: the sampler's own loop, timed on the instance (wrapped methods, forward hooks on
-   the model): prefill, the decode steps' model forward, sampling (``sample_next``: softmax,
-   log-probs, the draw), the per-step bookkeeping (finished rows, token lists, the input
-   tensors), and what is left of the wall time (the worker thread waiting, asyncio).
-2. Operators: ``torch.profiler`` over the same run; the decode forwards' operator self time
-   split into matrix products, attention, and the rest (norms, rotary, activations, copies),
-   and the forward's wall time not spent in any operator (Python modules, dispatch).
+eos ignored, temperature 1), as in ``benchmarks/samplers.py --concurrency 16``. After a
+warm-up run, one timed run: the sampler's own loop, timed on the instance (wrapped methods,
+forward hooks on the model): prefill, the decode steps' model forward (split into the
+decoder layers and the LM head), sampling (``sample_next``: softmax, log-probs, the draw),
+the per-step bookkeeping (finished rows, the input tensors), and what is left of the wall
+time (the worker thread waiting, asyncio).
 
     .venv/bin/python benchmarks/sampler_profile.py [--dtypes float32 bfloat16]
 
@@ -44,9 +40,7 @@ class Clock:
     def __init__(self) -> None:
         self.s: dict[str, float] = defaultdict(float)
         self.phase = "other"
-        self.profiling = False
         self._t0 = 0.0
-        self._range: Any = None
 
     def wrap(self, obj: Any, name: str, part: str, phase: str | None = None) -> None:
         inner = getattr(obj, name)
@@ -66,16 +60,10 @@ class Clock:
 
     def hook(self, model: torch.nn.Module) -> None:
         def pre(*_: Any) -> None:
-            if self.profiling:
-                self._range = torch.profiler.record_function(f"forward:{self.phase}")
-                self._range.__enter__()
             self._t0 = time.perf_counter()
 
         def post(*_: Any) -> None:
             self.s[f"forward:{self.phase}"] += time.perf_counter() - self._t0
-            if self._range is not None:
-                self._range.__exit__(None, None, None)
-                self._range = None
 
         model.register_forward_pre_hook(pre)
         model.register_forward_hook(post)
@@ -108,6 +96,8 @@ def profile_dtype(model_name: str, dtype: str) -> dict[str, Any]:
     clock.wrap(sampler, "_decode_step", "step", phase="decode")
     clock.wrap(sampler, "_sample", "sampling")
     clock.wrap(sampler, "_finish_rows", "finished rows")
+    clock.wrap(sampler._model.model, "forward", "layers")
+    clock.wrap(sampler._model.lm_head, "forward", "lm_head")
     wall = anyio.run(run, sampler, prompt)
     c = clock.s
     parts = {
@@ -125,61 +115,14 @@ def profile_dtype(model_name: str, dtype: str) -> dict[str, Any]:
     }
     timing = dict(c)
 
-    # operator split of the decode forwards, from a profiled run
-    from torch.profiler import ProfilerActivity, profile
-
-    # the profiler only sees the thread that starts it: the sampler's worker thread, from
-    # its first decode step to its last
-    prof = profile(activities=[ProfilerActivity.CPU])
-    decode_step = sampler._decode_step
-    calls = [0]
-
-    def profiled_step() -> None:
-        if calls[0] == 0:
-            prof.start()
-        decode_step()
-        calls[0] += 1
-        if not sampler._active:  # every row finished
-            prof.stop()
-
-    sampler._decode_step = profiled_step
-    clock.s = defaultdict(float)
-    clock.profiling = True
-    anyio.run(run, sampler, prompt)
-    clock.profiling = False
-    sampler._decode_step = decode_step
-    ops: dict[str, float] = defaultdict(float)
-    forward_wall = 0.0
-    for ev in prof.events():
-        if ev.name == "forward:decode":
-            forward_wall += ev.cpu_time_total / 1e6
-            continue
-        parent = ev.cpu_parent
-        while parent is not None and parent.name != "forward:decode":
-            parent = parent.cpu_parent
-        if parent is None or not ev.name.startswith("aten::"):
-            continue
-        kind = (
-            "matrix products"
-            if ev.name in MATMUL
-            else "attention"
-            if ev.name.startswith(ATTENTION)
-            else "other operators"
-        )
-        ops[kind] += ev.self_cpu_time_total / 1e6
-    ops["outside any operator (Python modules, dispatch)"] = forward_wall - sum(ops.values())
     return {
         "dtype": dtype,
         "wall_s": wall,
         "tokens_per_s": ROWS * NEW_TOKENS / wall,
-        "decode_steps": calls[0],
         "parts_s": parts,
         "timing_raw_s": timing,
-        "profiled_decode_forward": {
-            "wall_s": forward_wall,
-            "split_s": dict(ops),
-            "note": "under torch.profiler (every operator call slowed): compare shares",
-        },
+        "decoder_layers_s": c["layers:decode"],
+        "lm_head_s": c["lm_head:decode"],
         "threads": torch.get_num_threads(),
     }
 
@@ -202,10 +145,9 @@ def main() -> None:
         )
         for part, s in r["parts_s"].items():
             print(f"  {part:<52}{s:>7.2f} s {s / r['wall_s']:>5.0%}")
-        p = r["profiled_decode_forward"]
-        print(f"  decode forwards under the profiler ({p['wall_s']:.2f} s):")
-        for kind, s in p["split_s"].items():
-            print(f"    {kind:<50}{s:>7.2f} s {s / p['wall_s']:>5.0%}")
+        fwd = r["parts_s"]["decode: model forward"]
+        for part in ("decoder_layers_s", "lm_head_s"):
+            print(f"    of the forward, {part[:-2]:<34}{r[part]:>7.2f} s {r[part] / fwd:>5.0%}")
     out = {
         "benchmark": "sampler_profile",
         "model": args.model,
