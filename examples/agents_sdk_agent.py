@@ -15,7 +15,7 @@ from calculator_agent import MODEL, SYSTEM, calculate  # its folder is on sys.pa
 set_tracing_disabled(True)
 
 
-@function_tool
+@function_tool(name_override="calculate")  # the name SYSTEM tells the model to use
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression (+ - * / ** and parentheses)."""
     return calculate(expression)
