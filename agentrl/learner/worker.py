@@ -19,7 +19,8 @@ views (tied weights share one slot): shared-memory files, or with the learner on
 child's device buffers opened by CUDA IPC handle (``learner.weight_sharing``,
 :mod:`agentrl.weights.shared`), so a GPU sampler copies them without a trip through host
 memory. With the hf sampler in a half type (``model.dtype: bfloat16`` / ``float16``) they
-are kept in that type (:func:`shared_dtype`): half the bytes mapped in each process. With LoRA they hold the merged policy. The views hold version :attr:`version` until the
+are kept in that type (:func:`shared_dtype`): half the bytes mapped in each process. With
+LoRA they hold the merged policy. The views hold version :attr:`version` until the
 next :meth:`step` or :meth:`load_checkpoint`; every sampler transport copies them before
 the publish returns, which the orchestrator awaits before the next step.
 
