@@ -238,9 +238,13 @@ class OrchestratorConfig(_Section):
     eval_tasks: int = Field(16, ge=1, description="held-out tasks per evaluation")
     eval_samples: int = Field(4, ge=1, description="samples per held-out task (k)")
     # torch intra-op threads on CPU. None: every core in sync mode; half the cores in async
-    # mode, where the sampler and the learner compute at the same time (oversubscribing
-    # OpenMP threads made both several times slower on 2 cores)
+    # mode for the sampler's process, where the sampler and the learner compute at the same
+    # time (the learner's own process: learner_cpu_threads)
     cpu_threads: int | None = Field(None, ge=1)
+    # torch threads of the learner when it runs in its own process (learner_worker); None:
+    # cpu_threads if set, else every core: it then takes the cores the sampler leaves idle
+    # between batches (idle OpenMP threads sleep there: OMP_WAIT_POLICY=PASSIVE)
+    learner_cpu_threads: int | None = Field(None, ge=1)
     # reuse: freed memory stays in the process for the next allocation instead of going
     # back to the kernel (page faults cost more than the arithmetic on CPU); see agentrl.cpu
     cpu_allocator: Literal["reuse", "system"] = "reuse"

@@ -2,13 +2,19 @@
 
 16 concurrent callers of ``HFSampler.generate`` (one 46-token prompt, 64 new tokens each,
 eos ignored, temperature 1), as in ``benchmarks/samplers.py --concurrency 16``. After a
-warm-up run, one timed run: the sampler's own loop, timed on the instance (wrapped methods,
+warm-up run, timed runs: the sampler's own loop, timed on the instance (wrapped methods,
 forward hooks on the model): prefill, the decode steps' model forward (split into the
-decoder layers and the LM head), sampling (``sample_next``: softmax, log-probs, the draw),
-the per-step bookkeeping (finished rows, the input tensors), and what is left of the wall
-time (the worker thread waiting, asyncio).
+decoder layers and the LM head on transformers' path), sampling (``sample_next``: softmax,
+log-probs, the draw), the per-step bookkeeping (finished rows, the input tensors), and
+what is left of the wall time (the worker thread waiting, asyncio).
+
+Each dtype runs both decode paths of the sampler side by side on the same model, in
+alternating order, best of ``--repeats``: ``fast`` (the compact decode step,
+:mod:`agentrl.samplers.fast_decode`, the default on CPU) and ``transformers`` (the model's
+own forward, ``fast_decode=False``).
 
     .venv/bin/python benchmarks/sampler_profile.py [--dtypes float32 bfloat16]
+        [--decode fast transformers] [--repeats 2]
 
 Prints a table and writes benchmarks/results/sampler_profile.json.
 """
@@ -30,8 +36,6 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 ROWS, NEW_TOKENS, PROMPT_TOKENS = 16, 64, 46
 
-MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
-ATTENTION = ("aten::_scaled_dot_product", "aten::scaled_dot_product", "aten::_softmax")
 
 
 class Clock:
@@ -58,15 +62,14 @@ class Clock:
 
         setattr(obj, name, timed)
 
-    def hook(self, model: torch.nn.Module) -> None:
+    def hook(self, model: torch.nn.Module) -> list[Any]:
         def pre(*_: Any) -> None:
             self._t0 = time.perf_counter()
 
         def post(*_: Any) -> None:
             self.s[f"forward:{self.phase}"] += time.perf_counter() - self._t0
 
-        model.register_forward_pre_hook(pre)
-        model.register_forward_hook(post)
+        return [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
 
 
 async def run(sampler: Any, prompt: list[int]) -> float:
@@ -80,25 +83,71 @@ async def run(sampler: Any, prompt: list[int]) -> float:
     return time.perf_counter() - t0
 
 
-def profile_dtype(model_name: str, dtype: str) -> dict[str, Any]:
+def profile_dtype(
+    model_name: str, dtype: str, paths: list[str], repeats: int
+) -> list[dict[str, Any]]:
     from agentrl.models import load_model
     from agentrl.samplers.hf import HFSampler
 
     model, tok = load_model(model_name, dtype=dtype)
-    sampler = HFSampler(model, tok, max_batch_size=ROWS, default_stop_token_ids=())
     prompt = tok("Write a short story about a robot who learns to paint.")["input_ids"]
     prompt = (prompt * (PROMPT_TOKENS // len(prompt) + 1))[:PROMPT_TOKENS]
-    anyio.run(run, sampler, prompt)  # warm-up
+    samplers = {}
+    for path in paths:
+        samplers[path] = HFSampler(
+            model,
+            tok,
+            max_batch_size=ROWS,
+            default_stop_token_ids=(),
+            fast_decode=path == "fast",
+            prefix_cache_tokens=0,  # every run prefills the same way
+        )
+        if path == "fast" and samplers[path]._fast is None:
+            raise SystemExit(f"{model_name}: the compact decode step does not apply")
+        anyio.run(run, samplers[path], prompt)  # warm-up
+    best: dict[str, dict[str, Any]] = {}
+    for rep in range(repeats):
+        order = paths if rep % 2 == 0 else paths[::-1]
+        for path in order:
+            r = _profile_once(samplers[path], prompt)
+            if path not in best or r["wall_s"] < best[path]["wall_s"]:
+                best[path] = r
+    return [
+        {"dtype": dtype, "decode": path, "threads": torch.get_num_threads(), **best[path]}
+        for path in paths
+    ]
 
+
+def _profile_once(sampler: Any, prompt: list[int]) -> dict[str, Any]:
     clock = Clock()
-    clock.hook(sampler._model)
+    model = sampler._model
+    handles = []
+    if sampler._fast is not None:
+        clock.wrap(sampler._fast, "step", "forward")  # an instance attribute, removed below
+    else:
+        handles = clock.hook(model)
     clock.wrap(sampler, "_prefill", "prefill", phase="prefill")
     clock.wrap(sampler, "_decode_step", "step", phase="decode")
     clock.wrap(sampler, "_sample", "sampling")
     clock.wrap(sampler, "_finish_rows", "finished rows")
-    clock.wrap(sampler._model.model, "forward", "layers")
-    clock.wrap(sampler._model.lm_head, "forward", "lm_head")
-    wall = anyio.run(run, sampler, prompt)
+    clock.wrap(model.model, "forward", "layers")
+    clock.wrap(model.lm_head, "forward", "lm_head")
+    try:
+        wall = anyio.run(run, sampler, prompt)
+    finally:
+        for h in handles:
+            h.remove()
+        for obj, name in (
+            (sampler, "_prefill"),
+            (sampler, "_decode_step"),
+            (sampler, "_sample"),
+            (sampler, "_finish_rows"),
+            (model.model, "forward"),
+            (model.lm_head, "forward"),
+            (sampler._fast, "step"),
+        ):
+            if obj is not None and name in vars(obj):
+                delattr(obj, name)
     c = clock.s
     parts = {
         "prefill (forward, first token, bookkeeping)": c["prefill:prefill"],
@@ -113,17 +162,15 @@ def profile_dtype(model_name: str, dtype: str) -> dict[str, Any]:
         - c["prefill:prefill"]
         - c["step:decode"],
     }
-    timing = dict(c)
-
     return {
-        "dtype": dtype,
         "wall_s": wall,
         "tokens_per_s": ROWS * NEW_TOKENS / wall,
+        "decode_step_ms": 1000 * c["step:decode"] / max(NEW_TOKENS - 1, 1),
         "parts_s": parts,
-        "timing_raw_s": timing,
+        "timing_raw_s": dict(c),
+        # transformers' path only (the compact step calls no module forward)
         "decoder_layers_s": c["layers:decode"],
         "lm_head_s": c["lm_head:decode"],
-        "threads": torch.get_num_threads(),
     }
 
 
@@ -133,25 +180,37 @@ def main() -> None:
     )
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--decode", nargs="+", default=["fast", "transformers"])
+    ap.add_argument("--repeats", type=int, default=2, help="best of N per path")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sampler_profile.json"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     load0 = os.getloadavg()[0]
-    results = [profile_dtype(args.model, d) for d in args.dtypes]
+    results = [
+        r for d in args.dtypes for r in profile_dtype(args.model, d, args.decode, args.repeats)
+    ]
     for r in results:
         print(
-            f"\nhf sampler, {ROWS} rows x {NEW_TOKENS} tokens, {args.model} {r['dtype']}, "
-            f"{r['threads']} threads: {r['wall_s']:.2f} s, {r['tokens_per_s']:.1f} tok/s"
+            f"\nhf sampler, {r['decode']} decode, {ROWS} rows x {NEW_TOKENS} tokens, "
+            f"{args.model} {r['dtype']}, {r['threads']} threads: {r['wall_s']:.2f} s, "
+            f"{r['tokens_per_s']:.1f} tok/s, {r['decode_step_ms']:.0f} ms per decode step"
         )
         for part, s in r["parts_s"].items():
             print(f"  {part:<52}{s:>7.2f} s {s / r['wall_s']:>5.0%}")
         fwd = r["parts_s"]["decode: model forward"]
-        for part in ("decoder_layers_s", "lm_head_s"):
-            print(f"    of the forward, {part[:-2]:<34}{r[part]:>7.2f} s {r[part] / fwd:>5.0%}")
+        if r["decode"] == "transformers" and fwd > 0:
+            for part in ("decoder_layers_s", "lm_head_s"):
+                print(f"    of the forward, {part[:-2]:<34}{r[part]:>7.2f} s {r[part] / fwd:>5.0%}")
+    by = {(r["dtype"], r["decode"]): r for r in results}
+    for d in args.dtypes:
+        if (d, "fast") in by and (d, "transformers") in by:
+            ratio = by[(d, "fast")]["tokens_per_s"] / by[(d, "transformers")]["tokens_per_s"]
+            print(f"{d}: fast / transformers decode = {ratio:.2f}x tokens/s")
     out = {
         "benchmark": "sampler_profile",
         "model": args.model,
         "workload": {"rows": ROWS, "new_tokens": NEW_TOKENS, "prompt_tokens": PROMPT_TOKENS},
+        "repeats": args.repeats,
         "results": results,
         "cpus": os.cpu_count(),
         "loadavg_1m_before_after": [load0, os.getloadavg()[0]],

@@ -12,6 +12,14 @@ exactly 1, which is what it is to rounding when recomputed.
 The decision has two halves: :func:`bypass_blockers` (the config, once) and the batch
 (every trained token at the learner's version, each step). ``algorithm.proximal_bypass:
 off`` keeps the pass always.
+
+When the behaviour policy is *not* pi_old (tokens a version or more old, an asynchronous
+run; the sampler in another dtype or another engine) but the step still makes one
+optimizer update, pi_old is the policy the update's own forward computes: the weights the
+step starts with are the weights that update differentiates. Its log-probs, detached, are
+then pi_old exactly (the ratio is 1, its gradient the policy gradient), so the pass is
+skipped there too and they stand in for it (:func:`current_blockers` says when not). The
+importance weight pi_old / pi_behave keeps correcting the staleness, as with the pass.
 """
 
 from __future__ import annotations
@@ -39,12 +47,8 @@ def sampler_dtype(cfg: Config) -> torch.dtype | None:
     )
 
 
-def bypass_blockers(cfg: Config, precision: Precision, *, pass_needed_for: str = "") -> list[str]:
-    """Why the config keeps the start-of-step pass for the proximal log-probs (empty: it
-    may be bypassed on batches whose tokens are all at the learner's version).
-
-    `pass_needed_for` names what else needs the pass (critic values, the KL in the reward):
-    then it runs anyway and bypassing its log-probs saves nothing."""
+def _common_blockers(cfg: Config, pass_needed_for: str) -> list[str]:
+    """What keeps the pass under either way of skipping it."""
     alg, lcfg = cfg.algorithm, cfg.learner
     out: list[str] = []
     if alg.proximal_bypass == "off":
@@ -60,6 +64,43 @@ def bypass_blockers(cfg: Config, precision: Precision, *, pass_needed_for: str =
             f"{lcfg.ppo_epochs * lcfg.minibatches} optimizer updates per step "
             "(learner.ppo_epochs x learner.minibatches)"
         )
+    return out
+
+
+def dropout_in(model: torch.nn.Module) -> str:
+    """Where `model` drops activations in train mode ('' when nowhere): then the update's
+    forward (train mode) is not the pass's (eval mode)."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Dropout) and module.p > 0:
+            return f"{name} (p={module.p})"
+    config = getattr(model, "config", None)
+    for key in ("attention_dropout", "attn_pdrop", "hidden_dropout", "resid_pdrop"):
+        value = getattr(config, key, 0.0)
+        if isinstance(value, int | float) and value > 0:
+            return f"config.{key}={value}"
+    return ""
+
+
+def current_blockers(
+    cfg: Config, model: torch.nn.Module, *, pass_needed_for: str = ""
+) -> list[str]:
+    """Why the update's own forward may not stand in for the pass (empty: it does whenever
+    the behaviour log-probs may not, see the module doc)."""
+    out = _common_blockers(cfg, pass_needed_for)
+    dropout = dropout_in(model)
+    if dropout:
+        out.append(f"dropout in train mode: {dropout}")
+    return out
+
+
+def bypass_blockers(cfg: Config, precision: Precision, *, pass_needed_for: str = "") -> list[str]:
+    """Why the config keeps the start-of-step pass for the proximal log-probs (empty: it
+    may be bypassed on batches whose tokens are all at the learner's version).
+
+    `pass_needed_for` names what else needs the pass (critic values, the KL in the reward):
+    then it runs anyway and bypassing its log-probs saves nothing."""
+    alg = cfg.algorithm
+    out = _common_blockers(cfg, pass_needed_for)
     if cfg.orchestrator.max_staleness != 0:
         out.append(f"orchestrator.max_staleness={cfg.orchestrator.max_staleness}")
     if alg.is_mask is not None:

@@ -101,11 +101,15 @@ def _serve(conn: Connection, lifeline: int) -> None:
 
         for module in plugins:  # algorithms the parent's plug-ins registered
             importlib.import_module(module)
+        from agentrl.cpu import learner_process_threads
         from agentrl.devices import limit_process_memory
         from agentrl.runtime import apply_process_settings, load_learner
         from agentrl.weights.shared import sharing_kind
 
         apply_process_settings(cfg)
+        learner_process_threads(
+            cfg.orchestrator.cpu_threads, cfg.orchestrator.learner_cpu_threads
+        )
         limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
         learner = load_learner(cfg)
         kind = sharing_kind(cfg.learner.weight_sharing, learner.device)

@@ -53,6 +53,7 @@ from agentrl.errors import PromptError, SamplerError, WeightUpdateError
 from agentrl.models import cache_kwargs, returned_cache
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.decode_attention import use_decode_attention
+from agentrl.samplers.fast_decode import fast_decoder
 from agentrl.samplers.kv_cache import GrowingCache
 from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry
 from agentrl.samplers.sampling import sample_next
@@ -131,7 +132,9 @@ class HFSampler(Sampler):
     transformers' ``DynamicCache``, which concatenates the whole cache every step),
     ``decode_attention`` (on CPU, one-token decode steps use plain matmul attention instead of
     SDPA's slower flash kernel, :mod:`agentrl.samplers.decode_attention`; this switches the
-    model's attention implementation, prefill still runs SDPA).
+    model's attention implementation, prefill still runs SDPA), ``fast_decode`` (decode
+    steps of Llama-family models through :mod:`agentrl.samplers.fast_decode`, checked
+    against the model's own forward when the sampler starts; default: on a CPU).
     """
 
     backend = "hf"
@@ -153,6 +156,7 @@ class HFSampler(Sampler):
         prefix_cache_tokens: int = 32768,
         kv_cache: str = "growing",
         decode_attention: bool = True,
+        fast_decode: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
@@ -173,6 +177,9 @@ class HFSampler(Sampler):
         self._device = next(model.parameters()).device
         if decode_attention and self._device.type == "cpu":
             use_decode_attention(model)
+        if fast_decode is None:
+            fast_decode = self._device.type == "cpu"
+        self._fast = fast_decoder(model, self._new_cache) if fast_decode else None
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         self.max_context = int(
@@ -633,25 +640,27 @@ class HFSampler(Sampler):
         self._finish_rows()
 
     def _decode_step(self) -> None:
-        ids = torch.tensor(self._pending, device=self._device).unsqueeze(-1)
-        mask = _mask(self._pads, self._cache_len + 1, self._device) if any(self._pads) else None
-        positions = torch.tensor(
-            [self._cache_len - p for p in self._pads], device=self._device
-        ).unsqueeze(-1)
-        with torch.inference_mode():
-            out = self._model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **cache_kwargs(self._model, self._cache),
-            )
-        self._cache = returned_cache(out)
+        ids = torch.tensor(self._pending, device=self._device)
+        positions = torch.tensor([self._cache_len - p for p in self._pads], device=self._device)
+        if self._fast is not None:
+            logits = self._fast.step(ids, positions, self._cache, self._pads)
+        else:
+            mask = _mask(self._pads, self._cache_len + 1, self._device) if any(self._pads) else None
+            with torch.inference_mode():
+                out = self._model(
+                    input_ids=ids.unsqueeze(-1),
+                    attention_mask=mask,
+                    position_ids=positions.unsqueeze(-1),
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **cache_kwargs(self._model, self._cache),
+                )
+            self._cache = returned_cache(out)
+            logits = out.logits[:, -1, :]
         self._cache_len += 1
         with self._cond:
             self._steps += 1
-        self._pending = self._sample(self._active, out.logits[:, -1, :])
+        self._pending = self._sample(self._active, logits)
         self._finish_rows()
 
     def _sample(self, rows: list[_Request], logits: torch.Tensor) -> list[int]:

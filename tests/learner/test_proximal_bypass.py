@@ -145,3 +145,73 @@ def test_bypass_off_under_no_correction_is_a_config_error(
 ) -> None:
     with pytest.raises(ConfigError, match="proximal_bypass"):
         Learner(fresh_model(), None, _cfg({"off_policy": "none", "proximal_bypass": "off"}))
+
+
+# --- one update per step, stale tokens: the update's own forward gives pi_old -------------
+
+ASYNC = {"orchestrator": {"max_staleness": 1}}
+
+
+@pytest.mark.parametrize("off_policy", ["tis", "decoupled"])
+def test_one_update_on_stale_tokens_takes_pi_old_from_its_own_forward(
+    fresh_model: Callable[[], torch.nn.Module], off_policy: str
+) -> None:
+    """Tokens one version old (an asynchronous run): the behaviour log-probs are not pi_old,
+    but the weights the step starts with are the ones its single update differentiates, so
+    the update's own detached log-probs are pi_old and the pass is skipped. Loss, importance
+    weights and every gradient match the run that makes the pass."""
+    cfg_on = _cfg({"off_policy": off_policy}, **ASYNC)
+    cfg_off = _cfg({"off_policy": off_policy, "proximal_bypass": "off"}, **ASYNC)
+    on, off = Learner(fresh_model(), None, cfg_on), Learner(fresh_model(), None, cfg_off)
+    assert on.current_blockers == [] and on.bypass_blockers
+    assert off.current_blockers == ["algorithm.proximal_bypass=off"]
+    for learner in (on, off):  # one step first, so the batch below is a version old
+        learner.step(make_groups(fresh_model(), seed=20, version=0))
+    # sampled by the version-0 weights (fresh_model), trained at version 1
+    stale = make_groups(fresh_model(), seed=21, version=0, temperature=1.0)
+    m_on, g_on = _step_with_grads(on, stale)
+    m_off, g_off = _step_with_grads(off, stale)
+    assert m_on["learner/proximal_current"] == 1.0 and m_on["learner/proximal_bypass"] == 0.0
+    assert m_off["learner/proximal_current"] == 0.0
+    assert m_on["time/no_grad_pass_s"] < m_off["time/no_grad_pass_s"]
+    # the importance weights pi_old / pi_behave are not 1: the tokens are stale
+    assert m_off["pg/is_weight_mean"] != pytest.approx(1.0, abs=1e-6)
+    for key in ("loss/total", "loss/pg", "pg/is_weight_mean", "logprob_gap/mean"):
+        assert m_on[key] == pytest.approx(m_off[key], rel=1e-5, abs=1e-7), key
+    assert m_on["loss/total"] != 0.0
+    assert len(g_on) == len(g_off) > 0 and any(float(g.abs().sum()) > 0 for g in g_on)
+    for a, b in zip(g_on, g_off, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+    # pi_old the loss used: the recomputed log-probs, to rounding
+    torch.testing.assert_close(on.last_old_logprobs, off.last_old_logprobs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("sections", "blocker"),
+    [
+        ({"learner": {"ppo_epochs": 2}}, "2 optimizer updates per step"),
+        ({"algorithm": {"advantage": "gae", "critic": True}}, "critic's values"),
+        ({"algorithm": {"proximal_bypass": "off"}}, "proximal_bypass=off"),
+    ],
+)
+def test_own_forward_not_taken_where_it_is_not_pi_old(
+    fresh_model: Callable[[], torch.nn.Module], sections: dict, blocker: str
+) -> None:
+    cfg = _cfg(
+        {**{"off_policy": "tis"}, **sections.get("algorithm", {})},
+        sections.get("learner"),
+        **ASYNC,
+    )
+    learner = Learner(fresh_model(), None, cfg)
+    assert any(blocker in b for b in learner.current_blockers), learner.current_blockers
+    metrics = learner.step(make_groups(fresh_model(), seed=22, version=0))
+    assert metrics["learner/proximal_current"] == 0.0
+    assert metrics["time/no_grad_pass_s"] > 0
+
+
+def test_own_forward_not_taken_under_dropout(fresh_model: Callable[[], torch.nn.Module]) -> None:
+    """With dropout the update's forward (train mode) is not the pass's (eval mode)."""
+    model = fresh_model()
+    model.config.attention_dropout = 0.1
+    learner = Learner(model, None, _cfg(**ASYNC))
+    assert any("attention_dropout" in b for b in learner.current_blockers)

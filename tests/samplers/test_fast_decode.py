@@ -1,0 +1,157 @@
+"""The compact decode step: the model's own logits, through the sampler unchanged, new
+weights seen at once, and transformers' path kept where it does not apply."""
+
+from __future__ import annotations
+
+import copy
+
+import anyio
+import pytest
+import torch
+
+from agentrl.models import cache_kwargs, load_model, tiny_llama
+from agentrl.samplers import SamplingParams
+from agentrl.samplers.fast_decode import FastDecoder, fast_decoder, linear, unsupported
+from agentrl.samplers.hf import KV_CACHES, HFSampler
+
+
+def _gqa_llama(**overrides):
+    """A tiny Llama with grouped-query attention (3 query heads per key/value head), q/k/v/o
+    biases (as Qwen2 has) and a RoPE scaling, so every branch of the step is exercised."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=96,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        attention_bias=True,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+        **overrides,
+    )
+    torch.manual_seed(3)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 80])  # 80 > SKINNY_ROWS: the plain x @ W^T
+def test_linear_is_x_at_w_transposed(rows: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(rows, 48, generator=gen), torch.randn(40, 48, generator=gen), None
+    torch.testing.assert_close(linear(x, w, b), torch.nn.functional.linear(x, w))
+    b = torch.randn(40, generator=gen)
+    torch.testing.assert_close(linear(x, w, b), torch.nn.functional.linear(x, w, b))
+
+
+@pytest.mark.parametrize("kv_cache", sorted(KV_CACHES))
+@pytest.mark.parametrize("make", [lambda: tiny_llama(seed=0), _gqa_llama], ids=["tiny", "gqa"])
+def test_steps_equal_the_models_forward(kv_cache: str, make) -> None:
+    """Several decode steps over a left-padded batch: the logits of each step equal the
+    model's forward of the whole sequence so far (no cache)."""
+    model = make()
+    decoder = FastDecoder(model)
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (3, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    mask[2, :1] = 0
+    pads = [4, 0, 1]
+    cache = KV_CACHES[kv_cache]()
+    with torch.inference_mode():
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **cache_kwargs(model, cache),
+        )
+        nxt = out.logits[:, -1].argmax(-1)
+        for _ in range(5):
+            ids = torch.cat([ids, nxt[:, None]], 1)
+            mask = torch.cat([mask, torch.ones_like(nxt[:, None])], 1)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            fast = decoder.step(nxt, positions[:, -1], cache, pads)
+            full = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+            torch.testing.assert_close(fast, full[:, -1], atol=1e-4, rtol=1e-4)
+            nxt = fast.argmax(-1)
+
+
+def test_sampler_tokens_and_logprobs_are_those_of_transformers_path() -> None:
+    """The same seeded requests through the sampler with and without the compact step:
+    the same tokens, log-probs and entropies."""
+    model, tokenizer = load_model("tiny-llama", dtype="float32")
+    texts = ["hello", "what is 2+2?", "write a poem about the sea", "abc " * 9]
+    batch = [list(tokenizer(t)["input_ids"]) for t in texts]
+
+    async def run(fast: bool):
+        sampler = HFSampler(
+            copy.deepcopy(model), tokenizer, fast_decode=fast, default_stop_token_ids=()
+        )
+        assert (sampler._fast is not None) == fast
+        out = [None] * len(batch)
+
+        async def one(i: int) -> None:
+            params = SamplingParams(
+                temperature=0.9, max_new_tokens=12, seed=i, return_entropy=True
+            )
+            out[i] = await sampler.generate(batch[i], params)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(batch)):
+                tg.start_soon(one, i)
+        await sampler.close()
+        return out
+
+    fast, slow = anyio.run(run, True), anyio.run(run, False)
+    for a, b in zip(fast, slow, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.entropies == pytest.approx(b.entropies, abs=1e-4)
+
+
+def test_new_weights_are_used_by_the_next_step() -> None:
+    """The decoder holds the model's parameters, so a weight update (copied into them)
+    changes its logits at once: they equal a model built from the new weights."""
+    model = tiny_llama(seed=0)
+    decoder = FastDecoder(model)
+    new = tiny_llama(seed=7)
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            tensor.copy_(new.state_dict()[name])
+    ids = torch.tensor([[5, 9, 11, 13]])
+    cache = KV_CACHES["growing"]()
+    with torch.inference_mode():
+        model(input_ids=ids[:, :-1], use_cache=True, **cache_kwargs(model, cache))
+        fast = decoder.step(ids[:, -1], torch.tensor([3]), cache, [0])
+        expected = new(input_ids=ids).logits[:, -1]
+    torch.testing.assert_close(fast, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_other_architectures_keep_transformers_path() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100)).eval()
+    assert "gpt2" in unsupported(gpt2)
+    assert fast_decoder(gpt2, KV_CACHES["growing"]) is None
+    with pytest.raises(ValueError, match="no compact decode step"):
+        FastDecoder(gpt2)
+    sliding = _gqa_llama()
+    sliding.config.model_type = "mistral"
+    sliding.config.sliding_window = 64
+    assert unsupported(sliding) == "sliding-window attention"
+
+
+def test_a_layer_it_does_not_model_fails_the_start_check(caplog) -> None:
+    """A model whose layer differs from what the compact step computes (here an MLP
+    activation swapped in code, which its config does not say) is caught by the check
+    against the model's own forward: the sampler keeps transformers' path."""
+    model = tiny_llama(seed=0)
+    for layer in model.model.layers:
+        layer.mlp.act_fn = torch.nn.GELU()
+    assert unsupported(model) == ""
+    with caplog.at_level("WARNING"):
+        assert fast_decoder(model, KV_CACHES["growing"]) is None
+    assert "differ from the model's" in caplog.text
