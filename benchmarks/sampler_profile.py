@@ -37,7 +37,6 @@ ROOT = Path(__file__).resolve().parent.parent
 ROWS, NEW_TOKENS, PROMPT_TOKENS = 16, 64, 46
 
 
-
 class Clock:
     """Seconds spent in each wrapped part of the sampler, summed over a run, by phase."""
 

@@ -63,7 +63,8 @@ def _fused_adamw_supported(groups: list[dict[str, Any]]) -> bool | None:
     CUDA device); None leaves torch's default."""
     params = [p for g in groups for p in g["params"]]
     ok = bool(params) and all(
-        p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
+        p.device.type in ("cpu", "cuda")
+        and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
         for p in params
     )
     return True if ok else None

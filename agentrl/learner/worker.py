@@ -107,9 +107,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
         from agentrl.weights.shared import sharing_kind
 
         apply_process_settings(cfg)
-        learner_process_threads(
-            cfg.orchestrator.cpu_threads, cfg.orchestrator.learner_cpu_threads
-        )
+        learner_process_threads(cfg.orchestrator.cpu_threads, cfg.orchestrator.learner_cpu_threads)
         limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
         learner = load_learner(cfg)
         kind = sharing_kind(cfg.learner.weight_sharing, learner.device)

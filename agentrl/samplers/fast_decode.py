@@ -37,15 +37,15 @@ SKINNY_ROWS = 64  # up to this many rows W @ x^T beats x @ W^T on CPU (sampler_p
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight^T + bias`` for 2-D `x`; few rows go through ``weight @ x^T``."""
-    if x.shape[0] <= SKINNY_ROWS:
-        out = torch.mm(weight, x.t()).t()
-    else:
-        out = torch.mm(x, weight.t())
+    skinny = x.shape[0] <= SKINNY_ROWS
+    out = torch.mm(weight, x.t()).t() if skinny else torch.mm(x, weight.t())
     return out if bias is None else out + bias
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """transformers' Llama RMSNorm: normalised in float32, scaled in the input dtype."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return torch.nn.functional.rms_norm(x, weight.shape, weight, eps)  # one fused op
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -188,9 +188,7 @@ def fast_decoder(model: Any, new_cache: Any) -> FastDecoder | None:
         return None
     tolerance = 1e-3 if decoder.head.dtype == torch.float32 else 0.25
     if not gap <= tolerance:
-        log.warning(
-            "compact decode step not used: its logits differ from the model's by %.3g", gap
-        )
+        log.warning("compact decode step not used: its logits differ from the model's by %.3g", gap)
         return None
     return decoder
 

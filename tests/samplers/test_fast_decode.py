@@ -94,9 +94,7 @@ def test_sampler_tokens_and_logprobs_are_those_of_transformers_path() -> None:
         out = [None] * len(batch)
 
         async def one(i: int) -> None:
-            params = SamplingParams(
-                temperature=0.9, max_new_tokens=12, seed=i, return_entropy=True
-            )
+            params = SamplingParams(temperature=0.9, max_new_tokens=12, seed=i, return_entropy=True)
             out[i] = await sampler.generate(batch[i], params)
 
         async with anyio.create_task_group() as tg:
