@@ -243,7 +243,7 @@ class Orchestrator:
             # waits for it) so step counter, weights, version and checkpoint never disagree
             with anyio.CancelScope(shield=True):
                 t0 = time.time()
-                metrics = await anyio.to_thread.run_sync(self.learner.step, groups)
+                metrics = await self._train(groups)
                 metrics["train_seconds"] = time.time() - t0
                 metrics["learner_wait_seconds"] = t0 - t_wait
                 self.step += 1
@@ -272,6 +272,19 @@ class Orchestrator:
         every = self.cfg.orchestrator.eval_every
         last = self.step == self.cfg.orchestrator.max_steps
         return self.evaluator is not None and (self.step % every == 0 or last)
+
+    async def _train(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
+        """One learner step; with the sampler computing on the learner's own weights
+        (``learner.share_weights``) it holds the weights' lock, so the sampler runs no
+        forward pass on half-updated weights."""
+        guard = self.parts.weight_guard
+        if guard is None:
+            return await anyio.to_thread.run_sync(self.learner.step, groups)
+        await anyio.to_thread.run_sync(guard.acquire)
+        try:
+            return await anyio.to_thread.run_sync(self.learner.step, groups)
+        finally:
+            guard.release()
 
     async def _publish(self) -> None:
         t0 = time.time()

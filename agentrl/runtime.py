@@ -20,7 +20,10 @@ there) and closes it, in reverse order, on every exit path.
 
 from __future__ import annotations
 
+import gc
+import logging
 import random
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +33,8 @@ import anyio
 from agentrl.config import Config
 from agentrl.errors import ConfigError
 from agentrl.resources import ResourceScope
+
+log = logging.getLogger(__name__)
 
 Role = Literal["train", "rollout", "eval"]
 
@@ -344,6 +349,9 @@ class Run:
     scope: ResourceScope = field(default_factory=lambda: ResourceScope("run"))
     learner: Any = None
     weight_bus: Any = None
+    # held by the learner's step when the sampler computes on the learner's own weights
+    # (share_learner_weights); None when the sampler has a copy
+    weight_guard: threading.Lock | None = None
     _activation: Any = None
 
     @property
@@ -417,11 +425,57 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
             run.learner = learner
             run.weight_bus = WeightBus()
             run.weight_bus.register(sampler)
+            run.weight_guard = share_learner_weights(cfg, learner, sampler)
         return run
     except BaseException:
         if learner is not None:
             learner.close()
         raise
+
+
+def sharing_blockers(cfg: Config, learner: Any, sampler: Any) -> list[str]:
+    """Why the sampler keeps its own copy of the weights (empty: it may compute on the
+    learner's, see :func:`share_learner_weights`)."""
+    from agentrl.learner import Learner
+
+    out = []
+    if cfg.learner.share_weights == "off":
+        out.append("learner.share_weights=off")
+    if cfg.orchestrator.max_staleness != 0:
+        # the sampler generates while the learner steps: it needs weights of its own
+        out.append(f"orchestrator.max_staleness={cfg.orchestrator.max_staleness}")
+    if not isinstance(learner, Learner):
+        out.append("the learner runs in its own process (orchestrator.learner_worker)")
+    if not callable(getattr(sampler, "share_weights", None)):
+        out.append(f"sampler.backend={cfg.sampler.backend}")
+    if cfg.model.lora is not None:
+        out.append("model.lora (the sampler loads merged weights)")
+    return out
+
+
+def share_learner_weights(cfg: Config, learner: Any, sampler: Any) -> threading.Lock | None:
+    """Let the hf sampler compute on the learner's own weight tensors (a synchronous run,
+    the learner in this process, same device and dtype): its copy is freed and a publish
+    copies nothing. Returns the lock the learner's step holds (None: the sampler keeps its
+    copy; why is logged)."""
+    blockers = sharing_blockers(cfg, learner, sampler)
+    guard = threading.Lock()
+    if not blockers:
+        try:
+            sampler.share_weights(learner.sampler_weights(), guard)
+        except ValueError as e:  # another dtype or device (say model.dtype bfloat16)
+            blockers.append(str(e))
+    if blockers:
+        if cfg.learner.share_weights == "on":
+            raise ConfigError(
+                "learner.share_weights=on, but the sampler cannot compute on the learner's "
+                f"weights: {'; '.join(blockers)}. Set learner.share_weights=auto to keep a copy"
+            )
+        log.info("the sampler keeps its own weights: %s", "; ".join(blockers))
+        return None
+    gc.collect()  # the sampler's own copy
+    log.info("the sampler computes on the learner's weights (learner.share_weights)")
+    return guard
 
 
 async def load_checkpoint_into_sampler(run: Run, checkpoint: str | Path) -> int:

@@ -42,7 +42,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,7 @@ from agentrl.errors import PromptError, SamplerError, WeightUpdateError
 from agentrl.models import cache_kwargs, returned_cache
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.decode_attention import use_decode_attention
-from agentrl.samplers.fast_decode import fast_decoder
+from agentrl.samplers.fast_decode import FastDecoder, fast_decoder
 from agentrl.samplers.kv_cache import GrowingCache
 from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry
 from agentrl.samplers.sampling import sample_next
@@ -180,6 +180,7 @@ class HFSampler(Sampler):
         if fast_decode is None:
             fast_decode = self._device.type == "cpu"
         self._fast = fast_decoder(model, self._new_cache) if fast_decode else None
+        self._guard: threading.Lock | None = None  # see share_weights
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         self.max_context = int(
@@ -316,6 +317,47 @@ class HFSampler(Sampler):
         if thread is not None:
             await anyio.to_thread.run_sync(thread.join)
 
+    def share_weights(self, state: Mapping[str, torch.Tensor], guard: threading.Lock) -> None:
+        """Compute with `state`'s tensors themselves (a learner's live weights, under this
+        sampler's parameter names) instead of this sampler's own copy, which is freed.
+
+        Whoever changes those tensors holds `guard` meanwhile; the sampler holds it for each
+        of its iterations, so no forward pass reads half-updated weights. A weight update
+        whose tensors are these same tensors then copies nothing (only the version moves);
+        one with other tensors is copied in as usual. Raises ValueError (nothing changed)
+        when a name, shape, dtype or device differs."""
+        params = dict(self._model.named_parameters(remove_duplicate=False))
+        for name, target in params.items():
+            source = state.get(name)
+            if source is None:
+                raise ValueError(f"cannot share weights: {name} is missing")
+            if (source.shape, source.dtype, source.device) != (
+                target.shape,
+                target.dtype,
+                target.device,
+            ):
+                raise ValueError(
+                    f"cannot share weights: {name} is {tuple(source.shape)} {source.dtype} on "
+                    f"{source.device}, the sampler's {tuple(target.shape)} {target.dtype} on "
+                    f"{target.device}"
+                )
+        with self._cond:  # not between two iterations of the worker
+            for name in params:
+                module_name, _, leaf = name.rpartition(".")
+                module = self._model.get_submodule(module_name)
+                module._parameters[leaf] = torch.nn.Parameter(
+                    state[name].detach(), requires_grad=False
+                )
+            self._guard = guard
+            self._prefix.clear()
+            if self._fast is not None:  # it holds the tensors it was built over
+                self._fast = FastDecoder(self._model)
+
+    @property
+    def shares_weights(self) -> bool:
+        """Whether this sampler computes with another component's weight tensors."""
+        return self._guard is not None
+
     # --- input checks ---------------------------------------------------------------
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
@@ -380,6 +422,13 @@ class HFSampler(Sampler):
             )
 
     def _iteration(self) -> None:
+        if self._guard is None:
+            self._step_once()
+            return
+        with self._guard:  # the weights are not being changed meanwhile
+            self._step_once()
+
+    def _step_once(self) -> None:
         self._apply_updates()
         self._drop_cancelled()
         plans = [(r, r.prompt, *self._prefix.lookup(r.prompt)) for r in self._admit()]
@@ -428,6 +477,8 @@ class HFSampler(Sampler):
                     if key in written:  # tied weights: one copy is enough
                         continue
                     written.add(key)
+                    if _same_memory(target, tensor):  # shared weights: already in place
+                        continue
                     target.copy_(tensor)  # converts dtype and device in one pass
             with self._cond:
                 self._version = update.version
@@ -741,6 +792,16 @@ class HFSampler(Sampler):
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.data_ptr() == b.data_ptr()
+    )
 
 
 def _fail_chunk(chunk: list[_Plan], what: str, e: Exception) -> None:

@@ -1,0 +1,145 @@
+"""learner.share_weights: in a synchronous run the hf sampler computes on the learner's own
+weight tensors (no copy, nothing copied on publish); generation waits while the learner's
+step changes them; everywhere else the sampler keeps its copy."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import pytest
+import torch
+
+from agentrl.config import load_config
+from agentrl.models import load_model
+from agentrl.orchestrator import Orchestrator
+from agentrl.plotting import read_steps
+from agentrl.runtime import sharing_blockers
+from agentrl.samplers import SamplingParams
+from agentrl.samplers.hf import HFSampler
+from tests.orchestrator.test_train import BASE, _run
+
+
+def _same_storage(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    pa = dict(a.named_parameters(remove_duplicate=False))
+    pb = dict(b.named_parameters(remove_duplicate=False))
+    return pa.keys() == pb.keys() and all(pa[k].data_ptr() == pb[k].data_ptr() for k in pa)
+
+
+def test_synchronous_run_samples_with_the_learners_weights(tmp_path) -> None:
+    """Two synchronous steps: the sampler's parameters are the learner's tensors, its
+    tokens of step 2 are tagged version 1, and their behaviour log-probs are the learner's
+    (the gap stays at float rounding), so the trained weights reached the sampler without a
+    copy."""
+    orch = _run(
+        tmp_path, "orchestrator.max_steps=2", "orchestrator.max_staleness=0",
+        "algorithm.off_policy=tis", "learner.bf16=off",
+    )  # fmt: skip
+    assert orch.parts.weight_guard is not None
+    assert orch.sampler.shares_weights
+    assert _same_storage(orch.sampler.model, orch.learner.model)
+    steps = read_steps(tmp_path / "run")
+    assert [s["version"] for s in steps] == [1.0, 2.0]
+    assert all(0 <= s["logprob_gap/mean"] < 1e-3 for s in steps), steps
+    assert orch.sampler.version == 2
+
+
+def test_off_keeps_a_copy(tmp_path) -> None:
+    orch = _run(
+        tmp_path, "orchestrator.max_steps=1", "orchestrator.max_staleness=0",
+        "learner.share_weights=off",
+    )  # fmt: skip
+    assert orch.parts.weight_guard is None and not orch.sampler.shares_weights
+    learner = dict(orch.learner.model.named_parameters())
+    sampler = dict(orch.sampler.model.named_parameters())
+    assert all(learner[k].data_ptr() != sampler[k].data_ptr() for k in learner)
+    # ... and the copy holds the published weights
+    for k in learner:
+        assert torch.equal(learner[k].detach(), sampler[k].detach()), k
+
+
+@pytest.mark.parametrize(
+    ("overrides", "blocker"),
+    [
+        (["orchestrator.max_staleness=1"], "orchestrator.max_staleness=1"),
+        (["learner.share_weights=off"], "learner.share_weights=off"),
+    ],
+)
+def test_blockers(overrides: list[str], blocker: str) -> None:
+    cfg = load_config(overrides=[*BASE, *overrides])
+    assert any(blocker in b for b in sharing_blockers(cfg, object(), object()))
+
+
+def test_a_dtype_mismatch_keeps_the_copy(tmp_path) -> None:
+    """model.dtype bfloat16: the sampler's tensors cannot be the float32 masters."""
+    cfg = load_config(overrides=[*BASE, "orchestrator.max_staleness=0", "model.dtype=bfloat16"])
+    orch = Orchestrator(cfg, tmp_path / "run")
+    orch.build()
+    try:
+        assert orch.parts.weight_guard is None and not orch.sampler.shares_weights
+    finally:
+        anyio.run(orch.parts.scope.aclose)
+
+
+def test_generation_waits_while_the_weights_change() -> None:
+    """The sampler holds the guard for each iteration: a request made while the owner of
+    the weights holds it is served only after release, on the weights as they are then."""
+    model, tokenizer = load_model("tiny-llama", dtype="float32")
+    owner = load_model("tiny-llama", dtype="float32", seed=5)[0]
+    sampler = HFSampler(model, tokenizer, default_stop_token_ids=())
+    guard = threading.Lock()
+    sampler.share_weights(owner.state_dict(), guard)
+    assert _same_storage(sampler.model, owner)
+    prompt = list(tokenizer("hello there")["input_ids"])
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+
+    async def main() -> tuple[float, list[int]]:
+        released_at = 0.0
+        guard.acquire()
+
+        async def release_later() -> None:
+            nonlocal released_at
+            await anyio.sleep(0.5)
+            with torch.no_grad():  # the owner's "step": new weights, in place
+                for p in owner.parameters():
+                    p.mul_(0.5)
+            released_at = time.perf_counter()
+            guard.release()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(release_later)
+            out = await sampler.generate(prompt, params)
+        done = time.perf_counter()
+        assert done >= released_at > 0
+        await sampler.close()
+        return done, out.token_ids
+
+    _, tokens = anyio.run(main)
+    # greedy tokens of the halved weights, as the owner computes them
+    ids = torch.tensor([prompt])
+    expected = []
+    with torch.no_grad():
+        for _ in range(4):
+            nxt = int(owner(input_ids=ids).logits[0, -1].argmax())
+            expected.append(nxt)
+            ids = torch.cat([ids, torch.tensor([[nxt]])], 1)
+    assert tokens == expected
+
+
+def test_share_weights_refuses_mismatched_tensors() -> None:
+    model, tokenizer = load_model("tiny-llama", dtype="float32")
+    sampler = HFSampler(model, tokenizer)
+    state = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="bfloat16"):
+        sampler.share_weights(state, threading.Lock())
+    assert not sampler.shares_weights
+
+
+def test_on_where_it_cannot_is_a_config_error(tmp_path) -> None:
+    from agentrl.errors import ConfigError
+
+    cfg = load_config(overrides=[*BASE, "orchestrator.max_staleness=1", "learner.share_weights=on"])
+    orch = Orchestrator(cfg, tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"share_weights=on.*max_staleness=1"):
+        orch.build()
