@@ -233,6 +233,11 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             lp[s:e] = picked - log_total
         lp = torch.where(valid, lp, torch.zeros_like(lp))
         ent = torch.where(valid, ent, torch.zeros_like(ent))
+        # one chunk through the compiled passes (which leave z as it was): its logits stay for
+        # the backward instead of being recomputed, one [N, H] x [H, V] matmul less. The
+        # backward would allocate the same buffer, so the peak does not grow.
+        wants_grad = any(ctx.needs_input_grad[:2])  # type: ignore[attr-defined]
+        ctx.logits = z_buf if compiled and chunk >= N and wants_grad else None
         ctx.save_for_backward(hidden, weight, labels, lse, ent)
         ctx.inv_t, ctx.chunk, ctx.with_entropy = inv_t, chunk, with_entropy
         ctx.mm_dtype, ctx.device_type, ctx.fused = mm_dtype, hidden.device.type, fused
@@ -275,7 +280,11 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         grad_h = torch.zeros_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
         n0 = min(chunk, N)
-        z_buf = torch.empty(n0, V, dtype=mm_dtype, device=hidden.device)
+        kept: Tensor | None = ctx.logits  # type: ignore[attr-defined]
+        ctx.logits = None  # type: ignore[attr-defined]
+        z_buf = (
+            kept if kept is not None else torch.empty(n0, V, dtype=mm_dtype, device=hidden.device)
+        )
         gw_buf = torch.empty(weight.shape, dtype=mm_dtype, device=weight.device) if need_w else None
         fused: Fused = ctx.fused  # type: ignore[attr-defined]
         compiled = fused_kernels.wanted(fused, hidden.device, dt)
@@ -286,7 +295,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             e = min(s + chunk, N)
             n = e - s
             h = hidden[s:e].to(mm_dtype)
-            z = torch.mm(h, w.t(), out=z_buf[:n])
+            z = z_buf[:n] if kept is not None else torch.mm(h, w.t(), out=z_buf[:n])
             grad_z = None
             if compiled:
                 grad_z = fused_kernels.call(

@@ -103,3 +103,35 @@ def test_a_compiler_failure_falls_back_once_in_auto_and_raises_in_on(monkeypatch
         torch.testing.assert_close(b, c)
     with pytest.raises(RuntimeError, match=r"learner\.fused_logprobs=on"):
         _run(hidden, weight, labels, coef, 1.0, "on", False, 0.3, chunk=4)
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_one_chunk_keeps_its_logits_for_the_backward(amp, monkeypatch):
+    """Rows that fit one chunk: the compiled forward's logits serve the backward (no second
+    LM-head matmul there), with the values and gradients of the recomputing path."""
+    from agentrl.algos import logprobs
+
+    torch.manual_seed(12)
+    N, H, V = 40, 16, 400
+    hidden = (torch.randn(N, H) * 0.7).requires_grad_()
+    weight = (torch.randn(V, H) * 0.7).requires_grad_()
+    labels = torch.randint(0, V, (N,))
+    labels[::7] = -100
+    coef = torch.randn(N)
+    matmuls = []
+    mm = torch.mm
+
+    def counting_mm(a, b, **kw):
+        if b.shape[-1] == V:  # [n, H] x [H, V]: the logits
+            matmuls.append(a.shape[0])
+        return mm(a, b, **kw)
+
+    monkeypatch.setattr(logprobs.torch, "mm", counting_mm)
+    kept = _run(hidden, weight, labels, coef, 1.0, "on", amp, 0.3, chunk=N)
+    assert matmuls == [N]  # the forward's only
+    matmuls.clear()
+    recomputed = _run(hidden, weight, labels, coef, 1.0, "on", amp, 0.3, chunk=N - 1)
+    assert len(matmuls) == 4  # two chunks, each in the forward and again in the backward
+    same = {"atol": 1e-5, "rtol": 1e-5} if not amp else {"atol": 2e-2, "rtol": 2e-2}
+    for a, b in zip(kept, recomputed, strict=True):
+        torch.testing.assert_close(a, b, **same)
