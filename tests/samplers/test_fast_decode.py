@@ -153,3 +153,18 @@ def test_a_layer_it_does_not_model_fails_the_start_check(caplog) -> None:
     with caplog.at_level("WARNING"):
         assert fast_decoder(model, KV_CACHES["growing"]) is None
     assert "differ from the model's" in caplog.text
+
+
+def test_bfloat16_passes_its_start_check() -> None:
+    """A bfloat16 model: the compact step is taken (the check's tolerance is bf16's) and its
+    logits stay within bf16 rounding of the model's own."""
+    model = tiny_llama(seed=0, dtype=torch.bfloat16)
+    decoder = fast_decoder(model, KV_CACHES["growing"])
+    assert decoder is not None
+    ids = torch.tensor([[5, 9, 11, 13, 17]])
+    cache = KV_CACHES["growing"]()
+    with torch.inference_mode():
+        model(input_ids=ids[:, :-1], use_cache=True, **cache_kwargs(model, cache))
+        fast = decoder.step(ids[:, -1], torch.tensor([4]), cache, [0]).float()
+        full = model(input_ids=ids).logits[:, -1].float()
+    assert float((fast - full).abs().max()) <= 0.05 * max(1.0, float(full.abs().max()))
