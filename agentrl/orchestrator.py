@@ -277,7 +277,7 @@ class Orchestrator:
         """One learner step; with the sampler computing on the learner's own weights
         (``learner.share_weights``) it holds the weights' lock, so the sampler runs no
         forward pass on half-updated weights."""
-        guard = self.parts.weight_guard
+        guard = getattr(self.parts, "weight_guard", None)
         if guard is None:
             return await anyio.to_thread.run_sync(self.learner.step, groups)
         await anyio.to_thread.run_sync(guard.acquire)

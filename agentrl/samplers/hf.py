@@ -325,7 +325,7 @@ class HFSampler(Sampler):
         of its iterations, so no forward pass reads half-updated weights. A weight update
         whose tensors are these same tensors then copies nothing (only the version moves);
         one with other tensors is copied in as usual. Raises ValueError (nothing changed)
-        when a name, shape, dtype or device differs."""
+        when a name, shape, dtype or device differs, or while requests are in flight."""
         params = dict(self._model.named_parameters(remove_duplicate=False))
         for name, target in params.items():
             source = state.get(name)
@@ -341,7 +341,9 @@ class HFSampler(Sampler):
                     f"{source.device}, the sampler's {tuple(target.shape)} {target.dtype} on "
                     f"{target.device}"
                 )
-        with self._cond:  # not between two iterations of the worker
+        with self._cond:  # the worker starts no iteration meanwhile
+            if self._active or self._waiting or self._updates:
+                raise ValueError("cannot share weights while the sampler has work in flight")
             for name in params:
                 module_name, _, leaf = name.rpartition(".")
                 module = self._model.get_submodule(module_name)
