@@ -11,7 +11,13 @@ import torch
 
 from agentrl.models import cache_kwargs, load_model, tiny_llama
 from agentrl.samplers import SamplingParams
-from agentrl.samplers.fast_decode import FastDecoder, fast_decoder, linear, unsupported
+from agentrl.samplers.fast_decode import (
+    FastDecoder,
+    fast_decoder,
+    linear,
+    padded_rows,
+    unsupported,
+)
 from agentrl.samplers.hf import KV_CACHES, HFSampler
 
 
@@ -36,13 +42,19 @@ def _gqa_llama(**overrides):
     return LlamaForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("rows", [1, 5, 80])  # 80 > SKINNY_ROWS: the plain x @ W^T
+# 9, 15, 63: padded to a multiple of ROW_MULTIPLE; 80 > SKINNY_ROWS: the plain x @ W^T
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 15, 16, 63, 80])
 def test_linear_is_x_at_w_transposed(rows: int) -> None:
     gen = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(rows, 48, generator=gen), torch.randn(40, 48, generator=gen), None
     torch.testing.assert_close(linear(x, w, b), torch.nn.functional.linear(x, w))
     b = torch.randn(40, generator=gen)
     torch.testing.assert_close(linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    assert linear(x, w, b).shape == (rows, 40)
+
+
+def test_padded_rows() -> None:
+    assert [padded_rows(r) for r in (1, 7, 8, 9, 15, 16, 17, 63)] == [1, 7, 8, 16, 16, 16, 24, 64]
 
 
 @pytest.mark.parametrize("kv_cache", sorted(KV_CACHES))
