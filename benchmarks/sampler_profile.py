@@ -14,7 +14,7 @@ alternating order, best of ``--repeats``: ``fast`` (the compact decode step,
 own forward, ``fast_decode=False``).
 
     .venv/bin/python benchmarks/sampler_profile.py [--dtypes float32 bfloat16]
-        [--decode fast transformers] [--repeats 2]
+        [--decode fast transformers] [--repeats 2] [--rows 16 15]
 
 Prints a table and writes benchmarks/results/sampler_profile.json.
 """
@@ -71,19 +71,19 @@ class Clock:
         return [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
 
 
-async def run(sampler: Any, prompt: list[int]) -> float:
+async def run(sampler: Any, prompt: list[int], rows: int = ROWS) -> float:
     from agentrl.samplers import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS)
     t0 = time.perf_counter()
     async with anyio.create_task_group() as tg:
-        for _ in range(ROWS):
+        for _ in range(rows):
             tg.start_soon(sampler.generate, prompt, params)
     return time.perf_counter() - t0
 
 
 def profile_dtype(
-    model_name: str, dtype: str, paths: list[str], repeats: int
+    model_name: str, dtype: str, paths: list[str], repeats: int, rows: int = ROWS
 ) -> list[dict[str, Any]]:
     from agentrl.models import load_model
     from agentrl.samplers.hf import HFSampler
@@ -96,28 +96,34 @@ def profile_dtype(
         samplers[path] = HFSampler(
             model,
             tok,
-            max_batch_size=ROWS,
+            max_batch_size=rows,
             default_stop_token_ids=(),
             fast_decode=path == "fast",
             prefix_cache_tokens=0,  # every run prefills the same way
         )
         if path == "fast" and samplers[path]._fast is None:
             raise SystemExit(f"{model_name}: the compact decode step does not apply")
-        anyio.run(run, samplers[path], prompt)  # warm-up
+        anyio.run(run, samplers[path], prompt, rows)  # warm-up
     best: dict[str, dict[str, Any]] = {}
     for rep in range(repeats):
         order = paths if rep % 2 == 0 else paths[::-1]
         for path in order:
-            r = _profile_once(samplers[path], prompt)
+            r = _profile_once(samplers[path], prompt, rows)
             if path not in best or r["wall_s"] < best[path]["wall_s"]:
                 best[path] = r
     return [
-        {"dtype": dtype, "decode": path, "threads": torch.get_num_threads(), **best[path]}
+        {
+            "dtype": dtype,
+            "decode": path,
+            "rows": rows,
+            "threads": torch.get_num_threads(),
+            **best[path],
+        }
         for path in paths
     ]
 
 
-def _profile_once(sampler: Any, prompt: list[int]) -> dict[str, Any]:
+def _profile_once(sampler: Any, prompt: list[int], rows: int) -> dict[str, Any]:
     clock = Clock()
     model = sampler._model
     handles = []
@@ -132,7 +138,7 @@ def _profile_once(sampler: Any, prompt: list[int]) -> dict[str, Any]:
     clock.wrap(model.model, "forward", "layers")
     clock.wrap(model.lm_head, "forward", "lm_head")
     try:
-        wall = anyio.run(run, sampler, prompt)
+        wall = anyio.run(run, sampler, prompt, rows)
     finally:
         for h in handles:
             h.remove()
@@ -163,7 +169,7 @@ def _profile_once(sampler: Any, prompt: list[int]) -> dict[str, Any]:
     }
     return {
         "wall_s": wall,
-        "tokens_per_s": ROWS * NEW_TOKENS / wall,
+        "tokens_per_s": rows * NEW_TOKENS / wall,
         "decode_step_ms": 1000 * c["step:decode"] / max(NEW_TOKENS - 1, 1),
         "parts_s": parts,
         "timing_raw_s": dict(c),
@@ -181,16 +187,27 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--decode", nargs="+", default=["fast", "transformers"])
     ap.add_argument("--repeats", type=int, default=2, help="best of N per path")
+    ap.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        default=[ROWS],
+        help="concurrent callers (decode rows); e.g. 16 15 12: ragged counts are where a "
+        "GRPO batch spends its decode once rows finish",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sampler_profile.json"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     load0 = os.getloadavg()[0]
     results = [
-        r for d in args.dtypes for r in profile_dtype(args.model, d, args.decode, args.repeats)
+        r
+        for d in args.dtypes
+        for n in args.rows
+        for r in profile_dtype(args.model, d, args.decode, args.repeats, n)
     ]
     for r in results:
         print(
-            f"\nhf sampler, {r['decode']} decode, {ROWS} rows x {NEW_TOKENS} tokens, "
+            f"\nhf sampler, {r['decode']} decode, {r['rows']} rows x {NEW_TOKENS} tokens, "
             f"{args.model} {r['dtype']}, {r['threads']} threads: {r['wall_s']:.2f} s, "
             f"{r['tokens_per_s']:.1f} tok/s, {r['decode_step_ms']:.0f} ms per decode step"
         )
@@ -200,15 +217,17 @@ def main() -> None:
         if r["decode"] == "transformers" and fwd > 0:
             for part in ("decoder_layers_s", "lm_head_s"):
                 print(f"    of the forward, {part[:-2]:<34}{r[part]:>7.2f} s {r[part] / fwd:>5.0%}")
-    by = {(r["dtype"], r["decode"]): r for r in results}
+    by = {(r["dtype"], r["rows"], r["decode"]): r for r in results}
     for d in args.dtypes:
-        if (d, "fast") in by and (d, "transformers") in by:
-            ratio = by[(d, "fast")]["tokens_per_s"] / by[(d, "transformers")]["tokens_per_s"]
-            print(f"{d}: fast / transformers decode = {ratio:.2f}x tokens/s")
+        for n in args.rows:
+            if (d, n, "fast") in by and (d, n, "transformers") in by:
+                fast, slow = by[(d, n, "fast")], by[(d, n, "transformers")]
+                ratio = fast["tokens_per_s"] / slow["tokens_per_s"]
+                print(f"{d}, {n} rows: fast / transformers decode = {ratio:.2f}x tokens/s")
     out = {
         "benchmark": "sampler_profile",
         "model": args.model,
-        "workload": {"rows": ROWS, "new_tokens": NEW_TOKENS, "prompt_tokens": PROMPT_TOKENS},
+        "workload": {"rows": args.rows, "new_tokens": NEW_TOKENS, "prompt_tokens": PROMPT_TOKENS},
         "repeats": args.repeats,
         "results": results,
         "cpus": os.cpu_count(),
