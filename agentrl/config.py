@@ -203,11 +203,13 @@ class LearnerConfig(_Section):
     # else PyTorch's own choice; torch / math / flash force one
     sdpa_backend: Literal["auto", "torch", "math", "flash"] = "auto"
     critic_lr: float | None = None
-    # auto: in a synchronous run (max_staleness 0) whose learner runs in this process, the
-    # hf sampler computes with the learner's own weight tensors when device and dtype match
-    # (no sampler copy, nothing copied on publish; a lock keeps generation out of the
-    # learner's step); on: the same, an error where it cannot; off: the sampler keeps a
-    # copy. See docs/performance.md
+    # auto: the hf sampler computes with the learner's own weight tensors when device and
+    # dtype match (no sampler copy, nothing copied on publish): in a synchronous run with
+    # the learner in this process (a lock keeps generation out of the learner's step), or
+    # with a CPU learner process, whose parameters live in shared memory (async too, with
+    # one optimizer update per step: a lock keeps each decode step out of the optimizer
+    # step, and the sampler tags tokens with the version the weights hold); on: the same,
+    # an error where it cannot; off: the sampler keeps a copy. See docs/performance.md
     share_weights: Literal["auto", "on", "off"] = "auto"
 
     @field_validator("bf16", "fp16", "fused_logprobs", "share_weights", mode="before")

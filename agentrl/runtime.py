@@ -441,11 +441,28 @@ def sharing_blockers(cfg: Config, learner: Any, sampler: Any) -> list[str]:
     out = []
     if cfg.learner.share_weights == "off":
         out.append("learner.share_weights=off")
-    if cfg.orchestrator.max_staleness != 0:
-        # the sampler generates while the learner steps: it needs weights of its own
-        out.append(f"orchestrator.max_staleness={cfg.orchestrator.max_staleness}")
-    if not isinstance(learner, Learner):
-        out.append("the learner runs in its own process (orchestrator.learner_worker)")
+    staleness = cfg.orchestrator.max_staleness
+    if isinstance(learner, Learner):
+        if staleness != 0:
+            # the sampler generates while this process's learner steps: its lock would be
+            # held for the whole step
+            out.append(
+                f"orchestrator.max_staleness={staleness} with the learner in this process "
+                "(orchestrator.learner_worker=thread)"
+            )
+    else:
+        live = getattr(learner, "live_weights", None)
+        if not callable(live) or live() is None:
+            out.append(
+                "the learner process keeps its weights apart (on CUDA, with LoRA, or "
+                "sampling in another dtype than the learner's)"
+            )
+        updates = cfg.learner.ppo_epochs * cfg.learner.minibatches
+        if staleness != 0 and updates != 1:
+            out.append(
+                f"{updates} optimizer updates per step (learner.ppo_epochs x "
+                "learner.minibatches): the sampler would generate on weights between versions"
+            )
     if not callable(getattr(sampler, "share_weights", None)):
         out.append(f"sampler.backend={cfg.sampler.backend}")
     if cfg.model.lora is not None:
@@ -454,17 +471,32 @@ def sharing_blockers(cfg: Config, learner: Any, sampler: Any) -> list[str]:
 
 
 def share_learner_weights(cfg: Config, learner: Any, sampler: Any) -> threading.Lock | None:
-    """Let the hf sampler compute on the learner's own weight tensors (a synchronous run,
-    the learner in this process, same device and dtype): its copy is freed and a publish
-    copies nothing. Returns the lock the learner's step holds (None: the sampler keeps its
-    copy; why is logged)."""
+    """Let the hf sampler compute on the learner's own weight tensors instead of a copy of
+    its own, which is freed; a publish then copies nothing.
+
+    * The learner in this process (a synchronous run, same device and dtype): returns the
+      lock the orchestrator holds around each learner step.
+    * A learner process whose parameters live in shared memory (synchronous or not, one
+      optimizer update per step when not): the sampler computes on the mapped buffers under
+      the process's :class:`~agentrl.weights.lock.WeightLock`, which the learner takes
+      only around its optimizer step; returns None (the orchestrator holds nothing).
+
+    None as well when the sampler keeps its copy (why is logged)."""
+    from agentrl.learner import Learner
+
     blockers = sharing_blockers(cfg, learner, sampler)
-    guard = threading.Lock()
+    guard: threading.Lock | None = None
     if not blockers:
         try:
-            sampler.share_weights(learner.sampler_weights(), guard)
+            if isinstance(learner, Learner):
+                guard = threading.Lock()
+                sampler.share_weights(learner.sampler_weights(), guard)
+            else:
+                weights, lock = learner.live_weights()
+                sampler.share_weights(weights, lock)
         except ValueError as e:  # another dtype or device (say model.dtype bfloat16)
             blockers.append(str(e))
+            guard = None
     if blockers:
         if cfg.learner.share_weights == "on":
             raise ConfigError(

@@ -131,19 +131,40 @@ def adapter_state(model: Any) -> dict[str, Tensor]:
 def save_policy(model: Any, folder: Path) -> None:
     """``model.safetensors`` (the policy under its base names, merged with LoRA) and, with
     LoRA, ``adapter.safetensors`` (what :func:`load_policy` resumes from)."""
-    from safetensors.torch import save_file, save_model
+    from safetensors.torch import save_file
 
     if not has_lora(model):
-        save_model(model, str(folder / POLICY_WEIGHTS))
+        save_file(_tied_once(model.state_dict()), str(folder / POLICY_WEIGHTS), {"format": "pt"})
         return
     save_file(unshared(adapter_state(model)), str(folder / ADAPTER_WEIGHTS))
     save_file(unshared(sampler_state(model)), str(folder / POLICY_WEIGHTS))
 
 
+def _tied_names(state: dict[str, Tensor]) -> list[list[str]]:
+    """The names of `state`, grouped by the tensor they are (tied weights: one group)."""
+    groups: dict[tuple[int, int, tuple[int, ...]], list[str]] = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
+def _tied_once(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`state` as ``safetensors.torch.save_model`` writes it (tied tensors once, under the
+    first of their names in sorted order), also when the parameters are views of one flat
+    buffer (a learner process's, :func:`agentrl.weights.shared.adopt`), which save_model
+    refuses as one shared storage."""
+    out = {}
+    for names in _tied_names(state):
+        keep = min(names)
+        out[keep] = state[keep].detach().contiguous()
+    return out
+
+
 def load_policy(model: Any, folder: Path, device: torch.device) -> None:
     """Restore what :func:`save_policy` wrote; a checkpoint made with or without LoRA must be
     resumed the same way."""
-    from safetensors.torch import load_file, load_model
+    from safetensors.torch import load_file
 
     adapter = folder / ADAPTER_WEIGHTS
     if not has_lora(model):
@@ -152,7 +173,18 @@ def load_policy(model: Any, folder: Path, device: torch.device) -> None:
                 f"checkpoint {folder.parent} holds a LoRA adapter but model.lora is null: "
                 "resume with the config the run was started with (its model.lora section)"
             )
-        load_model(model, str(folder / POLICY_WEIGHTS), device=str(device))
+        path = folder / POLICY_WEIGHTS
+        state = load_file(str(path), device=str(device))
+        missing, unexpected = model.load_state_dict(state, strict=False)  # copies in place
+        covered = {
+            n for names in _tied_names(model.state_dict()) if state.keys() & names for n in names
+        }
+        missing = sorted(set(missing) - covered)
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{path} does not fit this model (missing {missing[:3]}, unexpected "
+                f"{sorted(unexpected)[:3]}): resume with the model the run was started with"
+            )
         return
     if not adapter.is_file():
         raise CheckpointError(

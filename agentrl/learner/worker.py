@@ -34,6 +34,7 @@ as its parent is gone (a lifeline pipe only the parent holds), so no orphan is l
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -51,7 +52,14 @@ import torch
 from torch import Tensor
 
 from agentrl.errors import AgentRLError
-from agentrl.weights.shared import CudaSharedWeights, SharedWeights, attach, share_weights
+from agentrl.weights.lock import WeightLock
+from agentrl.weights.shared import (
+    CudaSharedWeights,
+    SharedWeights,
+    adopt,
+    attach,
+    share_weights,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +102,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(lifeline)
     shared: SharedWeights | CudaSharedWeights | None = None
+    lock: WeightLock | None = None
     try:
         cfg, path, plugins = conn.recv()
         sys.path[:] = path + [p for p in sys.path if p not in path]
@@ -112,10 +121,20 @@ def _serve(conn: Connection, lifeline: int) -> None:
         learner = load_learner(cfg)
         kind = sharing_kind(cfg.learner.weight_sharing, learner.device)
         shared = share_weights(learner.sampler_weights(), kind, shared_dtype(cfg))
-        conn.send(("ready", (learner.version, learner.step_count, shared.handle())))
+        lock_path = None
+        if kind == "shared_memory" and adopt(learner.model, shared):
+            # the parameters live in the shared buffers: one copy of the weights here, and a
+            # sampler may compute on them (learner.share_weights) under this lock
+            lock = WeightLock.create(learner.version)
+            learner.weight_lock, lock_path = lock, lock.handle()
+            gc.collect()
+        ready = (learner.version, learner.step_count, shared.handle(), lock_path)
+        conn.send(("ready", ready))
     except BaseException as e:
         if shared is not None:
             shared.unlink()
+        if lock is not None:
+            lock.close()
         _reply_error(conn, e)
         return
     while True:
@@ -123,9 +142,13 @@ def _serve(conn: Connection, lifeline: int) -> None:
             op, arg = conn.recv()
         except (EOFError, OSError):  # the parent is gone
             shared.unlink()
+            if lock is not None:
+                lock.close()
             return
         if op == "close":
             shared.unlink()
+            if lock is not None:
+                lock.close()
             conn.send(("ok", None))
             conn.close()
             # nothing is left to flush (checkpoints are written and closed by now); a normal
@@ -201,6 +224,9 @@ class LearnerProcess:
         self.version = 0
         self.step_count = 0
         self._weights: dict[str, Tensor] = {}
+        # set when the child's parameters live in the shared buffers (the views below are
+        # its live weights, changed only under this lock): see live_weights()
+        self.weight_lock: WeightLock | None = None
         from agentrl.algos.registry import plugin_modules
 
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -235,10 +261,12 @@ class LearnerProcess:
                 "not ones registered in a script's __main__; move them into a module, or set "
                 "orchestrator.learner_worker=thread to train in this process"
             ) from exc
-        self.version, self.step_count, handle = payload
+        self.version, self.step_count, handle, lock_path = payload
         # shared-memory files are unlinked once mapped here (nothing left to clean up);
         # CUDA IPC buffers are the child's device memory, opened by handle
         self._weights = attach(handle)
+        if lock_path is not None:
+            self.weight_lock = WeightLock.attach(lock_path)
         self._ready = True
 
     def _recv(self, doing: str) -> tuple[str, Any]:
@@ -291,6 +319,16 @@ class LearnerProcess:
             return weights
         return {k: v.to(dtype) for k, v in weights.items()}
 
+    def live_weights(self) -> tuple[dict[str, Tensor], WeightLock] | None:
+        """The learner's own weights as shared-memory views, and the lock it changes them
+        under (a sampler that computes on them holds it per forward pass); None when the
+        child keeps its weights apart (CUDA, LoRA, or the views in another dtype)."""
+        with self._lock:
+            self._wait_ready_locked(START_TIMEOUT_S)
+            if self.weight_lock is None:
+                return None
+            return dict(self._weights), self.weight_lock
+
     def save_checkpoint(self, directory: str | Path) -> Path:
         return Path(self._call("save", str(directory), "saving a checkpoint"))
 
@@ -314,7 +352,7 @@ class LearnerProcess:
             self._conn.close()
             with contextlib.suppress(OSError):
                 os.close(self._lifeline)
-            self._weights = {}
+            self._weights = {}  # a sampler computing on them keeps them (and the lock) alive
 
     def _kill(self) -> None:
         if self._proc.poll() is None:

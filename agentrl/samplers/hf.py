@@ -180,7 +180,7 @@ class HFSampler(Sampler):
         if fast_decode is None:
             fast_decode = self._device.type == "cpu"
         self._fast = fast_decoder(model, self._new_cache) if fast_decode else None
-        self._guard: threading.Lock | None = None  # see share_weights
+        self._guard: Any = None  # see share_weights
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         self.max_context = int(
@@ -317,12 +317,15 @@ class HFSampler(Sampler):
         if thread is not None:
             await anyio.to_thread.run_sync(thread.join)
 
-    def share_weights(self, state: Mapping[str, torch.Tensor], guard: threading.Lock) -> None:
+    def share_weights(self, state: Mapping[str, torch.Tensor], guard: Any) -> None:
         """Compute with `state`'s tensors themselves (a learner's live weights, under this
         sampler's parameter names) instead of this sampler's own copy, which is freed.
 
-        Whoever changes those tensors holds `guard` meanwhile; the sampler holds it for each
-        of its iterations, so no forward pass reads half-updated weights. A weight update
+        Whoever changes those tensors holds `guard` (a context manager: a ``threading.Lock``,
+        or a :class:`~agentrl.weights.lock.WeightLock` across processes) meanwhile; the
+        sampler holds it for each of its iterations, so no forward pass reads half-updated
+        weights. A guard with a ``version`` (the lock of weights another process updates in
+        place) is read there: the sampler takes that version at once, before the publish. A weight update
         whose tensors are these same tensors then copies nothing (only the version moves);
         one with other tensors is copied in as usual. Raises ValueError (nothing changed)
         when a name, shape, dtype or device differs, or while requests are in flight."""
@@ -341,6 +344,12 @@ class HFSampler(Sampler):
                     f"{source.device}, the sampler's {tuple(target.shape)} {target.dtype} on "
                     f"{target.device}"
                 )
+        if hasattr(guard, "version") and self.on_update != "keep":
+            # they change under in-flight requests, which on_update=drain / reprefill exclude
+            raise ValueError(
+                f"cannot share weights another process updates in place with "
+                f"on_update={self.on_update!r} (it needs 'keep')"
+            )
         with self._cond:  # the worker starts no iteration meanwhile
             if self._active or self._waiting or self._updates:
                 raise ValueError("cannot share weights while the sampler has work in flight")
@@ -428,7 +437,19 @@ class HFSampler(Sampler):
             self._step_once()
             return
         with self._guard:  # the weights are not being changed meanwhile
+            self._follow_live_version()
             self._step_once()
+
+    def _follow_live_version(self) -> None:
+        """With weights another process updates in place (a learner process's, under a
+        :class:`~agentrl.weights.lock.WeightLock`), they change before the publish comes:
+        take the version they now hold, so tokens are tagged with the weights that made
+        them and no key/value of the older weights is reused."""
+        live = getattr(self._guard, "version", None)
+        if live is not None and live > self._version:
+            with self._cond:
+                self._version = live
+            self._prefix.clear()
 
     def _step_once(self) -> None:
         self._apply_updates()

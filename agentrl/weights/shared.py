@@ -137,10 +137,13 @@ class SharedWeights:
         self.refresh(model)
 
     def refresh(self, model: torch.nn.Module | Mapping[str, Tensor]) -> None:
-        """Copy `model`'s current weights into the buffers."""
+        """Copy `model`'s current weights into the buffers (entries that already live in
+        them, see :func:`adopt`, are skipped)."""
         with torch.no_grad():
             for name, t in _state(model).items():
-                self.views[name].copy_(t.detach())
+                view = self.views[name]
+                if t.data_ptr() != view.data_ptr():
+                    view.copy_(t.detach())
 
     def handle(self) -> tuple[str, Any, dict[str, Slot]]:
         """What another process needs to :func:`attach` (picklable)."""
@@ -180,6 +183,29 @@ class CudaSharedWeights:
 
     def unlink(self) -> None:
         """Nothing on disk: the buffers go with this process."""
+
+
+def adopt(model: torch.nn.Module, shared: SharedWeights | CudaSharedWeights) -> bool:
+    """Make `model`'s parameters live in `shared`'s buffers (each becomes a view of its slot,
+    holding the same values), so the owner's weights are not kept twice and a refresh
+    copies nothing; the other process's views then see every change as it is made, so the
+    owner writes them under a :class:`~agentrl.weights.lock.WeightLock`.
+
+    Only when every parameter has a slot of its own dtype, shape and device (the state was
+    the parameters themselves, not LoRA-merged or cast copies); returns whether it did.
+    The parameters keep their identity (an optimizer's state stays attached)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, p in params.items():
+        view = shared.views.get(name)
+        if view is None or (view.dtype, view.shape, view.device) != (p.dtype, p.shape, p.device):
+            return False
+    with torch.no_grad():
+        for name, p in params.items():
+            view = shared.views[name]
+            if p.data_ptr() != view.data_ptr():  # a tied parameter is met twice
+                view.copy_(p)
+                p.data = view
+    return True
 
 
 def share_weights(

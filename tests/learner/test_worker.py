@@ -211,3 +211,48 @@ def test_shared_weights_are_kept_in_the_hf_samplers_half_type(
             torch.testing.assert_close(published[k], v.to(torch.bfloat16), rtol=0.01, atol=1e-3)
         ptr = published["lm_head.weight"].data_ptr()
         assert ptr == published["model.embed_tokens.weight"].data_ptr()
+
+
+def test_a_sampler_on_the_live_weights_sees_each_step_with_its_version(
+    groups: list[TrajectoryGroup],
+) -> None:
+    """The child's parameters live in the shared buffers: an hf sampler computing on them
+    (under the process's WeightLock) generates with a step's weights as soon as the step
+    returns, before any publish, tags those tokens with the new version, and its log-probs
+    are those of the stepped weights."""
+    import anyio
+
+    from agentrl.models import load_model
+    from agentrl.samplers import SamplingParams
+    from agentrl.samplers.hf import HFSampler
+
+    with closing(LearnerProcess(make_cfg(**CFG))) as proc:
+        live = proc.live_weights()
+        assert live is not None
+        weights, lock = live
+        model, tokenizer = load_model("tiny-llama", dtype="float32")
+        sampler = HFSampler(model, tokenizer, default_stop_token_ids=())
+        sampler.share_weights(weights, lock)
+        prompt = list(tokenizer("hello there")["input_ids"])
+        params = SamplingParams(temperature=0.0, max_new_tokens=4)
+        first = anyio.run(sampler.generate, prompt, params)
+        assert set(first.versions) == {0}
+        before = {k: v.clone() for k, v in weights.items()}
+        proc.step(groups)
+        assert lock.version == proc.version == 1
+        assert any(not torch.equal(before[k], weights[k]) for k in weights)
+        second = anyio.run(sampler.generate, prompt, params)
+        assert set(second.versions) == {1} and sampler.version == 1
+        # the stepped weights, copied into a model of its own
+        ref = load_model("tiny-llama", dtype="float32")[0]
+        ref.load_state_dict({k: v.clone() for k, v in weights.items()})
+        ids = torch.tensor([prompt + second.token_ids])
+        with torch.no_grad():
+            logits = ref(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), -1).gather(
+            1, torch.tensor(second.token_ids).view(-1, 1)
+        )
+        torch.testing.assert_close(
+            torch.tensor(second.logprobs), expected.view(-1), rtol=1e-4, atol=1e-4
+        )
+        anyio.run(sampler.close)

@@ -1,6 +1,8 @@
-"""learner.share_weights: in a synchronous run the hf sampler computes on the learner's own
-weight tensors (no copy, nothing copied on publish); generation waits while the learner's
-step changes them; everywhere else the sampler keeps its copy."""
+"""learner.share_weights: the hf sampler computes on the learner's own weight tensors (no
+copy, nothing copied on publish): in a synchronous run with the learner in this process
+(generation waits while the learner's step changes them), and with a learner process whose
+parameters live in shared memory, asynchronous too (generation waits while its optimizer
+step changes them); everywhere else the sampler keeps its copy."""
 
 from __future__ import annotations
 
@@ -12,12 +14,14 @@ import pytest
 import torch
 
 from agentrl.config import load_config
+from agentrl.learner import Learner
 from agentrl.models import load_model
 from agentrl.orchestrator import Orchestrator
 from agentrl.plotting import read_steps
 from agentrl.runtime import sharing_blockers
 from agentrl.samplers import SamplingParams
 from agentrl.samplers.hf import HFSampler
+from agentrl.weights.lock import WeightLock
 from tests.orchestrator.test_train import BASE, _run
 
 
@@ -59,16 +63,73 @@ def test_off_keeps_a_copy(tmp_path) -> None:
         assert torch.equal(learner[k].detach(), sampler[k].detach()), k
 
 
+class _LiveProcess:
+    """Stands for a learner process whose parameters live in shared memory."""
+
+    def live_weights(self) -> tuple[dict, object]:
+        return {}, object()
+
+
+class _ApartProcess:
+    """... and for one that keeps them apart (CUDA, LoRA, another dtype)."""
+
+    def live_weights(self) -> None:
+        return None
+
+
+def _thread_learner() -> Learner:
+    return Learner.__new__(Learner)  # isinstance is all sharing_blockers asks of it
+
+
 @pytest.mark.parametrize(
-    ("overrides", "blocker"),
+    ("overrides", "learner", "blocker"),
     [
-        (["orchestrator.max_staleness=1"], "orchestrator.max_staleness=1"),
-        (["learner.share_weights=off"], "learner.share_weights=off"),
+        (["orchestrator.max_staleness=1"], _thread_learner, "orchestrator.max_staleness=1"),
+        (["learner.share_weights=off"], _thread_learner, "learner.share_weights=off"),
+        (["orchestrator.max_staleness=1"], _ApartProcess, "keeps its weights apart"),
+        (
+            ["orchestrator.max_staleness=1", "learner.ppo_epochs=2"],
+            _LiveProcess,
+            "2 optimizer updates per step",
+        ),
     ],
 )
-def test_blockers(overrides: list[str], blocker: str) -> None:
+def test_blockers(overrides: list[str], learner, blocker: str) -> None:
     cfg = load_config(overrides=[*BASE, *overrides])
-    assert any(blocker in b for b in sharing_blockers(cfg, object(), object()))
+    sampler = HFSampler.__new__(HFSampler)
+    assert any(blocker in b for b in sharing_blockers(cfg, learner(), sampler))
+
+
+def test_an_async_process_learner_with_one_update_has_no_blocker() -> None:
+    cfg = load_config(overrides=[*BASE, "orchestrator.max_staleness=1"])
+    assert sharing_blockers(cfg, _LiveProcess(), HFSampler.__new__(HFSampler)) == []
+    # a synchronous one too (the lock is the process's, not the orchestrator's)
+    cfg = load_config(overrides=[*BASE, "orchestrator.max_staleness=0", "learner.ppo_epochs=2"])
+    assert sharing_blockers(cfg, _LiveProcess(), HFSampler.__new__(HFSampler)) == []
+
+
+def test_async_run_samples_on_the_learner_process_weights(tmp_path) -> None:
+    """max_staleness 1, the learner in its own process: its parameters live in shared
+    memory and the sampler computes on the same pages (no copy of its own; the orchestrator
+    holds no lock, the learner process takes its WeightLock around each optimizer step).
+    (The tags and log-probs of tokens made on the live weights are checked against the
+    learner's in tests/learner/test_worker.py.)"""
+    orch = _run(
+        tmp_path, "orchestrator.max_steps=3", "orchestrator.max_staleness=1",
+        "orchestrator.learner_worker=process", "algorithm.off_policy=tis", "learner.bf16=off",
+    )  # fmt: skip
+    assert orch.parts.weight_guard is None
+    assert orch.sampler.shares_weights
+    lock = orch.sampler._guard
+    assert isinstance(lock, WeightLock)
+    # every parameter is a view of the one shared buffer of the learner process
+    params = list(orch.sampler.model.parameters())
+    assert len({p.untyped_storage().data_ptr() for p in params}) == 1
+    assert lock.version == orch.learner.version == 3
+    assert orch.sampler.version == 3
+    steps = read_steps(tmp_path / "run")
+    assert [s["version"] for s in steps] == [1.0, 2.0, 3.0]
+    assert all(s["loss/total"] == s["loss/total"] for s in steps)  # finite, trained
 
 
 def test_a_dtype_mismatch_keeps_the_copy(tmp_path) -> None:
@@ -139,7 +200,14 @@ def test_share_weights_refuses_mismatched_tensors() -> None:
 def test_on_where_it_cannot_is_a_config_error(tmp_path) -> None:
     from agentrl.errors import ConfigError
 
-    cfg = load_config(overrides=[*BASE, "orchestrator.max_staleness=1", "learner.share_weights=on"])
+    cfg = load_config(
+        overrides=[
+            *BASE,
+            "orchestrator.max_staleness=1",
+            "orchestrator.learner_worker=thread",
+            "learner.share_weights=on",
+        ]
+    )
     orch = Orchestrator(cfg, tmp_path / "run")
     with pytest.raises(ConfigError, match=r"share_weights=on.*max_staleness=1"):
         orch.build()
