@@ -20,9 +20,14 @@ child's device buffers opened by CUDA IPC handle (``learner.weight_sharing``,
 :mod:`agentrl.weights.shared`), so a GPU sampler copies them without a trip through host
 memory. With the hf sampler in a half type (``model.dtype: bfloat16`` / ``float16``) they
 are kept in that type (:func:`shared_dtype`): half the bytes mapped in each process. With
-LoRA they hold the merged policy. The views hold version :attr:`version` until the
-next :meth:`step` or :meth:`load_checkpoint`; every sampler transport copies them before
-the publish returns, which the orchestrator awaits before the next step.
+LoRA they hold the merged policy. Otherwise, on CPU, the child's parameters *are* the
+shared buffers (:func:`~agentrl.weights.shared.adopt`): one copy of the weights in the
+child, nothing copied after a step, and an hf sampler may compute on them directly
+(:meth:`LearnerProcess.live_weights`, ``learner.share_weights``), since the child changes
+them only under a :class:`~agentrl.weights.lock.WeightLock`. The views hold version
+:attr:`version` until the next :meth:`step` or :meth:`load_checkpoint`; a sampler with a
+copy of its own copies them before the publish returns, which the orchestrator awaits
+before the next step.
 
 Failure handling: an exception inside a request comes back and is raised here with the
 child's traceback; a child that dies (killed, out of memory) raises :class:`LearnerError`
