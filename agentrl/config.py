@@ -211,6 +211,11 @@ class LearnerConfig(_Section):
     # step, and the sampler tags tokens with the version the weights hold); on: the same,
     # an error where it cannot; off: the sampler keeps a copy. See docs/performance.md
     share_weights: Literal["auto", "on", "off"] = "auto"
+    # keep only the gated MLP's input for backward and recompute its gate/up projections
+    # there (Llama-family MLPs): about half a layer's activations for +13% of the learner's
+    # matmuls (full model.gradient_checkpointing: all of them for +33%). See
+    # docs/performance.md#half-precision-and-activation-checkpointing
+    recompute_mlp: bool = False
 
     @field_validator("bf16", "fp16", "fused_logprobs", "share_weights", mode="before")
     @classmethod

@@ -55,6 +55,21 @@ def set_allocator(mode: Allocator) -> bool:
     return ok
 
 
+def release_freed_memory() -> bool:
+    """Hand the C heap's free pages back to the kernel (glibc ``malloc_trim``); returns
+    whether it could. Call it after dropping something large for good (a copy of the
+    weights the sampler no longer needs): under ``reuse`` nothing is trimmed on its own, so
+    the freed pages would stay resident, counted in the process's memory for the whole run.
+    Off glibc a no-op."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    import gc
+
+    gc.collect()
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    return bool(libc.malloc_trim(ctypes.c_size_t(0)))
+
+
 def set_threads(threads: int | None, asynchronous: bool) -> int:
     """torch intra-op threads: `threads`, or every core for a synchronous run and half of
     them when the sampler and the learner compute at the same time (oversubscribed OpenMP

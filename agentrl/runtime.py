@@ -20,7 +20,6 @@ there) and closes it, in reverse order, on every exit path.
 
 from __future__ import annotations
 
-import gc
 import logging
 import random
 import threading
@@ -482,6 +481,7 @@ def share_learner_weights(cfg: Config, learner: Any, sampler: Any) -> threading.
       only around its optimizer step; returns None (the orchestrator holds nothing).
 
     None as well when the sampler keeps its copy (why is logged)."""
+    from agentrl.cpu import release_freed_memory
     from agentrl.learner import Learner
 
     blockers = sharing_blockers(cfg, learner, sampler)
@@ -505,7 +505,7 @@ def share_learner_weights(cfg: Config, learner: Any, sampler: Any) -> threading.
             )
         log.info("the sampler keeps its own weights: %s", "; ".join(blockers))
         return None
-    gc.collect()  # the sampler's own copy
+    release_freed_memory()  # the sampler's own copy: not kept resident by the allocator
     log.info("the sampler computes on the learner's weights (learner.share_weights)")
     return guard
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import time
 import warnings
 from collections.abc import Sequence
@@ -57,6 +58,8 @@ from agentrl.learner.precision import Precision, same_attention_kernel
 from agentrl.learner.proximal import bypass_blockers, current_blockers
 from agentrl.learner.schedule import lr_lambda
 from agentrl.types import Batch, TrajectoryGroup
+
+log = logging.getLogger(__name__)
 
 
 def _fused_adamw_supported(groups: list[dict[str, Any]]) -> bool | None:
@@ -117,6 +120,16 @@ class Learner:
         self.model.config.use_cache = False
         if cfg.model.gradient_checkpointing:
             enable_checkpointing(self.model)
+        elif self.lcfg.recompute_mlp:
+            from agentrl.learner.recompute import recompute_mlp
+
+            patched = recompute_mlp(self.model)
+            log.info("learner.recompute_mlp: %d MLPs keep only their input for backward", patched)
+            if not patched:
+                log.warning(
+                    "learner.recompute_mlp: no gated SiLU MLP with plain bias-free linears in "
+                    "this model (LoRA layers, biases and other MLPs are left as they are)"
+                )
         self.pad_token_id = _pad_id(tokenizer)
 
         self.use_critic = self.objective.needs_critic

@@ -39,7 +39,6 @@ as its parent is gone (a lifeline pipe only the parent holds), so no orphan is l
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -115,7 +114,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
 
         for module in plugins:  # algorithms the parent's plug-ins registered
             importlib.import_module(module)
-        from agentrl.cpu import learner_process_threads
+        from agentrl.cpu import learner_process_threads, release_freed_memory
         from agentrl.devices import limit_process_memory
         from agentrl.runtime import apply_process_settings, load_learner
         from agentrl.weights.shared import sharing_kind
@@ -132,7 +131,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
             # sampler may compute on them (learner.share_weights) under this lock
             lock = WeightLock.create(learner.version)
             learner.weight_lock, lock_path = lock, lock.handle()
-            gc.collect()
+            release_freed_memory()  # the parameters' old storage
         ready = (learner.version, learner.step_count, shared.handle(), lock_path)
         conn.send(("ready", ready))
     except BaseException as e:
