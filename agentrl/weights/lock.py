@@ -37,7 +37,9 @@ from types import TracebackType
 from agentrl.weights.files import shm_root
 
 VERSION, WRITER_WAITING = 0, 1  # int64 slots in the file
-WRITER_WAIT_S = 5.0  # longest a reader defers to a waiting writer (a dead one never clears)
+# longest a reader defers to a waiting writer; a writer waits at most one reader iteration,
+# so past this it died between raising the flag and taking the lock (the flag is cleared)
+WRITER_WAIT_S = 5.0
 
 
 class WeightLock:
@@ -83,7 +85,10 @@ class WeightLock:
     def __enter__(self) -> WeightLock:
         deadline = time.monotonic() + WRITER_WAIT_S
         self._threads.acquire()
-        while self._slots[WRITER_WAITING] and time.monotonic() < deadline:
+        while self._slots[WRITER_WAITING]:
+            if time.monotonic() > deadline:  # a writer that died waiting: clear its flag
+                self._slots[WRITER_WAITING] = 0
+                break
             time.sleep(0.0005)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX)

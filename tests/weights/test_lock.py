@@ -149,3 +149,25 @@ def test_adopt_refuses_buffers_of_another_dtype() -> None:
         assert all(p.data_ptr() != v.data_ptr() for v in shared.views.values())
     finally:
         shared.unlink()
+
+
+def test_a_writer_that_died_waiting_does_not_stall_readers(monkeypatch) -> None:
+    """The "writer waiting" flag of a writer killed before it took the lock is cleared by
+    the next reader after WRITER_WAIT_S, not honoured at every iteration."""
+    import agentrl.weights.lock as lock_module
+
+    monkeypatch.setattr(lock_module, "WRITER_WAIT_S", 0.2)
+    owner = WeightLock.create()
+    other = WeightLock.attach(owner.handle())
+    try:
+        owner._slots[lock_module.WRITER_WAITING] = 1  # as left by a killed writer
+        t0 = time.monotonic()
+        with other:
+            pass
+        with other:
+            pass
+        assert time.monotonic() - t0 < 0.35  # waited once, then the flag was gone
+        assert owner._slots[lock_module.WRITER_WAITING] == 0
+    finally:
+        owner.close()
+        other.close()
