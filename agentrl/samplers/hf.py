@@ -325,10 +325,11 @@ class HFSampler(Sampler):
         or a :class:`~agentrl.weights.lock.WeightLock` across processes) meanwhile; the
         sampler holds it for each of its iterations, so no forward pass reads half-updated
         weights. A guard with a ``version`` (the lock of weights another process updates in
-        place) is read there: the sampler takes that version at once, before the publish. A weight update
-        whose tensors are these same tensors then copies nothing (only the version moves);
-        one with other tensors is copied in as usual. Raises ValueError (nothing changed)
-        when a name, shape, dtype or device differs, or while requests are in flight."""
+        place) is read there: the sampler takes that version at once, before the publish.
+        A weight update whose tensors are these same tensors then copies nothing (only the
+        version moves); one with other tensors is copied in as usual. Raises ValueError
+        (nothing changed) when a name, shape, dtype or device differs, while requests are
+        in flight, or for a versioned guard unless ``on_update`` is ``keep``."""
         params = dict(self._model.named_parameters(remove_duplicate=False))
         for name, target in params.items():
             source = state.get(name)
