@@ -83,8 +83,8 @@ class WeightLock:
     # --- the reader (the sampler, one iteration at a time) ----------------------------------
 
     def __enter__(self) -> WeightLock:
-        deadline = time.monotonic() + WRITER_WAIT_S
         self._threads.acquire()
+        deadline = time.monotonic() + WRITER_WAIT_S
         while self._slots[WRITER_WAITING]:
             if time.monotonic() > deadline:  # a writer that died waiting: clear its flag
                 self._slots[WRITER_WAITING] = 0
@@ -127,7 +127,8 @@ class WeightLock:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def __del__(self) -> None:
-        self.close()
+        if hasattr(self, "_fd"):  # not when the file could not be opened
+            self.close()
 
     def close(self) -> None:
         """Close this process's handle (the owner also removes the file if the other
