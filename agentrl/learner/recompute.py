@@ -12,7 +12,8 @@ to float rounding (``tests/learner/test_recompute.py``).
 
 It applies to MLPs whose forward is exactly ``down(act(gate(x)) * up(x))`` with SiLU and
 bias-free ``nn.Linear`` projections (Llama, Mistral, Qwen2, SmolLM); anything else (LoRA
-layers, biases, other activations) is left as it is. Under whole-layer activation
+layers, biases, other activations, a model on a GPU: the backward follows CPU autocast
+only, and this has not been run on one) is left as it is. Under whole-layer activation
 checkpointing (``model.gradient_checkpointing``) it adds nothing and is not applied.
 """
 
@@ -67,6 +68,8 @@ def _applies(mlp: torch.nn.Module) -> bool:
     projections = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
     if not all(type(p) is torch.nn.Linear and p.bias is None for p in projections):
         return False  # LoRA-wrapped, biased, or another layout
+    if mlp.gate_proj.weight.device.type != "cpu":
+        return False  # the recompute follows CPU autocast only (GatedMLP's custom_bwd)
     # torch's SiLU, or transformers' SiLUActivation (ACT2FN["silu"])
     if type(getattr(mlp, "act_fn", None)).__name__ not in ("SiLU", "SiLUActivation"):
         return False
