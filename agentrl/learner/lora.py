@@ -134,7 +134,11 @@ def save_policy(model: Any, folder: Path) -> None:
     from safetensors.torch import save_file
 
     if not has_lora(model):
-        save_file(_tied_once(model.state_dict()), str(folder / POLICY_WEIGHTS), {"format": "pt"})
+        # tied tensors once, under the first of their names in sorted order, as
+        # safetensors' save_model writes them; save_model itself refuses parameters that are
+        # views of one flat buffer (a learner process's, agentrl.weights.shared.adopt)
+        state = dict(sorted(model.state_dict().items()))
+        save_file(unshared(state), str(folder / POLICY_WEIGHTS), {"format": "pt"})
         return
     save_file(unshared(adapter_state(model)), str(folder / ADAPTER_WEIGHTS))
     save_file(unshared(sampler_state(model)), str(folder / POLICY_WEIGHTS))
@@ -147,18 +151,6 @@ def _tied_names(state: dict[str, Tensor]) -> list[list[str]]:
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
         groups.setdefault(key, []).append(name)
     return list(groups.values())
-
-
-def _tied_once(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """`state` as ``safetensors.torch.save_model`` writes it (tied tensors once, under the
-    first of their names in sorted order), also when the parameters are views of one flat
-    buffer (a learner process's, :func:`agentrl.weights.shared.adopt`), which save_model
-    refuses as one shared storage."""
-    out = {}
-    for names in _tied_names(state):
-        keep = min(names)
-        out[keep] = state[keep].detach().contiguous()
-    return out
 
 
 def load_policy(model: Any, folder: Path, device: torch.device) -> None:
