@@ -260,6 +260,19 @@ def _kernels(bwrap_too: bool = False) -> set[int]:
     return found
 
 
+def _outer_bwrap(pid: int) -> bool:
+    """`pid` is a bwrap the platform started, not the one bwrap forks as the init of the
+    sandbox's pid namespace. Killing that init from outside ends the kernel as a signal
+    would, which the agent sees as its code killed; only the outer one's death is the
+    sandbox failing. (Pids wrap at 32768 here, so pid order does not tell them apart.)"""
+    try:
+        ppid = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        parent = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0")[0]
+    except (OSError, ValueError, IndexError):
+        return False
+    return not parent.endswith(b"bwrap")
+
+
 def _runs_code(pid: int) -> bool:
     """The kernel (or the one inside this bwrap) is in the episode's ``time.sleep``, not
     waiting on its pipe for the next call."""
@@ -296,9 +309,11 @@ def sandbox_kernel_kill(run_dir: Path, max_steps: int = 3, kills: int = 2) -> di
     deadline = time.time() + START_TIMEOUT_S
     while killed < kills and proc.poll() is None and time.time() < deadline:
         # the kernel alone, then the whole sandbox (bwrap and the kernel in its namespace)
-        running = sorted(_kernels(bwrap_too=killed % 2 == 1) - _kernels() - before)
         if killed % 2 == 0:
             running = sorted(_kernels() - before)
+        else:
+            bwraps = _kernels(bwrap_too=True) - _kernels() - before
+            running = sorted(pid for pid in bwraps if _outer_bwrap(pid))
         running = [pid for pid in running if _runs_code(pid)]  # not an idle kernel
         if running and _count(run_dir, "RunStarted"):
             try:
