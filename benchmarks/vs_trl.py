@@ -11,7 +11,8 @@ its defaults otherwise. Configurations, each a fresh process:
   this script runs), ``model.generate`` for the rollouts;
 - ``sync``: agentrl, ``max_staleness: 0`` (generate, train, publish, repeat);
 - ``async``: agentrl, ``max_staleness: 1`` (generation overlaps training; the learner in
-  its own process, ``orchestrator.learner_worker: auto``);
+  its own process, ``orchestrator.learner_worker: auto``; ``learner.micro_batch_size: 8``,
+  two micro-batches a step with the same gradients, for memory);
 - ``sync+gc`` / ``async+gc`` (on request): the same with ``model.gradient_checkpointing``,
   which TRL turns on by default.
 
@@ -26,9 +27,11 @@ noise hits all of them; the median round is reported with every round's ratio to
 that round. Timing covers steps 2..N (model load, compilation and the first step are left
 out, on both sides). Asynchronous runs need ``--steps`` >= 3 for a steady-state figure:
 the producer never samples past the last step, so with 2 steps the timed interval is the
-learner's second step alone (its batch was generated during step 1). Memory is sampled every 0.5 s over the whole process tree (the
-learner child included) until the last measured step: peak of the summed RSS (shared
-pages counted in each process that maps them) and of the summed PSS (shared pages split).
+learner's second step alone (its batch was generated during step 1). Memory is sampled every
+0.25 s over the whole process tree (the learner child included) until the last measured
+step: peak of the summed RSS (shared pages counted in each process that maps them, from
+``statm``) and the summed PSS (shared pages split) read at the RSS peaks (``TreeMemory``:
+PSS reads walk page tables, so they are kept off the rest of the run).
 The prompt token ids of every task are asserted identical on both sides.
 
     .venv/bin/python benchmarks/vs_trl.py [--steps 4] [--rounds 2]
@@ -253,7 +256,10 @@ def child_agentrl(args: argparse.Namespace) -> dict[str, Any]:
             "rollout.max_turns=1",
             "rollout.max_tokens=512",
             f"learner.batch_groups={PROMPTS}",
-            f"learner.micro_batch_size={PROMPTS * GROUP}",
+            # async: two micro-batches of 8 (the same gradients: the token-mean denominator
+            # is the whole batch's), so the learner holds 8 rows' activations while the
+            # sampler's process holds its KV cache for the next batch
+            f"learner.micro_batch_size={PROMPTS * GROUP // (2 if mode == 'async' else 1)}",
             f"learner.lr={args.lr}",
             f"learner.bf16={'on' if bf16 else 'off'}",
             "algorithm.advantage=grpo",
@@ -368,27 +374,60 @@ def _rss_pss(pid: int) -> tuple[int, int]:
     return vals.get("Rss:", 0), vals.get("Pss:", 0)
 
 
-class TreeMemory(threading.Thread):
-    """Samples the summed RSS and PSS of a process and its descendants every `every` s."""
+PAGE = os.sysconf("SC_PAGE_SIZE")
+NEAR_PEAK = 0.99  # PSS is read when the tree's RSS is within 1% of its highest so far
 
-    def __init__(self, pid: int, every: float = 0.5) -> None:
+
+def _rss(pid: int) -> int:
+    """RSS of one process in bytes from /proc/PID/statm (cheap; 0 when it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class TreeMemory(threading.Thread):
+    """Samples the summed RSS of a process and its descendants every `every` s, and their
+    PSS when that RSS is at (or within 1% of) its highest so far.
+
+    RSS comes from ``statm``. PSS needs ``smaps_rollup``, which walks the page tables: ~70 ms
+    for a 4 GB process here, under the process's mmap lock. Read every 0.5 s it took ~7% of
+    the 2 cores from the runs it measured; read only near the RSS peak it costs a few reads
+    a step. The PSS peak reported is the PSS at the RSS peaks (the two can differ when
+    shared pages move between processes; PSS <= RSS always)."""
+
+    def __init__(self, pid: int, every: float = 0.25) -> None:
         super().__init__(daemon=True)
         self.pid, self.every = pid, every
-        self.samples: list[tuple[float, int, int, int]] = []  # (wall, rss, pss, processes)
-        # per process: (wall, rss, pss) samples, to say which process holds what
-        self.by_pid: dict[int, list[tuple[float, int, int]]] = {}
+        # (wall, rss, pss or None, processes)
+        self.samples: list[tuple[float, int, int | None, int]] = []
+        # per process: (wall, rss, pss or None) samples, to say which process holds what
+        self.by_pid: dict[int, list[tuple[float, int, int | None]]] = {}
+        self.pss_reads = 0
+        self._top = 0
         self._halt = threading.Event()
 
     def run(self) -> None:
         while not self._halt.is_set():
             pids = _tree(self.pid)
-            rss = pss = 0
             now = time.time()
-            for p in pids:
-                r, s = _rss_pss(p)
-                rss, pss = rss + r, pss + s
-                if r:
-                    self.by_pid.setdefault(p, []).append((now, r, s))
+            each = {p: _rss(p) for p in pids}
+            rss = sum(each.values())
+            pss: int | None = None
+            if rss >= NEAR_PEAK * self._top:
+                self._top = max(self._top, rss)
+                self.pss_reads += 1
+                pss = 0
+                for p in pids:
+                    r, s = _rss_pss(p)
+                    each[p] = r or each[p]
+                    pss += s
+                    if r:
+                        self.by_pid.setdefault(p, []).append((now, r, s))
+            else:
+                for p, r in each.items():
+                    if r:
+                        self.by_pid.setdefault(p, []).append((now, r, None))
             self.samples.append((now, rss, pss, len(pids)))
             self._halt.wait(self.every)
 
@@ -401,7 +440,7 @@ class TreeMemory(threading.Thread):
                 {
                     "process": "root" if pid == self.pid else "child",
                     "peak_rss_mb": max(s[1] for s in inside) / 2**20,
-                    "peak_pss_mb": max(s[2] for s in inside) / 2**20,
+                    "peak_pss_mb": max((s[2] or 0) for s in inside) / 2**20,
                 }
             )
         return sorted(out, key=lambda r: r["process"] != "root")
@@ -414,7 +453,7 @@ class TreeMemory(threading.Thread):
         inside = [s for s in self.samples if s[0] <= until] or self.samples
         return (
             max(s[1] for s in inside),
-            max(s[2] for s in inside),
+            max((s[2] or 0) for s in inside),
             max(s[3] for s in inside),
         )
 
@@ -480,6 +519,7 @@ def run_one(config: str, dtype: str, args: argparse.Namespace, model_dir: Path) 
         "peak_pss_mb": pss / 2**20,
         "processes": nproc,
         "peak_by_process": mem.process_peaks(res["t_last_step_wall"]),
+        "pss_reads": mem.pss_reads,
         "process_wall_s": wall,
         "loadavg_before": load0,
         "loadavg_after": os.getloadavg(),
