@@ -8,13 +8,18 @@ decoder layers and the LM head on transformers' path), sampling (``sample_next``
 log-probs, the draw), the per-step bookkeeping (finished rows, the input tensors), and
 what is left of the wall time (the worker thread waiting, asyncio).
 
-Each dtype runs both decode paths of the sampler side by side on the same model, in
+Each dtype runs the decode paths of the sampler side by side on the same model, in
 alternating order, best of ``--repeats``: ``fast`` (the compact decode step,
-:mod:`agentrl.samplers.fast_decode`, the default on CPU) and ``transformers`` (the model's
-own forward, ``fast_decode=False``).
+:mod:`agentrl.samplers.fast_decode`, the default on CPU, with the compiled few-row GEMM of
+:mod:`agentrl.samplers.skinny_gemm` where it builds), ``fast-mm`` (the same step on torch's
+GEMMs) and ``transformers`` (the model's own forward, ``fast_decode=False``).
+
+``--gemm`` times only the step's weight GEMMs, cold (all the model's linear weights once
+per pass, ~0.5 GB in float32) at each ``--rows``: torch's two layouts and the kernel, beside
+a plain sum over the same bytes.
 
     .venv/bin/python benchmarks/sampler_profile.py [--dtypes float32 bfloat16]
-        [--decode fast transformers] [--repeats 2] [--rows 16 15]
+        [--decode fast fast-mm transformers] [--repeats 2] [--rows 16 15] [--gemm]
 
 Prints a table and writes benchmarks/results/sampler_profile.json.
 """
@@ -98,11 +103,13 @@ def profile_dtype(
             tok,
             max_batch_size=rows,
             default_stop_token_ids=(),
-            fast_decode=path == "fast",
+            fast_decode=path != "transformers",
             prefix_cache_tokens=0,  # every run prefills the same way
         )
-        if path == "fast" and samplers[path]._fast is None:
-            raise SystemExit(f"{model_name}: the compact decode step does not apply")
+        if path != "transformers":
+            if samplers[path]._fast is None:
+                raise SystemExit(f"{model_name}: the compact decode step does not apply")
+            samplers[path]._fast.skinny = path == "fast"  # fast-mm: torch's GEMMs
         anyio.run(run, samplers[path], prompt, rows)  # warm-up
     best: dict[str, dict[str, Any]] = {}
     for rep in range(repeats):
@@ -179,13 +186,78 @@ def _profile_once(sampler: Any, prompt: list[int], rows: int) -> dict[str, Any]:
     }
 
 
+def gemm_table(args: argparse.Namespace) -> None:
+    """The decode step's weight GEMMs alone, cold: every linear weight of the model's 30
+    layers plus the LM head (~0.5 GB in float32, far beyond the caches) against `rows`
+    rows, as torch's ``W @ x^T`` (rows padded to 8), ``x @ W^T`` and the compiled kernel;
+    beside a plain sum over the same bytes (what the cores can stream)."""
+    from agentrl.models import load_model
+    from agentrl.samplers import fast_decode, skinny_gemm
+
+    model, _ = load_model(args.model, dtype="float32")
+    weights = [p.detach() for p in model.parameters() if p.dim() == 2]  # embed = LM head
+    total = sum(w.numel() * 4 for w in weights)
+    if not skinny_gemm.available():
+        raise SystemExit(f"the kernel is not built here: {skinny_gemm._broken}")
+    ways = {
+        "torch W @ x^T": lambda x, w: fast_decode.linear(x, w, skinny=False),
+        "torch x @ W^T": lambda x, w: torch.mm(x, w.t()),
+        "kernel": lambda x, w: skinny_gemm.skinny_linear(x, w),
+    }
+    rows_out = []
+    for rows in args.rows:
+        x = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+        times: dict[str, list[float]] = {k: [] for k in [*ways, "sum (streaming)"]}
+        for rep in range(args.repeats + 1):  # the first pass warms up
+            for name, f in ways.items():
+                t0 = time.perf_counter()
+                for w in weights:
+                    f(x[w.shape[1]], w)
+                if rep:
+                    times[name].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for w in weights:
+                w.sum()
+            if rep:
+                times["sum (streaming)"].append(time.perf_counter() - t0)
+        row = {"rows": rows, "threads": torch.get_num_threads(), "bytes": total}
+        for name, ts in times.items():
+            best = min(ts)
+            row[name] = {"ms": best * 1e3, "gb_per_s": total / best / 1e9}
+            print(
+                f"{rows:>3} rows  {name:<16}{best * 1e3:>8.1f} ms  {total / best / 1e9:>6.1f} GB/s"
+            )
+        rows_out.append(row)
+    out = {
+        "benchmark": "sampler_profile --gemm",
+        "model": args.model,
+        "note": "all 2-D weights once per pass (the 30 layers' linears and the LM head), cold",
+        "repeats": args.repeats,
+        "results": rows_out,
+        "cpus": os.cpu_count(),
+    }
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    ap.add_argument("--decode", nargs="+", default=["fast", "transformers"])
+    ap.add_argument(
+        "--decode",
+        nargs="+",
+        default=["fast", "fast-mm", "transformers"],
+        choices=["fast", "fast-mm", "transformers"],
+        help="fast-mm: the compact step on torch's GEMMs instead of the compiled kernel",
+    )
+    ap.add_argument(
+        "--gemm",
+        action="store_true",
+        help="only the decode step's weight GEMMs, cold, at --rows rows (torch vs kernel)",
+    )
     ap.add_argument("--repeats", type=int, default=2, help="best of N per path")
     ap.add_argument(
         "--rows",
@@ -198,6 +270,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sampler_profile.json"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    if args.gemm:
+        return gemm_table(args)
     load0 = os.getloadavg()[0]
     results = [
         r
@@ -224,6 +298,10 @@ def main() -> None:
                 fast, slow = by[(d, n, "fast")], by[(d, n, "transformers")]
                 ratio = fast["tokens_per_s"] / slow["tokens_per_s"]
                 print(f"{d}, {n} rows: fast / transformers decode = {ratio:.2f}x tokens/s")
+            if (d, n, "fast") in by and (d, n, "fast-mm") in by:
+                fast, mm = by[(d, n, "fast")], by[(d, n, "fast-mm")]
+                ratio = fast["tokens_per_s"] / mm["tokens_per_s"]
+                print(f"{d}, {n} rows: kernel / torch GEMMs in the compact step = {ratio:.2f}x")
     out = {
         "benchmark": "sampler_profile",
         "model": args.model,

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.samplers import skinny_gemm
+
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("llama", "mistral", "qwen2")
@@ -48,10 +50,14 @@ def padded_rows(rows: int) -> int:
     return -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight^T + bias`` for 2-D `x`; few rows go through ``weight @ x^T``."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, skinny: bool = True) -> Tensor:
+    """``x @ weight^T + bias`` for 2-D `x`; up to 32 float32 rows on an AVX2 CPU go through
+    the compiled kernel (:mod:`agentrl.samplers.skinny_gemm`; `skinny` False: never), other
+    few-row calls through ``weight @ x^T``."""
     rows = x.shape[0]
-    if rows > SKINNY_ROWS:
+    if skinny and skinny_gemm.usable(x, weight):
+        out = skinny_gemm.skinny_linear(x, weight)
+    elif rows > SKINNY_ROWS:
         out = torch.mm(x, weight.t())
     else:
         padded = padded_rows(rows)
@@ -115,6 +121,7 @@ class FastDecoder:
         inner = model.model
         config = model.config
         self.rotary = inner.rotary_emb
+        self.skinny = True  # the compiled few-row GEMM where it applies (skinny_gemm.py)
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm.weight
         self.eps = float(getattr(inner.norm, "variance_epsilon", config.rms_norm_eps))
@@ -150,6 +157,11 @@ class FastDecoder:
         ``[rows]``; their keys/values are appended to `cache`. `pads`: each row's count of
         left-padding columns in the cache, which attention skips."""
         rows = ids.shape[0]
+        skinny = self.skinny
+
+        def lin(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+            return linear(x, weight, bias, skinny)
+
         h = self.embed.index_select(0, ids)  # [rows, hidden]
         cos, sin = self.rotary(h, positions.view(rows, 1))  # [rows, 1, head_dim]
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
@@ -165,9 +177,9 @@ class FastDecoder:
                 layer
             )
             x = _rms_norm(h, ln1, eps1)
-            q = _rotate(linear(x, wq, bq).reshape(rows, heads, dim), cos, sin)
-            k = _rotate(linear(x, wk, bk).reshape(rows, kv_heads, dim), cos, sin)
-            v = linear(x, wv, bv).reshape(rows, kv_heads, dim)
+            q = _rotate(lin(x, wq, bq).reshape(rows, heads, dim), cos, sin)
+            k = _rotate(lin(x, wk, bk).reshape(rows, kv_heads, dim), cos, sin)
+            v = lin(x, wv, bv).reshape(rows, kv_heads, dim)
             keys, values = cache.layers[i].update(k.unsqueeze(2), v.unsqueeze(2))
             length = keys.shape[-2]
             # [rows*kv, L, D] @ [rows*kv, D, group]: the query heads of a kv head at once
@@ -184,11 +196,11 @@ class FastDecoder:
                 probs.reshape(rows * kv_heads, group, length),
                 values.reshape(rows * kv_heads, length, dim),
             )
-            h = h + linear(out.reshape(rows, heads * dim), wo, bo)
+            h = h + lin(out.reshape(rows, heads * dim), wo, bo)
             x = _rms_norm(h, ln2, eps2)
-            gate = torch.nn.functional.silu(linear(x, wg))
-            h = h + linear(gate.mul_(linear(x, wu)), wd)
-        return linear(_rms_norm(h, self.norm, self.eps), self.head).contiguous()
+            gate = torch.nn.functional.silu(lin(x, wg))
+            h = h + lin(gate.mul_(lin(x, wu)), wd)
+        return lin(_rms_norm(h, self.norm, self.eps), self.head).contiguous()
 
 
 def fast_decoder(model: Any, new_cache: Any) -> FastDecoder | None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentrl.models import cache_kwargs, load_model, tiny_llama
-from agentrl.samplers import SamplingParams
+from agentrl.samplers import SamplingParams, skinny_gemm
 from agentrl.samplers.fast_decode import (
     FastDecoder,
     fast_decoder,
@@ -42,9 +42,13 @@ def _gqa_llama(**overrides):
     return LlamaForCausalLM(config).eval()
 
 
-# 9, 15, 63: padded to a multiple of ROW_MULTIPLE; 80 > SKINNY_ROWS: the plain x @ W^T
+# 9, 15, 63: padded to a multiple of ROW_MULTIPLE; 80 > SKINNY_ROWS: the plain x @ W^T;
+# with the compiled kernel (where it builds) up to 32 rows, without it torch's GEMMs
+@pytest.mark.parametrize("kernel", [True, False])
 @pytest.mark.parametrize("rows", [1, 5, 8, 9, 15, 16, 63, 80])
-def test_linear_is_x_at_w_transposed(rows: int) -> None:
+def test_linear_is_x_at_w_transposed(rows: int, kernel: bool, monkeypatch) -> None:
+    if not kernel:
+        monkeypatch.setattr(skinny_gemm, "usable", lambda x, w: False)
     gen = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(rows, 48, generator=gen), torch.randn(40, 48, generator=gen), None
     torch.testing.assert_close(linear(x, w, b), torch.nn.functional.linear(x, w))
