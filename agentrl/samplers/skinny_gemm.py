@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 32  # above this many rows torch's GEMM is as fast (the rows no longer fit registers)
+STALE_LOCK_S = 120.0  # a build takes seconds; a lock file older than this was left by a kill
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -118,6 +120,15 @@ def _build() -> Any:
 
     build_dir = cache_root() / "kernels" / f"skinny_gemm-torch{torch.__version__}"
     build_dir.mkdir(parents=True, exist_ok=True)
+    # torch's loader serialises builds with a `lock` file and waits while it exists: one
+    # left by a process killed mid-build would make every later start wait forever
+    lock = build_dir / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink()
+            log.warning("removed a stale build lock %s", lock)
+    except FileNotFoundError:
+        pass
     return cpp_extension.load_inline(
         name="agentrl_skinny_gemm",
         cpp_sources=[_SOURCE],

@@ -65,3 +65,22 @@ def test_a_failed_build_keeps_torchs_gemm(monkeypatch, caplog) -> None:
     assert "build failed (OSError: no compiler here)" in caplog.text
     x, w = torch.randn(5, 24), torch.randn(10, 24)
     torch.testing.assert_close(fast_decode.linear(x, w), x @ w.t())
+
+
+@needs_kernel
+def test_a_lock_left_by_a_killed_build_is_removed(caplog) -> None:
+    import os
+    import time
+
+    from agentrl.models import cache_root
+
+    build_dir = cache_root() / "kernels" / f"skinny_gemm-torch{torch.__version__}"
+    lock = build_dir / "lock"
+    lock.touch()
+    old = time.time() - skinny_gemm.STALE_LOCK_S - 10
+    os.utime(lock, (old, old))
+    with caplog.at_level("WARNING", logger="agentrl.samplers.skinny_gemm"):
+        module = skinny_gemm._build()  # would wait on the lock forever without the check
+    assert not lock.exists() and "stale build lock" in caplog.text
+    x, w = torch.randn(3, 16), torch.randn(9, 16)
+    torch.testing.assert_close(module.skinny_mm(x, w)[:, :3].t(), x @ w.t(), rtol=1e-5, atol=1e-4)
