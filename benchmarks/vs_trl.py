@@ -435,6 +435,7 @@ class TreeMemory(threading.Thread):
                     pss += s
                     if r:
                         self.by_pid.setdefault(p, []).append((now, r, s))
+                rss = sum(each.values())  # the same instant as the PSS
             else:
                 for p, r in each.items():
                     if r:

@@ -10,7 +10,8 @@ columns held in registers (the rows of ``x``, transposed and zero-padded to 8, 1
 stay in L1); the output rows are split over torch's intra-op threads.
 
 It is built on first use with torch's C++ extension loader (g++, ``-O3 -mavx2 -mfma``;
-~20 s, cached on disk under :func:`agentrl.models.cache_root`). :func:`available` is
+a few seconds, cached on disk under :func:`agentrl.models.cache_root`; ``make setup``
+builds it). :func:`available` is
 False, with the reason logged once, on a machine without AVX2/FMA or a compiler, or when
 the build fails; the caller keeps torch's GEMM. Results equal ``x @ W^T`` up to float32
 summation order (``tests/samplers/test_skinny_gemm.py``).
@@ -78,6 +79,7 @@ torch::Tensor skinny_mm(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "skinny_mm: shapes");
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "skinny_mm: float32");
   TORCH_CHECK(w.is_contiguous(), "skinny_mm: contiguous weight");
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "skinny_mm: CPU tensors");
   const int64_t R = x.size(0), K = x.size(1), O = w.size(0);
   TORCH_CHECK(R >= 1 && R <= 32, "skinny_mm: 1..32 rows");
   const int NV = R <= 8 ? 1 : (R <= 16 ? 2 : 4);
