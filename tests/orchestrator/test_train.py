@@ -111,8 +111,18 @@ def _learner_children(pid: int) -> list[int]:
         "decoupled",
     ],
 )
-def test_each_algorithm_trains(tmp_path, algo):
-    orch = _run(tmp_path, "orchestrator.max_steps=2", "orchestrator.max_staleness=1", *algo)
+def test_each_algorithm_trains(tmp_path, algo, request):
+    # the learner process (learner_worker: auto in async) for grpo and ppo_gae (a critic in
+    # the child); the others in a thread: a child's start is ~9 of a run's ~10 s, and the
+    # process path has its own tests (test_async_mode_bounds_staleness, tests/faults)
+    worker = "auto" if request.node.callspec.id in ("grpo", "ppo_gae") else "thread"
+    orch = _run(
+        tmp_path,
+        "orchestrator.max_steps=2",
+        "orchestrator.max_staleness=1",
+        f"orchestrator.learner_worker={worker}",
+        *algo,
+    )
     steps = read_steps(tmp_path / "run")
     assert [s["step"] for s in steps] == [1, 2]
     assert orch.learner.version == 2 and orch.sampler.version == 2
