@@ -21,7 +21,8 @@ a plain sum over the same bytes.
     .venv/bin/python benchmarks/sampler_profile.py [--dtypes float32 bfloat16]
         [--decode fast fast-mm transformers] [--repeats 2] [--rows 16 15] [--gemm]
 
-Prints a table and writes benchmarks/results/sampler_profile.json.
+Prints a table and writes benchmarks/results/sampler_profile.json (``--gemm``:
+sampler_profile_gemm.json).
 """
 
 from __future__ import annotations
@@ -267,8 +268,15 @@ def main() -> None:
         help="concurrent callers (decode rows); e.g. 16 15 12: ragged counts are where a "
         "GRPO batch spends its decode once rows finish",
     )
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sampler_profile.json"))
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="default benchmarks/results/sampler_profile.json (--gemm: sampler_profile_gemm.json)",
+    )
     args = ap.parse_args()
+    if args.out is None:
+        name = "sampler_profile_gemm.json" if args.gemm else "sampler_profile.json"
+        args.out = str(ROOT / "benchmarks" / "results" / name)
     sys.path.insert(0, str(ROOT))
     if args.gemm:
         return gemm_table(args)
