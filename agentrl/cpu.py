@@ -35,6 +35,19 @@ REUSE_TRIM_THRESHOLD = (1 << 31) - 1
 Allocator = Literal["reuse", "system"]
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (``avx2``, ``fma``, ``amx_bf16``, ...);
+    empty where there is no such file."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def set_allocator(mode: Allocator) -> bool:
     """Apply `mode` to glibc's malloc; returns whether anything was changed.
 

@@ -82,10 +82,9 @@ def cpu_supports_bf16() -> bool:
     """True when the CPU has native bf16 matmuls (AVX-512 BF16 or AMX)."""
     with contextlib.suppress(Exception):
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    with contextlib.suppress(OSError):
-        flags = Path("/proc/cpuinfo").read_text()
-        return "avx512_bf16" in flags or "amx_bf16" in flags
-    return False
+    from agentrl.cpu import cpu_flags
+
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def resolve_dtype(

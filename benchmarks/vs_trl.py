@@ -422,24 +422,21 @@ class TreeMemory(threading.Thread):
             each = {p: _rss(p) for p in pids}
             rss = sum(each.values())
             pss: int | None = None
+            pss_of: dict[int, int] = {}
             high = rss > self._top + NEW_HIGH
             near = rss >= NEAR_PEAK * self._top and now - self._last_read >= PSS_GAP_S
             self._top = max(self._top, rss)
             if high or near:
                 self._last_read = now
                 self.pss_reads += 1
-                pss = 0
                 for p in pids:
-                    r, s = _rss_pss(p)
+                    r, pss_of[p] = _rss_pss(p)
                     each[p] = r or each[p]
-                    pss += s
-                    if r:
-                        self.by_pid.setdefault(p, []).append((now, r, s))
+                pss = sum(pss_of.values())
                 rss = sum(each.values())  # the same instant as the PSS
-            else:
-                for p, r in each.items():
-                    if r:
-                        self.by_pid.setdefault(p, []).append((now, r, None))
+            for p, r in each.items():
+                if r:
+                    self.by_pid.setdefault(p, []).append((now, r, pss_of.get(p)))
             self.samples.append((now, rss, pss, len(pids)))
             self._halt.wait(self.every)
 

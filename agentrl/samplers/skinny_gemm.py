@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.cpu import cpu_flags
+
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 32  # above this many rows torch's GEMM is as fast (the rows no longer fit registers)
@@ -104,17 +106,6 @@ _module: Any = None
 _broken: str | None = None
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def _build() -> Any:
     from torch.utils import cpp_extension
 
@@ -154,7 +145,7 @@ def available() -> bool:
             why = ""
             if os.environ.get("AGENTRL_SKINNY_GEMM", "1") == "0":
                 why = "AGENTRL_SKINNY_GEMM=0"
-            elif not {"avx2", "fma"} <= _cpu_flags():
+            elif not {"avx2", "fma"} <= cpu_flags():
                 why = "the CPU has no AVX2/FMA"
             else:
                 try:

@@ -58,7 +58,7 @@ def test_a_failed_build_keeps_torchs_gemm(monkeypatch, caplog) -> None:
     monkeypatch.setattr(skinny_gemm, "_module", None)
     monkeypatch.setattr(skinny_gemm, "_broken", None)
     monkeypatch.setattr(skinny_gemm, "_build", broken)
-    monkeypatch.setattr(skinny_gemm, "_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(skinny_gemm, "cpu_flags", lambda: {"avx2", "fma"})
     with caplog.at_level("INFO", logger="agentrl.samplers.skinny_gemm"):
         assert not skinny_gemm.available()
         assert not skinny_gemm.available()  # decided once
