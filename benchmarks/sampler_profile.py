@@ -10,16 +10,18 @@ what is left of the wall time (the worker thread waiting, asyncio).
 
 Each dtype runs the decode paths of the sampler side by side on the same model, in
 alternating order, best of ``--repeats``: ``fast`` (the compact decode step,
-:mod:`agentrl.samplers.fast_decode`, the default on CPU, with the compiled few-row GEMM of
-:mod:`agentrl.samplers.skinny_gemm` where it builds), ``fast-mm`` (the same step on torch's
-GEMMs) and ``transformers`` (the model's own forward, ``fast_decode=False``).
+:mod:`agentrl.samplers.fast_decode`, the default on CPU: in float32 where the kernels of
+:mod:`agentrl.samplers.skinny_gemm` build, the whole step as one compiled call),
+``fast-py`` (the same step in Python, one torch op at a time, its linears on the compiled
+few-row GEMM), ``fast-mm`` (the Python step on torch's GEMMs) and ``transformers`` (the
+model's own forward, ``fast_decode=False``).
 
 ``--gemm`` times only the step's weight GEMMs, cold (all the model's linear weights once
 per pass, ~0.5 GB in float32) at each ``--rows``: torch's two layouts and the kernel, beside
 a plain sum over the same bytes.
 
     .venv/bin/python benchmarks/sampler_profile.py [--dtypes float32 bfloat16]
-        [--decode fast fast-mm transformers] [--repeats 2] [--rows 16 15] [--gemm]
+        [--decode fast fast-py fast-mm transformers] [--repeats 2] [--rows 16 15] [--gemm]
 
 Prints a table and writes benchmarks/results/sampler_profile.json (``--gemm``:
 sampler_profile_gemm.json).
@@ -110,7 +112,8 @@ def profile_dtype(
         if path != "transformers":
             if samplers[path]._fast is None:
                 raise SystemExit(f"{model_name}: the compact decode step does not apply")
-            samplers[path]._fast.skinny = path == "fast"  # fast-mm: torch's GEMMs
+            samplers[path]._fast.skinny = path != "fast-mm"  # fast-mm: torch's GEMMs
+            samplers[path]._fast.one_call = path == "fast"  # fast-py: a Python step
         anyio.run(run, samplers[path], prompt, rows)  # warm-up
     best: dict[str, dict[str, Any]] = {}
     for rep in range(repeats):
@@ -250,9 +253,10 @@ def main() -> None:
     ap.add_argument(
         "--decode",
         nargs="+",
-        default=["fast", "fast-mm", "transformers"],
-        choices=["fast", "fast-mm", "transformers"],
-        help="fast-mm: the compact step on torch's GEMMs instead of the compiled kernel",
+        default=["fast", "fast-py", "fast-mm", "transformers"],
+        choices=["fast", "fast-py", "fast-mm", "transformers"],
+        help="fast-py: the compact step in Python over the compiled GEMM (one op at a time); "
+        "fast-mm: that step on torch's GEMMs",
     )
     ap.add_argument(
         "--gemm",
@@ -306,10 +310,14 @@ def main() -> None:
                 fast, slow = by[(d, n, "fast")], by[(d, n, "transformers")]
                 ratio = fast["tokens_per_s"] / slow["tokens_per_s"]
                 print(f"{d}, {n} rows: fast / transformers decode = {ratio:.2f}x tokens/s")
-            if (d, n, "fast") in by and (d, n, "fast-mm") in by:
-                fast, mm = by[(d, n, "fast")], by[(d, n, "fast-mm")]
-                ratio = fast["tokens_per_s"] / mm["tokens_per_s"]
-                print(f"{d}, {n} rows: kernel / torch GEMMs in the compact step = {ratio:.2f}x")
+            if (d, n, "fast-py") in by and (d, n, "fast-mm") in by:
+                py, mm = by[(d, n, "fast-py")], by[(d, n, "fast-mm")]
+                ratio = py["tokens_per_s"] / mm["tokens_per_s"]
+                print(f"{d}, {n} rows: kernel / torch GEMMs in the Python step = {ratio:.2f}x")
+            if (d, n, "fast") in by and (d, n, "fast-py") in by:
+                fast, py = by[(d, n, "fast")], by[(d, n, "fast-py")]
+                ratio = fast["tokens_per_s"] / py["tokens_per_s"]
+                print(f"{d}, {n} rows: one compiled call / Python step = {ratio:.2f}x")
     out = {
         "benchmark": "sampler_profile",
         "model": args.model,

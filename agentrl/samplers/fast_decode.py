@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from agentrl.samplers import skinny_gemm
+from agentrl.samplers.kv_cache import GrowingLayer
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class FastDecoder:
         config = model.config
         self.rotary = inner.rotary_emb
         self.skinny = True  # the compiled few-row GEMM where it applies (skinny_gemm.py)
+        self.one_call = True  # with it, the whole step as one compiled call (compiled())
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm.weight
         self.eps = float(getattr(inner.norm, "variance_epsilon", config.rms_norm_eps))
@@ -153,6 +155,44 @@ class FastDecoder:
                     mlp.down_proj.weight,
                 )
             )
+        self._compiled_args = self._flat_layers()
+
+    def _flat_layers(self) -> tuple[list[Tensor], list[float]] | None:
+        """The layers' tensors and scalars as the compiled step takes them (13 tensors and 3
+        floats a layer), or None when a tensor is not a contiguous float32 CPU one."""
+        none = torch.empty(0)
+        tensors: list[Tensor] = []
+        scalars: list[float] = []
+        for ln1, eps1, *projs, scale, ln2, eps2, wg, wu, wd in self.layers:
+            tensors.append(ln1)
+            for weight, bias in projs:
+                tensors += [weight, none if bias is None else bias]
+            tensors += [ln2, wg, wu, wd]
+            scalars += [eps1, eps2, scale]
+        tensors += [self.norm, self.head, self.embed]
+        if any(
+            t.numel()
+            and (t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous())
+            for t in tensors
+        ):
+            return None
+        return tensors[:-3], scalars
+
+    def compiled(self, rows: int, cache: Any) -> bool:
+        """Whether a step of `rows` rows over `cache` runs as one compiled call
+        (:func:`agentrl.samplers.skinny_gemm.decode_step`): float32 weights on CPU, 1-32
+        rows, a :class:`~agentrl.samplers.kv_cache.GrowingCache` that holds keys, the
+        kernel built, and :attr:`skinny` and :attr:`one_call` on."""
+        layers = getattr(cache, "layers", ())
+        return (
+            self.skinny
+            and self.one_call
+            and self._compiled_args is not None
+            and 1 <= rows <= skinny_gemm.MAX_ROWS
+            and len(layers) == len(self.layers)
+            and all(isinstance(layer, GrowingLayer) and layer.keys.dim() == 4 for layer in layers)
+            and skinny_gemm.available()
+        )
 
     @torch.inference_mode()
     def step(self, ids: Tensor, positions: Tensor, cache: Any, pads: list[int]) -> Tensor:
@@ -168,6 +208,28 @@ class FastDecoder:
         h = self.embed.index_select(0, ids)  # [rows, hidden]
         cos, sin = self.rotary(h, positions.view(rows, 1))  # [rows, 1, head_dim]
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        if self.compiled(rows, cache):
+            assert self._compiled_args is not None
+            tensors, scalars = self._compiled_args
+            room = [layer.reserve(1) for layer in cache.layers]
+            logits = skinny_gemm.decode_step(
+                h,
+                cos,
+                sin,
+                pads,
+                tensors,
+                scalars,
+                room,
+                heads,
+                kv_heads,
+                dim,
+                self.norm,
+                self.eps,
+                self.head,
+            )
+            for layer in cache.layers:
+                layer.advance(1)
+            return logits
         group = heads // kv_heads
         mask: Tensor | None = None
         if any(pads):

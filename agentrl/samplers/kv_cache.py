@@ -32,41 +32,65 @@ class GrowingLayer(DynamicLayer):
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
 
-    def _owns(self, keys: torch.Tensor, new: torch.Tensor) -> bool:
+    def _owns(self, keys: torch.Tensor, lead: tuple[int, ...], n: int) -> bool:
         """Whether `keys` is still the leading slice of this layer's buffer, with room for
-        `new` behind it."""
+        `n` more positions of `lead` ``(batch, heads)`` behind it."""
         buf = self._kbuf
         return (
             buf is not None
             and keys.data_ptr() == buf.data_ptr()
-            and keys.shape[:2] == new.shape[:2] == buf.shape[:2]
+            and tuple(keys.shape[:2]) == tuple(lead) == tuple(buf.shape[:2])
             and keys.stride() == buf.stride()
-            and keys.shape[-2] + new.shape[-2] <= buf.shape[-2]
+            and keys.shape[-2] + n <= buf.shape[-2]
         )
+
+    def _grow(self, like_k: torch.Tensor, like_v: torch.Tensor, length: int, n: int) -> None:
+        """Fresh buffers for ``length + n`` positions (and the headroom), the current
+        keys/values copied into their first `length`."""
+        b, h, _, d = like_k.shape
+        shape = (b, h, length + n + HEADROOM, d)
+        kbuf = like_k.new_empty(shape)
+        vbuf = like_v.new_empty((*shape[:3], like_v.shape[-1]))
+        if length:
+            kbuf[:, :, :length] = self.keys
+            vbuf[:, :, :length] = self.values
+        self._kbuf, self._vbuf = kbuf, vbuf
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        keys, values = self.keys, self.values
+        keys = self.keys
         length = keys.shape[-2] if keys.dim() == 4 else 0
         n = key_states.shape[-2]
-        if not (length and self._owns(keys, key_states)):
-            b, h, _, d = key_states.shape
-            shape = (b, h, length + n + HEADROOM, d)
-            kbuf = key_states.new_empty(shape)
-            vbuf = value_states.new_empty((*shape[:3], value_states.shape[-1]))
-            if length:
-                kbuf[:, :, :length] = keys
-                vbuf[:, :, :length] = values
-            self._kbuf, self._vbuf = kbuf, vbuf
+        if not (length and self._owns(keys, key_states.shape[:2], n)):
+            self._grow(key_states, value_states, length, n)
         assert self._kbuf is not None and self._vbuf is not None
         self._kbuf[:, :, length : length + n] = key_states
         self._vbuf[:, :, length : length + n] = value_states
-        self.keys = self._kbuf[:, :, : length + n]
-        self.values = self._vbuf[:, :, : length + n]
+        self.advance(n)
         return self.keys, self.values
+
+    def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The key and value buffers with room for `n` positions behind the current ones
+        (a fresh copy if the keys/values were replaced), and the current length: a caller
+        that writes the positions itself (the compiled decode step) then calls
+        :meth:`advance`. The layer must hold keys already (after a prefill)."""
+        keys = self.keys
+        if not self.is_initialized or keys.dim() != 4:
+            raise ValueError("reserve() needs a layer that holds keys (prefill first)")
+        if not self._owns(keys, keys.shape[:2], n):
+            self._grow(keys, self.values, keys.shape[-2], n)
+        assert self._kbuf is not None and self._vbuf is not None
+        return self._kbuf, self._vbuf, keys.shape[-2]
+
+    def advance(self, n: int) -> None:
+        """Take the `n` positions written behind the current keys/values into them."""
+        assert self._kbuf is not None and self._vbuf is not None
+        length = (self.keys.shape[-2] if self.keys.dim() == 4 else 0) + n
+        self.keys = self._kbuf[:, :, :length]
+        self.values = self._vbuf[:, :, :length]
 
 
 class GrowingCache(Cache):

@@ -39,12 +39,27 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
 
 // out[o, c] = sum_k w[o, k] * xt[k, c] for NV * 8 columns c, output rows [o0, o1).
-template <int NV>
-static void block(const float* w, const float* xt, float* out, int64_t K, int64_t o0, int64_t o1) {
+// ROWMAJOR: out[c, o] instead (an [R, O] result), for the columns c < R only.
+template <int NV, bool ROWMAJOR>
+static void block(const float* w, const float* xt, float* out, int64_t K, int64_t o0, int64_t o1,
+                  int64_t R, int64_t O) {
   constexpr int NC = 8 * NV;   // columns (padded rows of x)
   constexpr int OB = 8 / NV;   // output rows a pass: OB * NV = 8 accumulators
+  auto store = [&](int64_t o, int j, __m256 acc) {
+    if (!ROWMAJOR) {
+      _mm256_storeu_ps(out + o * NC + 8 * j, acc);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc);
+      for (int c = 0; c < 8 && 8 * j + c < R; ++c) out[(8 * j + c) * O + o] = tmp[c];
+    }
+  };
   int64_t o = o0;
   for (; o + OB <= o1; o += OB) {
     __m256 acc[OB][NV];
@@ -60,7 +75,7 @@ static void block(const float* w, const float* xt, float* out, int64_t K, int64_
       }
     }
     for (int i = 0; i < OB; ++i)
-      for (int j = 0; j < NV; ++j) _mm256_storeu_ps(out + (o + i) * NC + 8 * j, acc[i][j]);
+      for (int j = 0; j < NV; ++j) store(o + i, j, acc[i][j]);
   }
   for (; o < o1; ++o) {  // the last output rows, one at a time
     __m256 acc[NV];
@@ -71,8 +86,87 @@ static void block(const float* w, const float* xt, float* out, int64_t K, int64_
       for (int j = 0; j < NV; ++j)
         acc[j] = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xt + k * NC + 8 * j), acc[j]);
     }
-    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(out + o * NC + 8 * j, acc[j]);
+    for (int j = 0; j < NV; ++j) store(o, j, acc[j]);
   }
+}
+
+// One weight of a GEMM whose weights share an input: rows [0, rows) of w into out.
+struct Seg {
+  const float* w;
+  float* out;
+  int64_t rows;
+};
+
+template <int NV, bool ROWMAJOR>
+static void gemm_nv(const std::vector<Seg>& segs, const float* xt, int64_t K, int64_t R) {
+  int64_t total = 0;
+  for (const Seg& s : segs) total += s.rows;
+  // one parallel region for all the weights: their output rows split over the threads
+  at::parallel_for(0, total, 64, [&](int64_t b, int64_t e) {
+    int64_t base = 0;
+    for (const Seg& s : segs) {
+      const int64_t s0 = std::max(b, base), s1 = std::min(e, base + s.rows);
+      if (s0 < s1) block<NV, ROWMAJOR>(s.w, xt, s.out, K, s0 - base, s1 - base, R, s.rows);
+      base += s.rows;
+    }
+  });
+}
+
+template <bool ROWMAJOR = false>
+static void gemm(const std::vector<Seg>& segs, const float* xt, int64_t K, int64_t R, int NV) {
+  if (NV == 1) gemm_nv<1, ROWMAJOR>(segs, xt, K, R);
+  else if (NV == 2) gemm_nv<2, ROWMAJOR>(segs, xt, K, R);
+  else gemm_nv<4, ROWMAJOR>(segs, xt, K, R);
+}
+
+static int columns_nv(int64_t R) { return R <= 8 ? 1 : (R <= 16 ? 2 : 4); }
+
+// e^x for 8 floats (Cephes' expf: a degree-6 polynomial on x - n ln2, scaled by 2^n; within
+// 2 ulp of expf; inputs clamped to [-87.3, 88.3], so e^x of a very negative x is ~1e-38)
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d + 8), _mm256_loadu_ps(b + d + 8), s1);
+  }
+  for (; d + 8 <= n; d += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), s0);
+  float s = hsum8(_mm256_add_ps(s0, s1));
+  for (; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// acc[0, n) += p * v[0, n)
+static inline void axpy(float* acc, float p, const float* v, int64_t n) {
+  const __m256 pv = _mm256_set1_ps(p);
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(acc + d)));
+  for (; d < n; ++d) acc[d] += p * v[d];
 }
 
 // x [R, K] float32 (R <= 32), w [O, K] float32 contiguous -> [O, C] with C = R rounded up
@@ -84,20 +178,199 @@ torch::Tensor skinny_mm(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "skinny_mm: CPU tensors");
   const int64_t R = x.size(0), K = x.size(1), O = w.size(0);
   TORCH_CHECK(R >= 1 && R <= 32, "skinny_mm: 1..32 rows");
-  const int NV = R <= 8 ? 1 : (R <= 16 ? 2 : 4);
+  const int NV = columns_nv(R);
   const int64_t C = 8 * NV;
   auto xt = torch::zeros({K, C}, x.options());
   xt.narrow(1, 0, R).copy_(x.t());
   auto out = torch::empty({O, C}, x.options());
-  const float* wp = w.data_ptr<float>();
-  const float* xp = xt.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, O, 64, [&](int64_t o0, int64_t o1) {
-    if (NV == 1) block<1>(wp, xp, op, K, o0, o1);
-    else if (NV == 2) block<2>(wp, xp, op, K, o0, o1);
-    else block<4>(wp, xp, op, K, o0, o1);
-  });
+  gemm({{w.data_ptr<float>(), out.data_ptr<float>(), O}}, xt.data_ptr<float>(), K, R, NV);
   return out;
+}
+
+// RMSNorm of the columns c < R of ht [H, C] (the hidden state, transposed), scaled by w,
+// into xt [H, C]; the other columns of xt are zero.
+static void rms_norm_t(const float* ht, const float* w, float eps, float* xt, int64_t H,
+                       int64_t C, int64_t R) {
+  float ss[32] = {0}, inv[32] = {0};
+  for (int64_t j = 0; j < H; ++j)
+    for (int64_t c = 0; c < C; ++c) ss[c] += ht[j * C + c] * ht[j * C + c];
+  for (int64_t c = 0; c < R; ++c) inv[c] = 1.0f / std::sqrt(ss[c] / H + eps);
+  for (int64_t j = 0; j < H; ++j)
+    for (int64_t c = 0; c < C; ++c) xt[j * C + c] = ht[j * C + c] * inv[c] * w[j];
+}
+
+static void check_weight(const torch::Tensor& t, int64_t rows, int64_t cols, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(),
+              "decode_step: ", what, " must be a contiguous float32 CPU tensor");
+  TORCH_CHECK(t.dim() == (cols ? 2 : 1) && t.size(0) == rows && (!cols || t.size(1) == cols),
+              "decode_step: ", what, " has shape ", t.sizes());
+}
+
+// One decode step of a Llama-family model for R <= 32 rows, float32: the layers (RMSNorm,
+// q/k/v with optional biases, RoPE from the given cos/sin, grouped-query attention over the
+// cache plus this step, o with optional bias, SiLU-gated MLP), the final norm and the head.
+// The hidden state stays transposed ([H, C], the GEMMs' input layout) between the layers.
+// w: 13 tensors a layer (ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wg, wu, wd; a bias of
+// no elements is none); f: 3 a layer (eps1, eps2, attention scale). kbuf/vbuf [R, kv_heads,
+// capacity, D] (last dimension contiguous) get this step's keys/values at lengths[i]; pads:
+// each row's leading cache columns that attention skips. Returns the logits [R, vocab].
+torch::Tensor decode_step(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
+                          std::vector<int64_t> pads, std::vector<torch::Tensor> w,
+                          std::vector<double> f, std::vector<torch::Tensor> kbufs,
+                          std::vector<torch::Tensor> vbufs, std::vector<int64_t> lengths,
+                          int64_t heads, int64_t kv_heads, int64_t D, torch::Tensor norm,
+                          double norm_eps, torch::Tensor head) {
+  const int64_t R = h.size(0), H = h.size(1), layers = (int64_t)kbufs.size();
+  TORCH_CHECK(R >= 1 && R <= 32, "decode_step: 1..32 rows");
+  TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2, "decode_step: h float32 [R, H]");
+  TORCH_CHECK((int64_t)w.size() == 13 * layers && (int64_t)f.size() == 3 * layers &&
+                  (int64_t)vbufs.size() == layers && (int64_t)lengths.size() == layers,
+              "decode_step: per-layer argument counts");
+  TORCH_CHECK((int64_t)pads.size() == R, "decode_step: one pad count a row");
+  TORCH_CHECK(heads % kv_heads == 0 && D % 2 == 0 && D <= 1024, "decode_step: head layout");
+  cos = cos.contiguous();
+  sin = sin.contiguous();
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.numel() == R * D && sin.numel() == R * D,
+              "decode_step: cos/sin float32 [R, D]");
+  const int NV = columns_nv(R);
+  const int64_t C = 8 * NV, QO = heads * D, KO = kv_heads * D, group = heads / kv_heads;
+  const int64_t I = layers ? w[10].size(0) : 0, half = D / 2;
+  auto opts = h.options();
+  auto ht_ = torch::zeros({H, C}, opts);
+  auto xt_ = torch::zeros({H, C}, opts);
+  auto qkv_ = torch::empty({QO + 2 * KO, C}, opts);
+  auto att_ = torch::zeros({QO, C}, opts);
+  auto o_ = torch::empty({H, C}, opts);
+  auto gu_ = torch::empty({2 * I, C}, opts);
+  float *ht = ht_.data_ptr<float>(), *xt = xt_.data_ptr<float>(), *qkv = qkv_.data_ptr<float>();
+  float *att = att_.data_ptr<float>(), *ob = o_.data_ptr<float>(), *gu = gu_.data_ptr<float>();
+  const float *cs = cos.data_ptr<float>(), *sn = sin.data_ptr<float>();
+  {
+    auto hc = h.contiguous();
+    const float* hp = hc.data_ptr<float>();
+    for (int64_t c = 0; c < R; ++c)
+      for (int64_t j = 0; j < H; ++j) ht[j * C + c] = hp[c * H + j];
+  }
+  // out[j, c] (+ bias[j]) added to the hidden state, columns c < R
+  auto residual = [&](const float* out, const torch::Tensor& bias) {
+    const float* b = bias.numel() ? bias.data_ptr<float>() : nullptr;
+    for (int64_t j = 0; j < H; ++j)
+      for (int64_t c = 0; c < R; ++c) ht[j * C + c] += b ? out[j * C + c] + b[j] : out[j * C + c];
+  };
+  auto add_bias = [&](float* out, const torch::Tensor& bias, int64_t rows) {
+    if (!bias.numel()) return;
+    const float* b = bias.data_ptr<float>();
+    for (int64_t j = 0; j < rows; ++j)
+      for (int64_t c = 0; c < R; ++c) out[j * C + c] += b[j];
+  };
+  // RoPE on heads [nh] of x [nh * D, C]: x*cos + rotate_half(x)*sin, per row c
+  auto rope = [&](float* x, int64_t nh) {
+    for (int64_t hd = 0; hd < nh; ++hd)
+      for (int64_t d = 0; d < half; ++d) {
+        float *a = x + (hd * D + d) * C, *b = x + (hd * D + d + half) * C;
+        for (int64_t c = 0; c < R; ++c) {
+          const float x1 = a[c], x2 = b[c];
+          a[c] = x1 * cs[c * D + d] + (-x2) * sn[c * D + d];
+          b[c] = x2 * cs[c * D + d + half] + x1 * sn[c * D + d + half];
+        }
+      }
+  };
+  for (int64_t i = 0; i < layers; ++i) {
+    const torch::Tensor* lw = &w[13 * i];
+    const float eps1 = f[3 * i], eps2 = f[3 * i + 1], scale = f[3 * i + 2];
+    check_weight(lw[0], H, 0, "input_layernorm");
+    check_weight(lw[1], QO, H, "q_proj");
+    check_weight(lw[3], KO, H, "k_proj");
+    check_weight(lw[5], KO, H, "v_proj");
+    check_weight(lw[7], H, QO, "o_proj");
+    check_weight(lw[9], H, 0, "post_attention_layernorm");
+    check_weight(lw[10], I, H, "gate_proj");
+    check_weight(lw[11], I, H, "up_proj");
+    check_weight(lw[12], H, I, "down_proj");
+    for (int b : {2, 4, 6, 8})
+      if (lw[b].numel()) check_weight(lw[b], b == 2 ? QO : (b == 8 ? H : KO), 0, "a bias");
+    const torch::Tensor &kb_ = kbufs[i], &vb_ = vbufs[i];
+    const int64_t L = lengths[i] + 1;  // after this step's append
+    for (const torch::Tensor* t : {&kb_, &vb_})
+      TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 4 && t->size(0) == R &&
+                      t->size(1) == kv_heads && t->size(3) == D && t->stride(3) == 1 &&
+                      lengths[i] >= 0 && L <= t->size(2),
+                  "decode_step: cache buffer of layer ", i, " has shape ", t->sizes(),
+                  " for length ", lengths[i]);
+    for (int64_t c = 0; c < R; ++c)
+      TORCH_CHECK(pads[c] >= 0 && pads[c] < L, "decode_step: pad count ", pads[c], " of row ", c);
+
+    // attention
+    rms_norm_t(ht, lw[0].data_ptr<float>(), eps1, xt, H, C, R);
+    float *q = qkv, *k = qkv + QO * C, *v = qkv + (QO + KO) * C;
+    gemm({{lw[1].data_ptr<float>(), q, QO}, {lw[3].data_ptr<float>(), k, KO},
+          {lw[5].data_ptr<float>(), v, KO}}, xt, H, R, NV);
+    add_bias(q, lw[2], QO);
+    add_bias(k, lw[4], KO);
+    add_bias(v, lw[6], KO);
+    rope(q, heads);
+    rope(k, kv_heads);
+    float *kb = kb_.data_ptr<float>(), *vb = vb_.data_ptr<float>();
+    const int64_t k0 = kb_.stride(0), k1 = kb_.stride(1), k2 = kb_.stride(2);
+    const int64_t v0 = vb_.stride(0), v1 = vb_.stride(1), v2 = vb_.stride(2);
+    for (int64_t c = 0; c < R; ++c)
+      for (int64_t g = 0; g < kv_heads; ++g)
+        for (int64_t d = 0; d < D; ++d) {
+          kb[c * k0 + g * k1 + lengths[i] * k2 + d] = k[(g * D + d) * C + c];
+          vb[c * v0 + g * v1 + lengths[i] * v2 + d] = v[(g * D + d) * C + c];
+        }
+    at::parallel_for(0, R * kv_heads, 1, [&](int64_t b, int64_t e) {
+      std::vector<float> score(L), qv(D), acc(D);
+      for (int64_t idx = b; idx < e; ++idx) {
+        const int64_t c = idx / kv_heads, g = idx % kv_heads, pad = pads[c];
+        const float* kr = kb + c * k0 + g * k1;
+        const float* vr = vb + c * v0 + g * v1;
+        for (int64_t m = 0; m < group; ++m) {
+          const int64_t hd = g * group + m;
+          for (int64_t d = 0; d < D; ++d) qv[d] = q[(hd * D + d) * C + c];
+          float top = -std::numeric_limits<float>::infinity();
+          for (int64_t l = pad; l < L; ++l) {
+            score[l] = dot(qv.data(), kr + l * k2, D) * scale;
+            top = std::max(top, score[l]);
+          }
+          float sum = 0.f;
+          int64_t l = pad;
+          for (; l + 8 <= L; l += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(&score[l]), _mm256_set1_ps(top)));
+            _mm256_storeu_ps(&score[l], e);
+            sum += hsum8(e);
+          }
+          for (; l < L; ++l) sum += (score[l] = std::exp(score[l] - top));
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (l = pad; l < L; ++l) axpy(acc.data(), score[l] / sum, vr + l * v2, D);
+          for (int64_t d = 0; d < D; ++d) att[(hd * D + d) * C + c] = acc[d];
+        }
+      }
+    });
+    gemm({{lw[7].data_ptr<float>(), ob, H}}, att, QO, R, NV);
+    residual(ob, lw[8]);
+
+    // MLP
+    rms_norm_t(ht, lw[9].data_ptr<float>(), eps2, xt, H, C, R);
+    gemm({{lw[10].data_ptr<float>(), gu, I}, {lw[11].data_ptr<float>(), gu + I * C, I}}, xt, H,
+         R, NV);
+    for (int64_t j = 0; j < I * C; j += 8) {  // silu(gate) * up; C is a multiple of 8
+      const __m256 g = _mm256_loadu_ps(gu + j);
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+      const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+      _mm256_storeu_ps(gu + j, _mm256_mul_ps(silu, _mm256_loadu_ps(gu + I * C + j)));
+    }
+    gemm({{lw[12].data_ptr<float>(), ob, H}}, gu, I, R, NV);
+    residual(ob, torch::Tensor());
+  }
+  check_weight(norm, H, 0, "the final norm");
+  TORCH_CHECK(head.dim() == 2, "decode_step: head [vocab, H]");
+  check_weight(head, head.size(0), H, "the head");
+  rms_norm_t(ht, norm.data_ptr<float>(), norm_eps, xt, H, C, R);
+  const int64_t V = head.size(0);
+  auto logits = torch::empty({R, V}, opts);
+  gemm<true>({{head.data_ptr<float>(), logits.data_ptr<float>(), V}}, xt, H, R, NV);
+  return logits;
 }
 """
 
@@ -125,7 +398,7 @@ def _build() -> Any:
     return cpp_extension.load_inline(
         name="agentrl_skinny_gemm",
         cpp_sources=[_SOURCE],
-        functions=["skinny_mm"],
+        functions=["skinny_mm", "decode_step"],
         extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
         extra_ldflags=["-fopenmp"],
         build_directory=str(build_dir),
@@ -174,4 +447,46 @@ def usable(x: Tensor, weight: Tensor) -> bool:
         and x.device.type == "cpu"
         and weight.is_contiguous()
         and available()
+    )
+
+
+def decode_step(
+    h: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    pads: list[int],
+    tensors: list[Tensor],
+    scalars: list[float],
+    room: list[tuple[Tensor, Tensor, int]],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    norm: Tensor,
+    eps: float,
+    head: Tensor,
+) -> Tensor:
+    """The logits ``[rows, vocab]`` of one decode step of a Llama-family model in one
+    compiled call (:class:`agentrl.samplers.fast_decode.FastDecoder` prepares the arguments):
+    `h` the embedded tokens ``[rows, hidden]``, `cos`/`sin` their RoPE ``[rows, 1, head_dim]``,
+    `pads` each row's left-padding columns, `tensors`/`scalars` 13 tensors and 3 floats a
+    layer, `room` each layer's ``(key buffer, value buffer, length)`` (the step's keys and
+    values are written at `length`), then the final norm's weight and epsilon and the head.
+    :func:`available` must be True."""
+    rows = h.shape[0]
+    return _module.decode_step(
+        h,
+        cos.reshape(rows, head_dim),
+        sin.reshape(rows, head_dim),
+        [int(p) for p in pads],
+        tensors,
+        [float(x) for x in scalars],
+        [k for k, _, _ in room],
+        [v for _, v, _ in room],
+        [n for _, _, n in room],
+        heads,
+        kv_heads,
+        head_dim,
+        norm,
+        float(eps),
+        head,
     )

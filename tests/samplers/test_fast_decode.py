@@ -95,6 +95,81 @@ def test_steps_equal_the_models_forward(kv_cache: str, make) -> None:
             nxt = fast.argmax(-1)
 
 
+@pytest.mark.skipif(not skinny_gemm.available(), reason="the compiled kernels do not build here")
+@pytest.mark.parametrize("make", [lambda: tiny_llama(seed=0), _gqa_llama], ids=["tiny", "gqa"])
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 16, 17, 32])
+def test_one_compiled_call_equals_the_python_step(rows: int, make) -> None:
+    """The whole step as one compiled call (skinny_gemm.decode_step) against the same step
+    in Python, op by op, on two copies of a left-padded cache: the same logits, the same
+    keys/values appended, through a row drop (the sampler replaces the keys then)."""
+    model = make()
+    decoder = FastDecoder(model)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(rows)
+    ids = torch.randint(3, vocab, (rows, 7), generator=gen)
+    pads = [(3 * i) % 5 for i in range(rows)]
+    mask = torch.ones_like(ids)
+    for i, p in enumerate(pads):
+        mask[i, :p] = 0
+    caches = [KV_CACHES["growing"](), KV_CACHES["growing"]()]
+    with torch.inference_mode():
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        for cache in caches:
+            model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions[:, :],
+                use_cache=True,
+                **cache_kwargs(model, cache),
+            )
+        nxt = torch.randint(3, vocab, (rows,), generator=gen)
+        position = positions[:, -1]
+        for step in range(4):
+            position = position + 1
+            assert decoder.compiled(rows, caches[0])
+            one = decoder.step(nxt, position, caches[0], pads)
+            decoder.one_call = False
+            assert not decoder.compiled(rows, caches[1])
+            ops = decoder.step(nxt, position, caches[1], pads)
+            decoder.one_call = True
+            torch.testing.assert_close(one, ops, atol=2e-5, rtol=1e-5)
+            for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+                torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-5)
+            nxt = one.argmax(-1)
+            if step == 1 and rows > 1:  # the first row finishes: dropped from both caches
+                keep = torch.arange(1, rows)
+                for cache in caches:
+                    for layer in cache.layers:
+                        layer.keys = layer.keys.index_select(0, keep)
+                        layer.values = layer.values.index_select(0, keep)
+                rows, nxt, position, pads = rows - 1, nxt[1:], position[1:], pads[1:]
+
+
+@pytest.mark.skipif(not skinny_gemm.available(), reason="the compiled kernels do not build here")
+def test_the_compiled_step_is_taken_only_where_it_applies() -> None:
+    model = tiny_llama(seed=0)
+    decoder = FastDecoder(model)
+    cache = KV_CACHES["growing"]()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[5, 9, 11]]), use_cache=True, **cache_kwargs(model, cache))
+    assert decoder.compiled(1, cache)
+    assert not decoder.compiled(33, cache)  # more rows than the kernel's registers hold
+    assert not decoder.compiled(1, KV_CACHES["growing"]())  # no prefill yet
+    assert not decoder.compiled(1, KV_CACHES["dynamic"]())
+    decoder.skinny = False
+    assert not decoder.compiled(1, cache)
+    bf16 = FastDecoder(tiny_llama(seed=0, dtype=torch.bfloat16))
+    assert bf16._compiled_args is None and not bf16.compiled(1, cache)
+    # the compiled call checks what it is given: a wrong pad count is an error, not a read
+    # past the cache
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="one pad count a row"):
+        decoder.skinny = True
+        decoder.step(torch.tensor([4]), torch.tensor([3]), cache, [0, 0])
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="pad count 9"):
+        decoder.step(torch.tensor([4]), torch.tensor([3]), cache, [9])
+
+
 def test_sampler_tokens_and_logprobs_are_those_of_transformers_path() -> None:
     """The same seeded requests through the sampler with and without the compact step:
     the same tokens, log-probs and entropies."""
