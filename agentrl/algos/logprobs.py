@@ -278,14 +278,20 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         hot = g_lp * inv_t
         w = weight.to(mm_dtype)
         grad_h = torch.zeros_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
+        # the weight's gradient accumulates in place over the chunks (addmm_) where the matmul
+        # runs in its dtype; under autocast each chunk's product goes through one buffer
+        grad_w: Tensor | None = None
         n0 = min(chunk, N)
         kept: Tensor | None = ctx.logits  # type: ignore[attr-defined]
         ctx.logits = None  # type: ignore[attr-defined]
         z_buf = (
             kept if kept is not None else torch.empty(n0, V, dtype=mm_dtype, device=hidden.device)
         )
-        gw_buf = torch.empty(weight.shape, dtype=mm_dtype, device=weight.device) if need_w else None
+        gw_buf = (
+            torch.empty(weight.shape, dtype=mm_dtype, device=weight.device)
+            if need_w and mm_dtype != dt and N > chunk
+            else None
+        )
         fused: Fused = ctx.fused  # type: ignore[attr-defined]
         compiled = fused_kernels.wanted(fused, hidden.device, dt)
         inv_t_t = torch.tensor(inv_t, dtype=dt, device=hidden.device)
@@ -326,7 +332,13 @@ class _LinearLogprobEntropy(torch.autograd.Function):
                     grad_z = z.copy_(grad_z)  # the matmul buffer is free again
             if grad_h is not None:
                 grad_h[s:e] = grad_z @ w
-            if grad_w is not None:
+            if not need_w:
+                continue
+            if grad_w is None:
+                grad_w = torch.mm(grad_z.t(), h).to(dt)
+            elif gw_buf is None:
+                grad_w.addmm_(grad_z.t(), h)
+            else:
                 grad_w += torch.mm(grad_z.t(), h, out=gw_buf)
         return (
             grad_h,

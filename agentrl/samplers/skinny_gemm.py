@@ -178,6 +178,7 @@ torch::Tensor skinny_mm(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "skinny_mm: CPU tensors");
   const int64_t R = x.size(0), K = x.size(1), O = w.size(0);
   TORCH_CHECK(R >= 1 && R <= 32, "skinny_mm: 1..32 rows");
+  pybind11::gil_scoped_release no_gil;  // other Python threads run meanwhile
   const int NV = columns_nv(R);
   const int64_t C = 8 * NV;
   auto xt = torch::zeros({K, C}, x.options());
@@ -220,6 +221,7 @@ torch::Tensor decode_step(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
                           std::vector<torch::Tensor> vbufs, std::vector<int64_t> lengths,
                           int64_t heads, int64_t kv_heads, int64_t D, torch::Tensor norm,
                           double norm_eps, torch::Tensor head) {
+  pybind11::gil_scoped_release no_gil;  // the event loop and other threads run meanwhile
   const int64_t R = h.size(0), H = h.size(1), layers = (int64_t)kbufs.size();
   TORCH_CHECK(R >= 1 && R <= 32, "decode_step: 1..32 rows");
   TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2, "decode_step: h float32 [R, H]");

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentrl.models import cache_kwargs, tiny_llama
 from agentrl.samplers import fast_decode, skinny_gemm
+from agentrl.samplers.hf import KV_CACHES
 
 needs_kernel = pytest.mark.skipif(
     not skinny_gemm.available(), reason=f"skinny GEMM not built here: {skinny_gemm._broken}"
@@ -84,3 +86,71 @@ def test_a_lock_left_by_a_killed_build_is_removed(caplog) -> None:
     assert not lock.exists() and "stale build lock" in caplog.text
     x, w = torch.randn(3, 16), torch.randn(9, 16)
     torch.testing.assert_close(module.skinny_mm(x, w)[:, :3].t(), x @ w.t(), rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+def test_the_kernels_let_other_threads_run() -> None:
+    """The compiled calls release the GIL: while one runs in a thread (a decode step of
+    SmolLM2 is ~70 ms), the event loop's thread keeps running. The main thread ticks every
+    millisecond; a tick inside a call's time span means it ran Python meanwhile, which it
+    cannot while the call holds the GIL (the switch interval is set to 5 s, so nothing
+    else takes the GIL from the worker)."""
+    import sys
+    import threading
+    import time
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=32_000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    decoder = fast_decode.FastDecoder(model)
+    cache = KV_CACHES["growing"]()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[5, 9, 11], [6, 7, 8]]), **cache_kwargs(model, cache))
+    assert decoder.compiled(2, cache)
+    tensors, scalars = decoder._compiled_args
+    w, x = torch.randn(60_000, 256), torch.randn(32, 256)
+    spans: dict[str, list[tuple[float, float]]] = {"skinny_mm": [], "decode_step": []}
+    done = threading.Event()
+
+    def work() -> None:
+        with torch.inference_mode():
+            for i in range(10):
+                t = time.perf_counter()
+                skinny_gemm._module.skinny_mm(x, w)
+                spans["skinny_mm"].append((t, time.perf_counter()))
+                h = decoder.embed[:2].clone()
+                cos, sin = decoder.rotary(h, torch.tensor([[3 + i], [3 + i]]))
+                room = [layer.reserve(1) for layer in cache.layers]
+                args = (
+                    h, cos.reshape(2, -1), sin.reshape(2, -1), [0, 0], tensors, scalars,
+                    [r[0] for r in room], [r[1] for r in room], [r[2] for r in room],
+                    decoder.heads, decoder.kv_heads, decoder.head_dim, decoder.norm,
+                    decoder.eps, decoder.head,
+                )  # fmt: skip
+                t = time.perf_counter()
+                skinny_gemm._module.decode_step(*args)
+                spans["decode_step"].append((t, time.perf_counter()))
+                for layer in cache.layers:
+                    layer.advance(1)
+        done.set()
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    ticks: list[float] = []
+    try:
+        worker = threading.Thread(target=work)
+        worker.start()
+        while not done.is_set():
+            time.sleep(0.001)
+            ticks.append(time.perf_counter())
+        worker.join()
+    finally:
+        sys.setswitchinterval(before)
+    for name, calls in spans.items():
+        inside = sum(any(a < t < b for a, b in calls) for t in ticks)
+        assert inside >= 3, f"{name}: {inside} ticks of the main thread during its calls"
