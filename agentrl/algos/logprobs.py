@@ -289,7 +289,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         )
         gw_buf = (
             torch.empty(weight.shape, dtype=mm_dtype, device=weight.device)
-            if need_w and mm_dtype != dt and N > chunk
+            if need_w and mm_dtype != dt and chunk < N
             else None
         )
         fused: Fused = ctx.fused  # type: ignore[attr-defined]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.models import cache_kwargs, tiny_llama
+from agentrl.models import cache_kwargs
 from agentrl.samplers import fast_decode, skinny_gemm
 from agentrl.samplers.hf import KV_CACHES
 
