@@ -1,20 +1,31 @@
-"""A compiled ``x @ W^T`` for a few rows of ``x`` (a decode step's), float32 on AVX2 CPUs.
+"""Compiled float32 decode kernels for AVX2 CPUs: a few-row ``x @ W^T`` and a whole
+decode step of a Llama-family model.
 
 A decode step of a small model at a GRPO batch (8-32 rows) is its weight matrices streamed
 from memory once each, ~0.5 GB a step for SmolLM2-135M in float32. torch's CPU GEMMs (MKL,
 oneDNN, packed or not) stream a cold ``[1536, 576]`` weight against 16 rows at ~6 GB/s on
 the 2-core AVX2 machine, a third of what the cores read in a plain sum
-(``benchmarks/sampler_profile.py --gemm``). This kernel is the loop such a shape wants:
-each weight element is loaded once, broadcast, and multiplied into 8-32 accumulating
-columns held in registers (the rows of ``x``, transposed and zero-padded to 8, 16 or 32,
-stay in L1); the output rows are split over torch's intra-op threads.
+(``benchmarks/sampler_profile.py --gemm``). :func:`skinny_linear` is the loop such a shape
+wants: each weight element is loaded once, broadcast, and multiplied into 8-32
+accumulating columns held in registers (the rows of ``x``, transposed and zero-padded to 8,
+16 or 32, stay in L1); the output rows are split over torch's intra-op threads.
 
-It is built on first use with torch's C++ extension loader (g++, ``-O3 -mavx2 -mfma``;
-a few seconds, cached on disk under :func:`agentrl.models.cache_root`; ``make setup``
-builds it). :func:`available` is
-False, with the reason logged once, on a machine without AVX2/FMA or a compiler, or when
-the build fails; the caller keeps torch's GEMM. Results equal ``x @ W^T`` up to float32
-summation order (``tests/samplers/test_skinny_gemm.py``).
+Around those GEMMs the rest of a step is ~35 small torch ops a layer (norms, RoPE,
+attention over the cache, SiLU, residual adds), ~1,000 a step for 30 layers, each paying
+Python and dispatch cost on tensors of a few KB. :func:`decode_step` runs the whole step
+(:class:`agentrl.samplers.fast_decode.FastDecoder` prepares its arguments) as one call:
+the hidden state stays transposed between the layers (the GEMMs' input layout), the
+element-wise work is fused into passes over it, attention is one pass per row and
+key/value head (AVX2 dot products and exponentials), the new keys/values are written into
+the sampler's cache buffers, and the head's GEMM writes ``[rows, vocab]`` logits directly.
+Both calls release the GIL while they compute.
+
+They are built on first use with torch's C++ extension loader (g++, ``-O3 -mavx2 -mfma``;
+under a minute, cached on disk under :func:`agentrl.models.cache_root`; ``make setup``
+builds them). :func:`available` is False, with the reason logged once, on a machine
+without AVX2/FMA or a compiler, when the build fails, or with ``AGENTRL_SKINNY_GEMM=0``;
+the caller keeps torch's ops. Results equal ``x @ W^T`` and the Python step up to float32
+summation order (``tests/samplers/test_skinny_gemm.py``, ``test_fast_decode.py``).
 """
 
 from __future__ import annotations
