@@ -194,7 +194,12 @@ class FastDecoder:
             and self._compiled_args is not None
             and 1 <= rows <= skinny_gemm.MAX_ROWS
             and len(layers) == len(self.layers)
-            and all(isinstance(layer, GrowingLayer) and layer.keys.dim() == 4 for layer in layers)
+            and all(
+                isinstance(layer, GrowingLayer)
+                and isinstance(layer.keys, Tensor)
+                and layer.keys.dim() == 4
+                for layer in layers
+            )
             and skinny_gemm.available()
         )
 

@@ -19,6 +19,7 @@ from agentrl.samplers.fast_decode import (
     unsupported,
 )
 from agentrl.samplers.hf import KV_CACHES, HFSampler
+from agentrl.samplers.kv_cache import GrowingLayer
 
 
 def _gqa_llama(**overrides):
@@ -157,6 +158,9 @@ def test_the_compiled_step_is_taken_only_where_it_applies() -> None:
     assert not decoder.compiled(33, cache)  # more rows than the kernel's registers hold
     assert not decoder.compiled(1, KV_CACHES["growing"]())  # no prefill yet
     assert not decoder.compiled(1, KV_CACHES["dynamic"]())
+    empty = KV_CACHES["growing"]()
+    empty.layers = [GrowingLayer() for _ in decoder.layers]  # made, nothing written yet
+    assert not decoder.compiled(1, empty)
     decoder.skinny = False
     assert not decoder.compiled(1, cache)
     bf16 = FastDecoder(tiny_llama(seed=0, dtype=torch.bfloat16))
