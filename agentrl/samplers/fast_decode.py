@@ -173,14 +173,13 @@ class FastDecoder:
                 tensors += [weight, none if bias is None else bias]
             tensors += [ln2, wg, wu, wd]
             scalars += [eps1, eps2, scale]
-        tensors += [self.norm, self.head, self.embed]
         if any(
             t.numel()
             and (t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous())
-            for t in tensors
+            for t in (*tensors, self.norm, self.head, self.embed)
         ):
             return None
-        return tensors[:-3], scalars
+        return tensors, scalars
 
     def compiled(self, rows: int, cache: Any) -> bool:
         """Whether a step of `rows` rows over `cache` runs as one compiled call

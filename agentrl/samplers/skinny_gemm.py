@@ -492,7 +492,7 @@ def decode_step(
         sin.reshape(rows, head_dim),
         [int(p) for p in pads],
         tensors,
-        [float(x) for x in scalars],
+        scalars,
         [k for k, _, _ in room],
         [v for _, v, _ in room],
         [n for _, _, n in room],
