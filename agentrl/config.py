@@ -176,6 +176,11 @@ class LearnerConfig(_Section):
     ppo_epochs: int = Field(1, ge=1)
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     bf16: Literal["auto", "on", "off"] = "auto"
+    # how bf16 autocast matmuls run on a CPU: torch = torch's bf16 kernels; rounded = float32
+    # GEMMs on bf16-rounded operands with the product rounded to bf16 (the same arithmetic,
+    # at float32 speed where the CPU has no bf16 instructions: 7x faster there, slower than
+    # AMX); auto = rounded on CPUs without AVX-512 BF16 / AMX. See agentrl.algos.bf16
+    bf16_matmul: Literal["auto", "torch", "rounded"] = "auto"
     # fp16 autocast with a gradient scaler (loss scaling, overflowing steps skipped; its
     # state is checkpointed): for GPUs without bf16. Not together with bf16=on
     fp16: Literal["on", "off"] = "off"

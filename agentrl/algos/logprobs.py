@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from agentrl.algos import bf16
 from agentrl.algos import fused as fused_kernels
 from agentrl.algos.fused import Fused
 
@@ -145,6 +146,11 @@ def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
+def _operand(t: Tensor, mm_dtype: torch.dtype, rounded: bool) -> Tensor:
+    """`t` as an LM-head matmul operand: in `mm_dtype`, rounded to bf16 first if `rounded`."""
+    return bf16.widened(t) if rounded else t.to(mm_dtype)
+
+
 class _LinearLogprobEntropy(torch.autograd.Function):
     """(hidden [N, H], weight [V, H], labels [N]) -> (logprob [N], entropy [N]), chunked.
 
@@ -152,7 +158,9 @@ class _LinearLogprobEntropy(torch.autograd.Function):
     small hidden sizes, so each chunk makes as few as it can and writes into workspace
     buffers allocated once per call (a fresh 100 MB tensor per chunk costs page faults that
     took longer than the arithmetic). The LM-head matmuls run in the forward's autocast
-    dtype in both directions, as autocast itself would.
+    dtype in both directions, as autocast itself would; under :func:`bf16.rounded_matmuls`
+    as float32 GEMMs on bf16-rounded operands, their products rounded to bf16 (the weight's
+    gradient once, after the chunks are summed in float32).
     """
 
     @staticmethod
@@ -167,6 +175,9 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         fused: Fused,
     ) -> tuple[Tensor, Tensor]:
         mm_dtype = _matmul_dtype(hidden, weight)
+        ctx.rounded = mm_dtype == torch.bfloat16 and bf16.active(hidden.device.type)
+        if ctx.rounded:
+            mm_dtype = torch.float32  # products of bf16-rounded operands, rounded to bf16
         # dtypes are chosen explicitly below; autocast would recast the [n, V] reductions
         with torch.autocast(hidden.device.type, enabled=False):
             return _LinearLogprobEntropy._forward(
@@ -187,7 +198,8 @@ class _LinearLogprobEntropy(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         N, V = hidden.shape[0], weight.shape[0]
         dt = _compute_dtype(hidden)
-        w = weight.to(mm_dtype)
+        rounded: bool = ctx.rounded  # type: ignore[attr-defined]
+        w = _operand(weight, mm_dtype, rounded)
         lp = torch.zeros(N, dtype=dt, device=hidden.device)
         ent = torch.zeros_like(lp)
         lse = torch.zeros_like(lp)
@@ -201,7 +213,9 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
             n = e - s
-            z = torch.mm(hidden[s:e].to(mm_dtype), w.t(), out=z_buf[:n])
+            z = torch.mm(_operand(hidden[s:e], mm_dtype, rounded), w.t(), out=z_buf[:n])
+            if rounded:
+                bf16.round_(z)
             if compiled:
                 out = fused_kernels.call("forward", fused, z, safe[s:e], inv_t_t, with_entropy)
                 if out is not None:
@@ -276,7 +290,8 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             a = g_ent * valid * -inv_t  # type: ignore[operator]
             b = b + a * ent
         hot = g_lp * inv_t
-        w = weight.to(mm_dtype)
+        rounded: bool = ctx.rounded  # type: ignore[attr-defined]
+        w = _operand(weight, mm_dtype, rounded)
         grad_h = torch.zeros_like(hidden) if need_h else None
         # the weight's gradient accumulates in place over the chunks (addmm_) where the matmul
         # runs in its dtype; under autocast each chunk's product goes through one buffer
@@ -300,8 +315,13 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
             n = e - s
-            h = hidden[s:e].to(mm_dtype)
-            z = z_buf[:n] if kept is not None else torch.mm(h, w.t(), out=z_buf[:n])
+            h = _operand(hidden[s:e], mm_dtype, rounded)
+            if kept is not None:
+                z = z_buf[:n]
+            else:
+                z = torch.mm(h, w.t(), out=z_buf[:n])
+                if rounded:
+                    bf16.round_(z)
             grad_z = None
             if compiled:
                 grad_z = fused_kernels.call(
@@ -330,8 +350,10 @@ class _LinearLogprobEntropy(torch.autograd.Function):
                 grad_z[rows[:n], safe[s:e]] += hot[s:e]  # type: ignore[index]
                 if grad_z.dtype != mm_dtype:
                     grad_z = z.copy_(grad_z)  # the matmul buffer is free again
+            if rounded:
+                bf16.round_(grad_z)
             if grad_h is not None:
-                grad_h[s:e] = grad_z @ w
+                grad_h[s:e] = bf16.round_(grad_z @ w) if rounded else grad_z @ w
             if not need_w:
                 continue
             if grad_w is None:
@@ -340,6 +362,8 @@ class _LinearLogprobEntropy(torch.autograd.Function):
                 grad_w.addmm_(grad_z.t(), h)
             else:
                 grad_w += torch.mm(grad_z.t(), h, out=gw_buf)
+        if rounded and grad_w is not None:
+            bf16.round_(grad_w)
         return (
             grad_h,
             (grad_w.to(weight.dtype) if grad_w is not None else None),

@@ -114,6 +114,11 @@ class Learner:
         self.precision = Precision.from_config(self.lcfg)
         self.device = self.precision.device
         self.bf16 = self.precision.bf16
+        if self.precision.rounded_bf16:
+            log.info(
+                "learner.bf16_matmul: bf16 matmuls as float32 GEMMs on bf16-rounded operands "
+                "(this CPU has no bf16 instructions; set learner.bf16_matmul=torch for torch's)"
+            )
 
         # float32 master weights; bf16 only inside autocast
         self.model = model.to(device=self.device, dtype=torch.float32)

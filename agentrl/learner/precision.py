@@ -1,7 +1,9 @@
 """Where and in what precision the learner computes: device, autocast dtype, attention kernel.
 
 Master weights stay float32; bf16 / fp16 are used only inside autocast. bf16 where the
-device computes it natively (or where ``learner.bf16=on`` asks for it); fp16 only when
+device computes it natively (or where ``learner.bf16=on`` asks for it), its matmuls on a
+CPU without bf16 instructions as float32 GEMMs on bf16-rounded operands
+(``learner.bf16_matmul``, :mod:`agentrl.algos.bf16`); fp16 only when
 ``learner.fp16=on`` asks for it, always with a gradient scaler (:meth:`Precision.grad_scaler`):
 fp16's narrow exponent underflows small gradients unless the loss is scaled up first.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -52,6 +55,8 @@ class Precision:
     bf16: bool
     sdpa_backend: str = "auto"  # auto | torch | math | flash
     fp16: bool = False  # never together with bf16 (the config refuses both on)
+    # bf16 matmuls as float32 GEMMs on bf16-rounded operands (agentrl.algos.bf16)
+    rounded_bf16: bool = False
 
     def __post_init__(self) -> None:
         if self.bf16 and self.fp16:
@@ -62,7 +67,18 @@ class Precision:
         device = resolve_device(lcfg.device)
         fp16 = lcfg.fp16 == "on"
         bf16 = not fp16 and (lcfg.bf16 == "on" or (lcfg.bf16 == "auto" and bf16_supported(device)))
-        return cls(device, bf16, lcfg.sdpa_backend, fp16)
+        rounded = bf16 and device.type == "cpu" and lcfg.bf16_matmul != "torch"
+        if lcfg.bf16_matmul == "auto":
+            rounded = rounded and not bf16_supported(device)
+        return cls(device, bf16, lcfg.sdpa_backend, fp16, rounded)
+
+    @property
+    def bf16_matmul(self) -> str:
+        """How bf16 matmuls run: ``rounded`` (float32 GEMMs on bf16-rounded operands),
+        ``torch`` (torch's bf16 kernels) or ``none`` (no bf16 autocast)."""
+        if not self.bf16:
+            return "none"
+        return "rounded" if self.rounded_bf16 else "torch"
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -75,7 +91,8 @@ class Precision:
         """bf16 / fp16 autocast on this device when on, else nothing (float32)."""
         if not (self.bf16 or self.fp16):
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+        cast = torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+        return _rounded(cast) if self.rounded_bf16 else cast
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """The loss scaler of fp16 training on this device; a disabled (pass-through) one
@@ -96,6 +113,14 @@ class Precision:
             return contextlib.nullcontext()
         backend = SDPBackend.MATH if choice == "math" else SDPBackend.FLASH_ATTENTION
         return sdpa_kernel(backend)
+
+
+@contextlib.contextmanager
+def _rounded(cast: torch.autocast) -> Iterator[None]:
+    from agentrl.algos.bf16 import rounded_matmuls
+
+    with cast, rounded_matmuls():
+        yield
 
 
 def same_attention_kernel() -> tuple[

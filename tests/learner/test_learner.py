@@ -276,6 +276,43 @@ def test_bf16_autocast_step(
     assert metrics["logprob_gap/mean"] < 0.1  # bf16 rounding only
 
 
+def test_rounded_bf16_matmuls_step_as_torch_bf16_kernels(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    """learner.bf16_matmul=rounded (float32 GEMMs on bf16-rounded operands) trains as
+    torch's bf16 kernels do: the same loss and updated weights up to bf16 rounding, both
+    far from the float32 step's; `auto` picks it exactly where the CPU lacks bf16."""
+    from agentrl.learner.precision import bf16_supported
+
+    def run(**learner: object) -> tuple[Learner, dict[str, float]]:
+        lrn = Learner(fresh_model(), None, make_cfg(learner={"lr": 1e-2, **learner}))
+        return lrn, lrn.step(groups)
+
+    torch_k, m_torch = run(bf16="on", bf16_matmul="torch")
+    rounded, m_rounded = run(bf16="on", bf16_matmul="rounded")
+    plain, m_fp32 = run(bf16="off")
+    auto, _ = run(bf16="on")
+    assert (torch_k.precision.bf16_matmul, rounded.precision.bf16_matmul) == ("torch", "rounded")
+    assert plain.precision.bf16_matmul == "none"
+    expected = "torch" if bf16_supported(torch.device("cpu")) else "rounded"
+    assert auto.precision.bf16_matmul == expected
+    bf16_gap = abs(m_torch["loss/total"] - m_fp32["loss/total"])
+    assert abs(m_rounded["loss/total"] - m_torch["loss/total"]) < max(bf16_gap, 1e-4)
+    # lr 1e-2: Adam's first step moves each weight by ~lr whatever the gradient's size, so
+    # each gradient element whose sign rounding flips (or that rounding zeroes) shows as a
+    # weight 2e-2 apart: few between the two bf16 kernels, many more against float32
+    apart_bf16 = apart_fp32 = total = 0
+    for a, b, c in zip(
+        torch_k.model.parameters(), rounded.model.parameters(), plain.model.parameters(),
+        strict=True,
+    ):  # fmt: skip
+        apart_bf16 += int(((a - b).abs() > 1e-3).sum())
+        apart_fp32 += int(((a - c).abs() > 1e-3).sum())
+        total += a.numel()
+    assert apart_bf16 < 0.02 * total
+    assert apart_bf16 * 3 < apart_fp32, (apart_bf16, apart_fp32, total)
+
+
 def test_state_dict_for_sampler_is_a_cpu_copy(
     fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:

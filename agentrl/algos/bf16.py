@@ -1,0 +1,141 @@
+"""bf16 autocast matmuls as float32 GEMMs on bf16-rounded operands (``learner.bf16_matmul``).
+
+Under CPU autocast a bf16 matmul rounds its operands to bf16, multiplies them with float32
+accumulation and rounds the product to bf16. A CPU without bf16 instructions (no AVX-512
+BF16, no AMX) has no fast kernel for that: torch runs it in a generic loop, 7x slower than
+its float32 GEMM at a learner's shapes (576 x 1536 x 800 on a Zen 3 core: 98 vs 13 ms), and
+a SmolLM2 learner step spends 98% of its time there. The same arithmetic runs at float32
+speed as: round the operands to bf16, widen them back (exact), multiply in float32 (float32
+accumulation), round the product to bf16. Only the order of the float32 additions differs
+from the generic kernel, as it differs between any two GEMM kernels; the results agree to
+within one bf16 rounding step (``tests/algos/test_bf16.py``).
+
+:func:`rounded_matmuls` applies it inside an enabled CPU bf16 autocast region: ``F.linear``
+(forward and backward, :class:`RoundedLinear`: gradients rounded to bf16 as autocast's
+would be) and, where no gradient is recorded, ``mm`` / ``matmul`` / ``bmm``. Anything
+autocast would not run in bf16 (autocast off, another dtype, a GPU tensor) is left to
+torch. The LM head's fused log-prob function asks :func:`active` and rounds its own
+matmuls (:mod:`agentrl.algos.logprobs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+
+BF16 = torch.bfloat16
+_FLOATS = (torch.float32, torch.bfloat16)
+_state = threading.local()
+
+
+def round_(t: Tensor) -> Tensor:
+    """Round a float32 tensor to the nearest bf16 value in place (ties to even, as
+    ``.to(torch.bfloat16)``); returns `t`."""
+    return t.copy_(t.to(BF16))
+
+
+def widened(t: Tensor) -> Tensor:
+    """`t` rounded to bf16 and widened back to float32 (exact): a GEMM operand."""
+    return t.to(BF16).float()
+
+
+def active(device_type: str = "cpu") -> bool:
+    """Whether matmuls on `device_type` run rounded here: inside :func:`rounded_matmuls`,
+    with bf16 autocast enabled on that device."""
+    return (
+        getattr(_state, "depth", 0) > 0
+        and device_type == "cpu"
+        and torch.is_autocast_enabled("cpu")
+        and torch.get_autocast_dtype("cpu") == BF16
+    )
+
+
+def _applies(*tensors: Any) -> bool:
+    return all(
+        isinstance(t, Tensor) and t.dtype in _FLOATS and t.device.type == "cpu" for t in tensors
+    ) and active()
+
+
+class RoundedLinear(torch.autograd.Function):
+    """``F.linear(x, w, b)`` as CPU bf16 autocast computes it, on float32 GEMMs.
+
+    Forward: bf16 ``x @ w^T + b``. Backward: ``dx`` and ``dw`` are bf16 products rounded to
+    bf16 and returned in the input's own dtype (a float32 master weight gets a float32
+    gradient holding a bf16 value, as autocast's cast would give it). Saves `x` in bf16
+    and the weight itself (no bf16 copy of it is kept: it is rounded again in backward).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:  # type: ignore[override]
+        xb = x.to(BF16)
+        with torch.autocast("cpu", enabled=False):
+            out = F.linear(xb.float(), widened(w), None if b is None else widened(b)).to(BF16)
+        ctx.save_for_backward(xb, w)
+        ctx.x_dtype, ctx.b_dtype = x.dtype, None if b is None else b.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        xb, w = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
+        with torch.autocast("cpu", enabled=False):
+            g = widened(grad)
+            gx = gw = gb = None
+            if need_x:
+                gx = g.matmul(widened(w)).to(BF16).to(ctx.x_dtype)
+            g2 = g.reshape(-1, g.shape[-1])
+            if need_w:
+                gw = g2.t().mm(xb.reshape(-1, xb.shape[-1]).float()).to(BF16).to(w.dtype)
+            if need_b:
+                gb = g2.sum(0).to(BF16).to(ctx.b_dtype)
+        return gx, gw, gb
+
+
+def _rounded_product(func: Callable[..., Tensor], a: Tensor, b: Tensor) -> Tensor:
+    with torch.autocast("cpu", enabled=False):
+        return func(widened(a), widened(b)).to(BF16)
+
+
+_PRODUCTS = {torch.mm, torch.matmul, torch.bmm, Tensor.mm, Tensor.matmul, Tensor.bmm}
+_PRODUCTS |= {Tensor.__matmul__}
+
+
+class _RoundedMatmuls(TorchFunctionMode):
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear and not kwargs and 2 <= len(args) <= 3:
+            x, w, b = (*args, None)[:3]
+            if _applies(x, w) and (b is None or _applies(b)):
+                return RoundedLinear.apply(x, w, b)
+        elif func in _PRODUCTS and not kwargs and len(args) == 2:
+            a, b = args
+            grads = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+            if not grads and _applies(a, b):
+                return _rounded_product(func, a, b)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def rounded_matmuls() -> Iterator[None]:
+    """Run the bf16 matmuls of an enabled CPU bf16 autocast region as float32 GEMMs on
+    bf16-rounded operands (see the module docstring). Nests; outside autocast it changes
+    nothing."""
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        with _RoundedMatmuls():
+            yield
+    finally:
+        _state.depth -= 1
