@@ -260,7 +260,9 @@ def child_agentrl(args: argparse.Namespace) -> dict[str, Any]:
             # the whole batch's), so the learner holds less while the sampler's process holds
             # its own memory: measured, 0.5 GB below micro-batches of 8 with
             # learner.recompute_mlp at ~15% less learner time (docs/vs_trl.md, fifth round)
-            f"learner.micro_batch_size={PROMPTS * GROUP // (4 if mode == 'async' else 1)}",
+            # bf16 sync: micro-batches of 8, as its sampler keeps a bf16 copy of the weights
+            # (257 MB) that float32 sync does without (it computes on the learner's tensors)
+            f"learner.micro_batch_size={PROMPTS * GROUP // (4 if mode == 'async' else 2 if bf16 else 1)}",
             f"learner.lr={args.lr}",
             f"learner.bf16={'on' if bf16 else 'off'}",
             "algorithm.advantage=grpo",

@@ -46,6 +46,42 @@ def widened(t: Tensor) -> Tensor:
     return t.to(BF16).float()
 
 
+# rows of a [V, H] weight widened at a time by the sliced products below: the LM head's
+# 49,152 x 576 weight would be a 113 MB float32 copy, a slice of 8,192 rows is 19 MB
+WEIGHT_SLICE = 8192
+
+
+def linear_into(x: Tensor, w: Tensor, out: Tensor) -> Tensor:
+    """``out[n, V] = bf16(x @ w^T)`` for a large ``w [V, H]``, widened a slice of rows at a
+    time; `out` in bf16 (or float32, holding bf16 values). Returns `out`."""
+    xw = widened(x)
+    for v0 in range(0, w.shape[0], WEIGHT_SLICE):
+        part = slice(v0, v0 + WEIGHT_SLICE)
+        out[:, part] = torch.mm(xw, widened(w[part]).t()).to(BF16)
+    return out
+
+
+def matmul(a: Tensor, w: Tensor) -> Tensor:
+    """``bf16(a @ w)`` for ``a [n, V]``, ``w [V, H]``: the float32 sum over slices of V."""
+    acc: Tensor | None = None
+    for v0 in range(0, w.shape[0], WEIGHT_SLICE):
+        part = slice(v0, v0 + WEIGHT_SLICE)
+        p = torch.mm(widened(a[:, part]), widened(w[part]))
+        acc = p if acc is None else acc.add_(p)
+    assert acc is not None, "matmul: empty weight"
+    return acc.to(BF16)
+
+
+def addmm_t_(acc: Tensor, a: Tensor, h: Tensor) -> Tensor:
+    """``acc[V, H] += a^T @ h`` in float32 on bf16-rounded ``a [n, V]`` and ``h [n, H]``
+    (not rounded: round `acc` once its sum is complete). Returns `acc`."""
+    hw = widened(h)
+    for v0 in range(0, acc.shape[0], WEIGHT_SLICE):
+        part = slice(v0, v0 + WEIGHT_SLICE)
+        acc[part].addmm_(widened(a[:, part]).t(), hw)
+    return acc
+
+
 def active(device_type: str = "cpu") -> bool:
     """Whether matmuls on `device_type` run rounded here: inside :func:`rounded_matmuls`,
     with bf16 autocast enabled on that device."""
@@ -58,9 +94,12 @@ def active(device_type: str = "cpu") -> bool:
 
 
 def _applies(*tensors: Any) -> bool:
-    return all(
-        isinstance(t, Tensor) and t.dtype in _FLOATS and t.device.type == "cpu" for t in tensors
-    ) and active()
+    return (
+        all(
+            isinstance(t, Tensor) and t.dtype in _FLOATS and t.device.type == "cpu" for t in tensors
+        )
+        and active()
+    )
 
 
 class RoundedLinear(torch.autograd.Function):
@@ -69,12 +108,15 @@ class RoundedLinear(torch.autograd.Function):
     Forward: bf16 ``x @ w^T + b``. Backward: ``dx`` and ``dw`` are bf16 products rounded to
     bf16 and returned in the input's own dtype (a float32 master weight gets a float32
     gradient holding a bf16 value, as autocast's cast would give it). Saves `x` in bf16
-    and the weight itself (no bf16 copy of it is kept: it is rounded again in backward).
+    (`xb`, ``x`` rounded, when given: projections of one input share it) and the weight
+    itself (no bf16 copy of it is kept: it is rounded again in backward).
     """
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:  # type: ignore[override]
-        xb = x.to(BF16)
+    def forward(  # type: ignore[override]
+        ctx: Any, x: Tensor, w: Tensor, b: Tensor | None, xb: Tensor | None = None
+    ) -> Tensor:
+        xb = x.detach().to(BF16) if xb is None else xb
         with torch.autocast("cpu", enabled=False):
             out = F.linear(xb.float(), widened(w), None if b is None else widened(b)).to(BF16)
         ctx.save_for_backward(xb, w)
@@ -84,7 +126,7 @@ class RoundedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         xb, w = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
         with torch.autocast("cpu", enabled=False):
             g = widened(grad)
             gx = gw = gb = None
@@ -95,7 +137,7 @@ class RoundedLinear(torch.autograd.Function):
                 gw = g2.t().mm(xb.reshape(-1, xb.shape[-1]).float()).to(BF16).to(w.dtype)
             if need_b:
                 gb = g2.sum(0).to(BF16).to(ctx.b_dtype)
-        return gx, gw, gb
+        return gx, gw, gb, None
 
 
 def _rounded_product(func: Callable[..., Tensor], a: Tensor, b: Tensor) -> Tensor:
@@ -108,6 +150,25 @@ _PRODUCTS |= {Tensor.__matmul__}
 
 
 class _RoundedMatmuls(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        # the last linear input rounded: q/k/v (and gate/up) read one input, and each bf16
+        # copy of it is kept for backward (autocast makes one per projection: 3 + 2 copies
+        # of a layer's input, ~200 MB for a SmolLM2 micro-batch of 16 x 120 tokens)
+        self._last: tuple[Tensor, int, Tensor] | None = None
+
+    def _rounded_input(self, x: Tensor) -> Tensor:
+        last = self._last
+        if last is not None and last[0] is x and last[1] == x._version:
+            return last[2]
+        xb = x.detach().to(BF16)
+        self._last = (x, x._version, xb)
+        return xb
+
+    def __exit__(self, *exc: Any) -> None:
+        self._last = None
+        super().__exit__(*exc)
+
     def __torch_function__(
         self,
         func: Callable[..., Any],
@@ -119,7 +180,7 @@ class _RoundedMatmuls(TorchFunctionMode):
         if func is F.linear and not kwargs and 2 <= len(args) <= 3:
             x, w, b = (*args, None)[:3]
             if _applies(x, w) and (b is None or _applies(b)):
-                return RoundedLinear.apply(x, w, b)
+                return RoundedLinear.apply(x, w, b, self._rounded_input(x))
         elif func in _PRODUCTS and not kwargs and len(args) == 2:
             a, b = args
             grads = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)

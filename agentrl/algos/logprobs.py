@@ -146,11 +146,6 @@ def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
-def _operand(t: Tensor, mm_dtype: torch.dtype, rounded: bool) -> Tensor:
-    """`t` as an LM-head matmul operand: in `mm_dtype`, rounded to bf16 first if `rounded`."""
-    return bf16.widened(t) if rounded else t.to(mm_dtype)
-
-
 class _LinearLogprobEntropy(torch.autograd.Function):
     """(hidden [N, H], weight [V, H], labels [N]) -> (logprob [N], entropy [N]), chunked.
 
@@ -159,8 +154,8 @@ class _LinearLogprobEntropy(torch.autograd.Function):
     buffers allocated once per call (a fresh 100 MB tensor per chunk costs page faults that
     took longer than the arithmetic). The LM-head matmuls run in the forward's autocast
     dtype in both directions, as autocast itself would; under :func:`bf16.rounded_matmuls`
-    as float32 GEMMs on bf16-rounded operands, their products rounded to bf16 (the weight's
-    gradient once, after the chunks are summed in float32).
+    as float32 GEMMs on bf16-rounded operands, a slice of the vocabulary at a time (the
+    products rounded to bf16; the weight's gradient once, after the chunks are summed).
     """
 
     @staticmethod
@@ -176,8 +171,6 @@ class _LinearLogprobEntropy(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         mm_dtype = _matmul_dtype(hidden, weight)
         ctx.rounded = mm_dtype == torch.bfloat16 and bf16.active(hidden.device.type)
-        if ctx.rounded:
-            mm_dtype = torch.float32  # products of bf16-rounded operands, rounded to bf16
         # dtypes are chosen explicitly below; autocast would recast the [n, V] reductions
         with torch.autocast(hidden.device.type, enabled=False):
             return _LinearLogprobEntropy._forward(
@@ -198,8 +191,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         N, V = hidden.shape[0], weight.shape[0]
         dt = _compute_dtype(hidden)
-        rounded: bool = ctx.rounded  # type: ignore[attr-defined]
-        w = _operand(weight, mm_dtype, rounded)
+        w = weight.to(mm_dtype)
         lp = torch.zeros(N, dtype=dt, device=hidden.device)
         ent = torch.zeros_like(lp)
         lse = torch.zeros_like(lp)
@@ -213,9 +205,10 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
             n = e - s
-            z = torch.mm(_operand(hidden[s:e], mm_dtype, rounded), w.t(), out=z_buf[:n])
-            if rounded:
-                bf16.round_(z)
+            if ctx.rounded:  # type: ignore[attr-defined]
+                z = bf16.linear_into(hidden[s:e], w, z_buf[:n])
+            else:
+                z = torch.mm(hidden[s:e].to(mm_dtype), w.t(), out=z_buf[:n])
             if compiled:
                 out = fused_kernels.call("forward", fused, z, safe[s:e], inv_t_t, with_entropy)
                 if out is not None:
@@ -291,7 +284,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             b = b + a * ent
         hot = g_lp * inv_t
         rounded: bool = ctx.rounded  # type: ignore[attr-defined]
-        w = _operand(weight, mm_dtype, rounded)
+        w = weight.to(mm_dtype)
         grad_h = torch.zeros_like(hidden) if need_h else None
         # the weight's gradient accumulates in place over the chunks (addmm_) where the matmul
         # runs in its dtype; under autocast each chunk's product goes through one buffer
@@ -304,7 +297,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         )
         gw_buf = (
             torch.empty(weight.shape, dtype=mm_dtype, device=weight.device)
-            if need_w and mm_dtype != dt and chunk < N
+            if need_w and mm_dtype != dt and chunk < N and not rounded
             else None
         )
         fused: Fused = ctx.fused  # type: ignore[attr-defined]
@@ -315,13 +308,13 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
             n = e - s
-            h = _operand(hidden[s:e], mm_dtype, rounded)
+            h = hidden[s:e].to(mm_dtype)
             if kept is not None:
                 z = z_buf[:n]
+            elif rounded:
+                z = bf16.linear_into(h, w, z_buf[:n])
             else:
                 z = torch.mm(h, w.t(), out=z_buf[:n])
-                if rounded:
-                    bf16.round_(z)
             grad_z = None
             if compiled:
                 grad_z = fused_kernels.call(
@@ -350,20 +343,22 @@ class _LinearLogprobEntropy(torch.autograd.Function):
                 grad_z[rows[:n], safe[s:e]] += hot[s:e]  # type: ignore[index]
                 if grad_z.dtype != mm_dtype:
                     grad_z = z.copy_(grad_z)  # the matmul buffer is free again
-            if rounded:
-                bf16.round_(grad_z)
             if grad_h is not None:
-                grad_h[s:e] = bf16.round_(grad_z @ w) if rounded else grad_z @ w
+                grad_h[s:e] = bf16.matmul(grad_z, w) if rounded else grad_z @ w
             if not need_w:
                 continue
-            if grad_w is None:
+            if rounded:
+                if grad_w is None:
+                    grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device)
+                bf16.addmm_t_(grad_w, grad_z, h)
+            elif grad_w is None:
                 grad_w = torch.mm(grad_z.t(), h).to(dt)
             elif gw_buf is None:
                 grad_w.addmm_(grad_z.t(), h)
             else:
                 grad_w += torch.mm(grad_z.t(), h, out=gw_buf)
         if rounded and grad_w is not None:
-            bf16.round_(grad_w)
+            bf16.round_(grad_w)  # once, after the chunks' float32 sum
         return (
             grad_h,
             (grad_w.to(weight.dtype) if grad_w is not None else None),

@@ -11,8 +11,8 @@ fp16's narrow exponent underflows small gradients unless the loss is scaled up f
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch

@@ -123,9 +123,11 @@ def test_round_in_place_is_the_bf16_cast() -> None:
 
 @pytest.mark.parametrize("with_entropy", [False, True])
 @pytest.mark.parametrize("fused", ["auto", "off"])
-def test_lm_head_logprobs_match_torch_autocast(with_entropy, fused) -> None:
+def test_lm_head_logprobs_match_torch_autocast(with_entropy, fused, monkeypatch) -> None:
     """The fused LM-head function rounds its own matmuls under rounded_matmuls: values and
-    gradients as torch's bf16 autocast gives them (two chunks, a masked label)."""
+    gradients as torch's bf16 autocast gives them (two chunks, three vocabulary slices, a
+    masked label)."""
+    monkeypatch.setattr(bf16, "WEIGHT_SLICE", 128)
     gen = torch.Generator().manual_seed(6)
     hidden = torch.randn(40, 64, generator=gen)
     weight = torch.randn(300, 64, generator=gen) * 0.2
@@ -161,3 +163,31 @@ def test_lm_head_logprobs_match_torch_autocast(with_entropy, fused) -> None:
         torch.testing.assert_close(g, w, rtol=2**-7, atol=2**-7 * w.abs().max().item())
         assert ((g - w).abs() <= 2**-7 * w.abs()).float().mean() > 0.9
         assert torch.equal(g, g.to(BF).float())  # rounded to bf16, as autocast's products
+
+
+def test_projections_of_one_input_keep_one_bf16_copy_of_it() -> None:
+    """q/k/v read one float32 input: one bf16 copy of it is saved for the three backwards
+    (autocast saves one per projection), and an input changed in place is rounded again."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 32, generator=gen, requires_grad=True)
+    ws = [torch.randn(16, 32, generator=gen, requires_grad=True) for _ in range(3)]
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with hooks, _autocast(), bf16.rounded_matmuls():
+        h = x * 1.0
+        outs = [F.linear(h, w) for w in ws]
+    copies = {t.data_ptr() for t in saved if t.dtype == BF and t.shape == x.shape}
+    assert len(copies) == 1
+    sum(o.float().sum() for o in outs).backward()
+    assert all(w.grad is not None for w in ws) and x.grad is not None
+
+    with torch.no_grad(), _autocast(), bf16.rounded_matmuls():
+        y = torch.randn(6, 32, generator=gen)
+        first = F.linear(y, ws[0])
+        y.mul_(2)  # in place: the next projection must not reuse the old rounding
+        assert torch.equal(F.linear(y, ws[0]).float(), (first.float() * 2))
