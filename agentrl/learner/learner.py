@@ -115,9 +115,15 @@ class Learner:
         self.device = self.precision.device
         self.bf16 = self.precision.bf16
         if self.precision.rounded_bf16:
+            why = (
+                "this CPU has no bf16 instructions"
+                if self.lcfg.bf16_matmul == "auto"
+                else "learner.bf16_matmul=rounded"
+            )
             log.info(
-                "learner.bf16_matmul: bf16 matmuls as float32 GEMMs on bf16-rounded operands "
-                "(this CPU has no bf16 instructions; set learner.bf16_matmul=torch for torch's)"
+                "bf16 matmuls as float32 GEMMs on bf16-rounded operands (%s; "
+                "learner.bf16_matmul=torch runs torch's bf16 kernels)",
+                why,
             )
 
         # float32 master weights; bf16 only inside autocast

@@ -191,3 +191,8 @@ def test_projections_of_one_input_keep_one_bf16_copy_of_it() -> None:
         first = F.linear(y, ws[0])
         y.mul_(2)  # in place: the next projection must not reuse the old rounding
         assert torch.equal(F.linear(y, ws[0]).float(), (first.float() * 2))
+
+
+def test_a_product_with_a_non_tensor_operand_fails_as_torch_fails() -> None:
+    with _autocast(), bf16.rounded_matmuls(), pytest.raises(TypeError):
+        torch.matmul(torch.ones(2, 2), [[1.0, 0.0], [0.0, 1.0]])
