@@ -121,9 +121,20 @@ def test_round_in_place_is_the_bf16_cast() -> None:
     assert bf16.round_(t) is t and torch.equal(t, want)
 
 
+@pytest.fixture
+def own_compile_budget():
+    """The compiled log-prob kernels (``fused="auto"``) get a variant per input dtype and
+    per torch-function-mode state; torch caches them per process with a recompile limit,
+    which later tests compiling with ``fused="on"`` need: give the cache back empty."""
+    yield
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("with_entropy", [False, True])
 @pytest.mark.parametrize("fused", ["auto", "off"])
-def test_lm_head_logprobs_match_torch_autocast(with_entropy, fused, monkeypatch) -> None:
+def test_lm_head_logprobs_match_torch_autocast(
+    with_entropy, fused, monkeypatch, own_compile_budget
+) -> None:
     """The fused LM-head function rounds its own matmuls under rounded_matmuls: values and
     gradients as torch's bf16 autocast gives them (two chunks, three vocabulary slices, a
     masked label)."""
