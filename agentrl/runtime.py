@@ -452,10 +452,7 @@ def sharing_blockers(cfg: Config, learner: Any, sampler: Any) -> list[str]:
     else:
         live = getattr(learner, "live_weights", None)
         if not callable(live) or live() is None:
-            out.append(
-                "the learner process keeps its weights apart (on CUDA, with LoRA, or "
-                "sampling in another dtype than the learner's)"
-            )
+            out.append("the learner process keeps its weights apart (on CUDA, or with LoRA)")
         updates = cfg.learner.ppo_epochs * cfg.learner.minibatches
         if staleness != 0 and updates != 1:
             out.append(
@@ -494,7 +491,7 @@ def share_learner_weights(cfg: Config, learner: Any, sampler: Any) -> threading.
             else:
                 weights, lock = learner.live_weights()
                 sampler.share_weights(weights, lock)
-        except ValueError as e:  # another dtype or device (say model.dtype bfloat16)
+        except ValueError as e:  # another dtype or device (say model.dtype float16)
             blockers.append(str(e))
             guard = None
     if blockers:
@@ -506,7 +503,10 @@ def share_learner_weights(cfg: Config, learner: Any, sampler: Any) -> threading.
         log.info("the sampler keeps its own weights: %s", "; ".join(blockers))
         return None
     release_freed_memory()  # the sampler's own copy: not kept resident by the allocator
-    log.info("the sampler computes on the learner's weights (learner.share_weights)")
+    log.info(
+        "the sampler computes on the learner's weights (learner.share_weights), in %s",
+        getattr(sampler, "computes_in", "their dtype"),
+    )
     return guard
 
 

@@ -158,6 +158,8 @@ class _RoundedMatmuls(TorchFunctionMode):
         self._last: tuple[Tensor, int, Tensor] | None = None
 
     def _rounded_input(self, x: Tensor) -> Tensor:
+        if x.is_inference():  # no version counter to tell an in-place change (and no backward)
+            return x.detach().to(BF16)
         last = self._last
         if last is not None and last[0] is x and last[1] == x._version:
             return last[2]
@@ -201,3 +203,14 @@ def rounded_matmuls() -> Iterator[None]:
             yield
     finally:
         _state.depth -= 1
+
+
+@contextlib.contextmanager
+def cpu_autocast(rounded: bool) -> Iterator[None]:
+    """CPU bf16 autocast; its matmuls run as :func:`rounded_matmuls` when `rounded` (a CPU
+    without bf16 instructions), else on torch's bf16 kernels."""
+    with (
+        torch.autocast("cpu", dtype=BF16),
+        rounded_matmuls() if rounded else contextlib.nullcontext(),
+    ):
+        yield

@@ -18,13 +18,14 @@ refreshed after every step and every checkpoint load, and mapped into this proce
 views (tied weights share one slot): shared-memory files, or with the learner on CUDA the
 child's device buffers opened by CUDA IPC handle (``learner.weight_sharing``,
 :mod:`agentrl.weights.shared`), so a GPU sampler copies them without a trip through host
-memory. With the hf sampler in a half type (``model.dtype: bfloat16`` / ``float16``) they
-are kept in that type (:func:`shared_dtype`): half the bytes mapped in each process. With
-LoRA they hold the merged policy. Otherwise, on CPU, the child's parameters *are* the
+memory. With LoRA they hold the merged policy; where they are such a copy and the hf sampler
+computes in a half type (``model.dtype: bfloat16`` / ``float16``) they are kept in that
+type (:func:`shared_dtype`). Otherwise, on CPU, the child's float32 parameters *are* the
 shared buffers (:func:`~agentrl.weights.shared.adopt`): one copy of the weights in the
 child, nothing copied after a step, and an hf sampler may compute on them directly
-(:meth:`LearnerProcess.live_weights`, ``learner.share_weights``), since the child changes
-them only under a :class:`~agentrl.weights.lock.WeightLock`. The views hold version
+(:meth:`LearnerProcess.live_weights`, ``learner.share_weights``; a bf16 one as bf16
+autocast computes over them), since the child changes them only under a
+:class:`~agentrl.weights.lock.WeightLock`. The views hold version
 :attr:`version` until the next :meth:`step` or :meth:`load_checkpoint`; a sampler with a
 copy of its own copies them before the publish returns, which the orchestrator awaits
 before the next step.
@@ -124,7 +125,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
         limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
         learner = load_learner(cfg)
         kind = sharing_kind(cfg.learner.weight_sharing, learner.device)
-        shared = share_weights(learner.sampler_weights(), kind, shared_dtype(cfg))
+        shared = share_weights(learner.sampler_weights(), kind, shared_dtype(cfg, kind))
         lock_path = None
         if kind == "shared_memory" and adopt(learner.model, shared):
             # the parameters live in the shared buffers: one copy of the weights here, and a
@@ -185,10 +186,17 @@ def main() -> None:
 # --- the parent's handle ----------------------------------------------------------------------
 
 
-def shared_dtype(cfg: Any) -> torch.dtype | None:
-    """The dtype the shared weights are kept in: the hf sampler's own when ``model.dtype``
-    names a half type (each process maps half the bytes, and the cast the sampler's copy
-    would make is made once, over there, with the same result); None: the learner's float32."""
+def shared_dtype(cfg: Any, kind: str = "shared_memory") -> torch.dtype | None:
+    """The dtype the shared weights are kept in (None: the learner's float32).
+
+    In shared memory without LoRA the learner's float32 parameters themselves become the
+    shared buffers (:func:`~agentrl.weights.shared.adopt`): one copy of the weights, which a
+    bf16 hf sampler computes on directly (``HFSampler.share_weights``) or casts from at a
+    publish. Otherwise (CUDA IPC, LoRA's merged policy) the buffers are a copy: in the hf
+    sampler's own half type when ``model.dtype`` names one (half the bytes, and the cast the
+    sampler's copy would make is made once, over there, with the same result)."""
+    if kind == "shared_memory" and cfg.model.lora is None:
+        return None
     if cfg.sampler.backend != "hf" or cfg.model.dtype not in ("bfloat16", "float16"):
         return None
     return getattr(torch, cfg.model.dtype)

@@ -35,6 +35,7 @@ small input before it is used; a mismatch keeps transformers' path (logged).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -120,9 +121,15 @@ def unsupported(model: Any) -> str:
 class FastDecoder:
     """One decode step (one new token per row) over the model's weights and a cache whose
     ``layers[i].update(keys, values)`` appends and returns the whole ``[rows, kv_heads,
-    length, head_dim]`` keys/values (:class:`~agentrl.samplers.kv_cache.GrowingCache`)."""
+    length, head_dim]`` keys/values (:class:`~agentrl.samplers.kv_cache.GrowingCache`).
 
-    def __init__(self, model: Any) -> None:
+    `autocast`: the model's float32 weights are computed on as CPU bf16 autocast would (a bf16
+    sampler sharing a learner's float32 masters, ``HFSampler.share_weights``): the compiled
+    step in its rounded form over a bf16 cache, else the Python step under
+    :func:`agentrl.algos.bf16.cpu_autocast` (`rounded_matmuls`: its matmuls rounded, see
+    there)."""
+
+    def __init__(self, model: Any, autocast: bool = False, rounded_matmuls: bool = True) -> None:
         why = unsupported(model)
         if why:
             raise ValueError(f"no compact decode step for this model: {why}")
@@ -131,6 +138,8 @@ class FastDecoder:
         self.rotary = inner.rotary_emb
         self.skinny = True  # the compiled few-row GEMM where it applies (skinny_gemm.py)
         self.one_call = True  # with it, the whole step as one compiled call (compiled())
+        self.autocast = autocast
+        self.rounded_matmuls = rounded_matmuls
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm.weight
         self.eps = float(getattr(inner.norm, "variance_epsilon", config.rms_norm_eps))
@@ -184,9 +193,11 @@ class FastDecoder:
     def compiled(self, rows: int, cache: Any) -> bool:
         """Whether a step of `rows` rows over `cache` runs as one compiled call
         (:func:`agentrl.samplers.skinny_gemm.decode_step`): float32 weights on CPU, 1-32
-        rows, a :class:`~agentrl.samplers.kv_cache.GrowingCache` that holds keys, the
-        kernel built, and :attr:`skinny` and :attr:`one_call` on."""
+        rows, a :class:`~agentrl.samplers.kv_cache.GrowingCache` that holds keys (in bf16
+        under :attr:`autocast`, else float32), the kernel built, and :attr:`skinny` and
+        :attr:`one_call` on."""
         layers = getattr(cache, "layers", ())
+        kv_dtype = torch.bfloat16 if self.autocast else torch.float32
         return (
             self.skinny
             and self.one_call
@@ -197,6 +208,7 @@ class FastDecoder:
                 isinstance(layer, GrowingLayer)
                 and isinstance(layer.keys, Tensor)
                 and layer.keys.dim() == 4
+                and layer.keys.dtype == layer.values.dtype == kv_dtype
                 for layer in layers
             )
             and skinny_gemm.available()
@@ -207,8 +219,16 @@ class FastDecoder:
         """Logits ``[rows, vocab]`` of the next token after `ids` ``[rows]`` at `positions`
         ``[rows]``; their keys/values are appended to `cache`. `pads`: each row's count of
         left-padding columns in the cache, which attention skips."""
+        if self.autocast and not self.compiled(ids.shape[0], cache):
+            from agentrl.algos.bf16 import cpu_autocast
+
+            with cpu_autocast(self.rounded_matmuls):
+                return self._step(ids, positions, cache, pads)
+        return self._step(ids, positions, cache, pads)
+
+    def _step(self, ids: Tensor, positions: Tensor, cache: Any, pads: list[int]) -> Tensor:
         rows = ids.shape[0]
-        skinny = self.skinny
+        skinny = self.skinny and not self.autocast  # the compiled GEMM knows no autocast
 
         def lin(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             return linear(x, weight, bias, skinny)
@@ -234,6 +254,7 @@ class FastDecoder:
                 self.norm,
                 self.eps,
                 self.head,
+                rounded=self.autocast,
             )
             for layer in cache.layers:
                 layer.advance(1)
@@ -254,21 +275,18 @@ class FastDecoder:
             k = _rotate(lin(x, wk, bk).reshape(rows, kv_heads, dim), cos, sin)
             v = lin(x, wv, bv).reshape(rows, kv_heads, dim)
             keys, values = cache.layers[i].update(k.unsqueeze(2), v.unsqueeze(2))
-            length = keys.shape[-2]
-            # [rows*kv, L, D] @ [rows*kv, D, group]: the query heads of a kv head at once
-            scores = torch.bmm(
-                keys.reshape(rows * kv_heads, length, dim),
-                q.reshape(rows * kv_heads, group, dim).transpose(1, 2),
-            )
-            scores = scores.view(rows, kv_heads, length, group).transpose(-1, -2).float()
-            scores.mul_(scale)
-            if mask is not None:
-                scores.masked_fill_(mask, float("-inf"))
-            probs = torch.softmax(scores, dim=-1).to(values.dtype)
-            out = torch.bmm(
-                probs.reshape(rows * kv_heads, group, length),
-                values.reshape(rows * kv_heads, length, dim),
-            )
+            if self.autocast:  # as bf16 SDPA: bf16 q/k/v, float32 scores and softmax
+                with torch.autocast("cpu", enabled=False):
+                    out = _attend(
+                        q.to(torch.bfloat16).float(),
+                        keys.float(),
+                        values.float(),
+                        scale,
+                        mask,
+                        group,
+                    ).to(torch.bfloat16)
+            else:
+                out = _attend(q, keys, values, scale, mask, group)
             h = h + lin(out.reshape(rows, heads * dim), wo, bo)
             x = _rms_norm(h, ln2, eps2)
             gate = torch.nn.functional.silu(lin(x, wg))
@@ -276,21 +294,47 @@ class FastDecoder:
         return lin(_rms_norm(h, self.norm, self.eps), self.head).contiguous()
 
 
-def fast_decoder(model: Any, new_cache: Any) -> FastDecoder | None:
+def _attend(
+    q: Tensor, keys: Tensor, values: Tensor, scale: float, mask: Tensor | None, group: int
+) -> Tensor:
+    """One query position's attention: `q` ``[rows, heads, dim]`` over `keys` / `values`
+    ``[rows, kv_heads, length, dim]`` (`mask` True at padding), ``[rows*kv_heads, group,
+    dim]`` out."""
+    rows, kv_heads, length, dim = keys.shape
+    # [rows*kv, L, D] @ [rows*kv, D, group]: the query heads of a kv head at once
+    scores = torch.bmm(
+        keys.reshape(rows * kv_heads, length, dim),
+        q.reshape(rows * kv_heads, group, dim).transpose(1, 2),
+    )
+    scores = scores.view(rows, kv_heads, length, group).transpose(-1, -2).float()
+    scores.mul_(scale)
+    if mask is not None:
+        scores.masked_fill_(mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.bmm(
+        probs.reshape(rows * kv_heads, group, length),
+        values.reshape(rows * kv_heads, length, dim),
+    )
+
+
+def fast_decoder(
+    model: Any, new_cache: Any, autocast: bool = False, rounded_matmuls: bool = True
+) -> FastDecoder | None:
     """A checked :class:`FastDecoder` for `model`, or None (unsupported architecture, or its
     step does not reproduce the model's own forward; both logged). `new_cache` makes an
-    empty cache of the kind the sampler uses."""
+    empty cache of the kind the sampler uses; `autocast` / `rounded_matmuls`: see
+    :class:`FastDecoder` (the model's forward it is checked against runs the same way)."""
     why = unsupported(model)
     if why:
         log.info("compact decode step not used: %s", why)
         return None
     try:
-        decoder = FastDecoder(model)
+        decoder = FastDecoder(model, autocast, rounded_matmuls)
         gap = _check(model, decoder, new_cache)
     except Exception as e:  # an unexpected module layout: keep transformers' path
         log.warning("compact decode step not used (%s: %s)", type(e).__name__, e)
         return None
-    tolerance = 1e-3 if decoder.head.dtype == torch.float32 else 0.25
+    tolerance = 1e-3 if decoder.head.dtype == torch.float32 and not autocast else 0.25
     if not gap <= tolerance:
         log.warning("compact decode step not used: its logits differ from the model's by %.3g", gap)
         return None
@@ -311,14 +355,24 @@ def _check(model: Any, decoder: FastDecoder, new_cache: Any) -> float:
     mask[1, :2] = 0  # row 1: two columns of left padding
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = new_cache()
-    model(
-        input_ids=ids[:, :-1],
-        attention_mask=mask[:, :-1],
-        position_ids=positions[:, :-1],
-        use_cache=True,
-        **cache_kwargs(model, cache),
-    )
+
+    def forward() -> contextlib.AbstractContextManager[Any]:
+        if not decoder.autocast:
+            return contextlib.nullcontext()
+        from agentrl.algos.bf16 import cpu_autocast
+
+        return cpu_autocast(decoder.rounded_matmuls)
+
+    with forward():
+        model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            use_cache=True,
+            **cache_kwargs(model, cache),
+        )
     fast = decoder.step(ids[:, -1], positions[:, -1], cache, pads=[0, 2])
-    full = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+    with forward():
+        full = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
     scale = max(1.0, float(full.float().abs().max()))
     return float((fast.float() - full.float()).abs().max()) / scale

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import threading
 import time
 from collections import deque
@@ -58,6 +60,8 @@ from agentrl.samplers.kv_cache import GrowingCache
 from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry
 from agentrl.samplers.sampling import sample_next
 from agentrl.weights.spec import WeightSpec
+
+log = logging.getLogger(__name__)
 
 
 def _dynamic_cache() -> Any:
@@ -171,8 +175,13 @@ class HFSampler(Sampler):
                 )
             on_update = "drain"
         self.on_update = on_update
+        self._kv_cache = kv_cache
         self._new_cache = KV_CACHES[kv_cache]
         self._model = model.eval()
+        # computing in bf16 over float32 weights (a bf16 sampler sharing a learner's float32
+        # masters, see share_weights) as CPU bf16 autocast does; its matmuls rounded where
+        # the CPU has no bf16 instructions (agentrl.algos.bf16)
+        self._autocast = False
         self._tokenizer = tokenizer
         self._device = next(model.parameters()).device
         if decode_attention and self._device.type == "cpu":
@@ -327,18 +336,30 @@ class HFSampler(Sampler):
         weights. A guard with a ``version`` (the lock of weights another process updates in
         place) is read there: the sampler takes that version at once, before the publish.
         A weight update whose tensors are these same tensors then copies nothing (only the
-        version moves); one with other tensors is copied in as usual. Raises ValueError
-        (nothing changed) when a name, shape, dtype or device differs, while requests are
-        in flight, or for a versioned guard unless ``on_update`` is ``keep``."""
+        version moves); one with other tensors is copied in as usual.
+
+        A bf16 sampler on CPU takes float32 weights (a learner's masters under bf16
+        autocast): it then computes as CPU bf16 autocast does over them (matmul operands
+        rounded to bf16, float32 accumulation, bf16 results, a bf16 KV cache; see
+        :mod:`agentrl.algos.bf16`), its own bf16 copy freed. Raises ValueError (nothing
+        changed) when a name or shape differs, a dtype or device differs otherwise, while
+        requests are in flight, or for a versioned guard unless ``on_update`` is ``keep``."""
         params = dict(self._model.named_parameters(remove_duplicate=False))
+        autocast = False
         for name, target in params.items():
             source = state.get(name)
             if source is None:
                 raise ValueError(f"cannot share weights: {name} is missing")
-            if (source.shape, source.dtype, source.device) != (
-                target.shape,
-                target.dtype,
-                target.device,
+            widened = (
+                source.dtype == torch.float32
+                and target.dtype == torch.bfloat16
+                and source.device.type == target.device.type == "cpu"
+            )
+            autocast = autocast or widened
+            if (
+                source.shape != target.shape
+                or source.device != target.device
+                or (source.dtype != target.dtype and not widened)
             ):
                 raise ValueError(
                     f"cannot share weights: {name} is {tuple(source.shape)} {source.dtype} on "
@@ -362,13 +383,50 @@ class HFSampler(Sampler):
                 )
             self._guard = guard
             self._prefix.clear()
-            if self._fast is not None:  # it holds the tensors it was built over
-                self._fast = FastDecoder(self._model)
+            if autocast and not self._autocast:
+                self._start_autocast()
+            elif self._fast is not None:  # it holds the tensors it was built over
+                self._fast = FastDecoder(self._model, self._autocast)
+
+    def _start_autocast(self) -> None:
+        """Compute in bf16 autocast over the float32 weights just shared: float32 rotary
+        frequencies (as the learner's model has them), a bf16 KV cache, the compact decode
+        step in its autocast form (checked against the model's autocast forward)."""
+        from agentrl.models import cpu_supports_bf16
+
+        self._autocast = True
+        for module in self._model.modules():
+            if isinstance(getattr(module, "inv_freq", None), torch.Tensor):
+                _float32_rope(module)
+        if self._kv_cache == "growing":
+            self._new_cache = functools.partial(GrowingCache, torch.bfloat16)
+        if self._fast is not None:
+            self._fast = fast_decoder(
+                self._model, self._new_cache, autocast=True, rounded_matmuls=not cpu_supports_bf16()
+            )
 
     @property
     def shares_weights(self) -> bool:
         """Whether this sampler computes with another component's weight tensors."""
         return self._guard is not None
+
+    @property
+    def computes_in(self) -> str:
+        """How the forward passes compute: the weights' dtype, or ``bfloat16 autocast over
+        float32 weights`` (a bf16 sampler sharing float32 weights)."""
+        if self._autocast:
+            return "bfloat16 autocast over float32 weights"
+        return str(next(self._model.parameters()).dtype).removeprefix("torch.")
+
+    def _compute(self) -> contextlib.AbstractContextManager[Any]:
+        """The context of a forward pass through the model: bf16 autocast when sharing
+        float32 weights as a bf16 sampler, else nothing."""
+        if not self._autocast:
+            return contextlib.nullcontext()
+        from agentrl.algos.bf16 import cpu_autocast
+        from agentrl.models import cpu_supports_bf16
+
+        return cpu_autocast(rounded=not cpu_supports_bf16())
 
     # --- input checks ---------------------------------------------------------------
 
@@ -650,7 +708,7 @@ class HFSampler(Sampler):
         cache = self._new_cache()
         if past:
             self._seed_cache(cache, plans, pads, past)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._compute():
             out = self._model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -721,7 +779,7 @@ class HFSampler(Sampler):
             logits = self._fast.step(ids, positions, self._cache, self._pads)
         else:
             mask = _mask(self._pads, self._cache_len + 1, self._device) if any(self._pads) else None
-            with torch.inference_mode():
+            with torch.inference_mode(), self._compute():
                 out = self._model(
                     input_ids=ids.unsqueeze(-1),
                     attention_mask=mask,
@@ -816,6 +874,29 @@ class HFSampler(Sampler):
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def _float32_rope(rotary: Any) -> None:
+    """Recompute a rotary module's frequencies in float32 (a model loaded in bf16 holds them
+    rounded; the learner's float32 model, whose bf16 autocast the sampler then mirrors, has
+    them exact). Left as they are where the module has no known initialiser."""
+    config, kind = getattr(rotary, "config", None), getattr(rotary, "rope_type", None)
+    try:
+        if kind == "default" and hasattr(rotary, "compute_default_rope_parameters"):
+            inv_freq, _ = rotary.compute_default_rope_parameters(config)
+        else:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, _ = ROPE_INIT_FUNCTIONS[kind](config, rotary.inv_freq.device)
+    except Exception as e:  # an unknown rotary module: its frequencies stay
+        log.warning(
+            "rotary frequencies kept in %s (%s: %s)", rotary.inv_freq.dtype, type(e).__name__, e
+        )
+        return
+    inv_freq = inv_freq.to(device=rotary.inv_freq.device, dtype=torch.float32)
+    rotary.inv_freq = inv_freq
+    if hasattr(rotary, "original_inv_freq"):
+        rotary.original_inv_freq = inv_freq.clone()
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

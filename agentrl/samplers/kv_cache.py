@@ -16,6 +16,7 @@ copied into a fresh buffer at the next append.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -25,10 +26,19 @@ HEADROOM = 64  # spare positions a buffer gets when it is (re)allocated
 
 
 class GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose appends write into a preallocated buffer."""
+    """A ``DynamicLayer`` whose appends write into a preallocated buffer; with a `dtype`, the
+    buffers hold keys/values cast to it (a bf16 cache of a model computing under bf16
+    autocast, whose keys come out of RoPE in float32 and whose attention takes them in bf16)."""
+
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.dtype = dtype
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
+        if self.dtype is not None:
+            self.keys = self.keys.to(self.dtype)
+            self.values = self.values.to(self.dtype)
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
 
@@ -49,8 +59,8 @@ class GrowingLayer(DynamicLayer):
         keys/values copied into their first `length`."""
         b, h, _, d = like_k.shape
         shape = (b, h, length + n + HEADROOM, d)
-        kbuf = like_k.new_empty(shape)
-        vbuf = like_v.new_empty((*shape[:3], like_v.shape[-1]))
+        kbuf = like_k.new_empty(shape, dtype=self.dtype or like_k.dtype)
+        vbuf = like_v.new_empty((*shape[:3], like_v.shape[-1]), dtype=self.dtype or like_v.dtype)
         if length:
             kbuf[:, :, :length] = self.keys
             vbuf[:, :, :length] = self.values
@@ -94,7 +104,8 @@ class GrowingLayer(DynamicLayer):
 
 
 class GrowingCache(Cache):
-    """A cache of :class:`GrowingLayer` s, created as the model first writes each layer."""
+    """A cache of :class:`GrowingLayer` s (in `dtype`, when given), created as the model
+    first writes each layer."""
 
-    def __init__(self) -> None:
-        super().__init__(layer_class_to_replicate=GrowingLayer)
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        super().__init__(layer_class_to_replicate=functools.partial(GrowingLayer, dtype))

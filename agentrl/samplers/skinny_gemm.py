@@ -53,11 +53,61 @@ _SOURCE = r"""
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <cstdint>
+#include <cstring>
 #include <vector>
+
+// bf16 (ties to even, as torch's cast), kept in a float32: the upper 16 bits of the value
+static inline __m256 bf16r(__m256 x) {
+  const __m256i b = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_and_si256(
+      _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))),
+      _mm256_set1_epi32((int)0xFFFF0000u));
+  // a NaN stays a NaN (the rounding could carry its payload into the exponent)
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan);
+}
+
+static inline float bf16r(float x) {
+  if (std::isnan(x)) return x;
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  b = (b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+// a float32 holding a bf16 value <-> its bf16 bits
+static inline uint16_t bf16_bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return (uint16_t)(b >> 16);
+}
+
+static inline float bf16_float(uint16_t h) {
+  const uint32_t b = (uint32_t)h << 16;
+  float x;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+static inline __m256 load8_bf16(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128((const __m128i*)p);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// n floats of x rounded to bf16 in place
+static inline void round_bf16(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, bf16r(_mm256_loadu_ps(x + i)));
+  for (; i < n; ++i) x[i] = bf16r(x[i]);
+}
 
 // out[o, c] = sum_k w[o, k] * xt[k, c] for NV * 8 columns c, output rows [o0, o1).
 // ROWMAJOR: out[c, o] instead (an [R, O] result), for the columns c < R only.
-template <int NV, bool ROWMAJOR>
+// ROUND: each weight is rounded to bf16 as it is loaded (the float32 weight is not changed).
+template <int NV, bool ROWMAJOR, bool ROUND>
 static void block(const float* w, const float* xt, float* out, int64_t K, int64_t o0, int64_t o1,
                   int64_t R, int64_t O) {
   constexpr int NC = 8 * NV;   // columns (padded rows of x)
@@ -77,11 +127,26 @@ static void block(const float* w, const float* xt, float* out, int64_t K, int64_
     for (int i = 0; i < OB; ++i)
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm256_setzero_ps();
     const float* wr = w + o * K;
-    for (int64_t k = 0; k < K; ++k) {
+    int64_t k = 0;
+    if (ROUND) {  // 8 weights of each output row rounded at a time, then broadcast
+      alignas(32) float wt[OB][8];
+      for (; k + 8 <= K; k += 8) {
+        for (int i = 0; i < OB; ++i) _mm256_store_ps(wt[i], bf16r(_mm256_loadu_ps(wr + i * K + k)));
+        for (int kk = 0; kk < 8; ++kk) {
+          __m256 xv[NV];
+          for (int j = 0; j < NV; ++j) xv[j] = _mm256_loadu_ps(xt + (k + kk) * NC + 8 * j);
+          for (int i = 0; i < OB; ++i) {
+            const __m256 wb = _mm256_broadcast_ss(&wt[i][kk]);
+            for (int j = 0; j < NV; ++j) acc[i][j] = _mm256_fmadd_ps(wb, xv[j], acc[i][j]);
+          }
+        }
+      }
+    }
+    for (; k < K; ++k) {
       __m256 xv[NV];
       for (int j = 0; j < NV; ++j) xv[j] = _mm256_loadu_ps(xt + k * NC + 8 * j);
       for (int i = 0; i < OB; ++i) {
-        const __m256 wb = _mm256_broadcast_ss(wr + i * K + k);
+        const __m256 wb = ROUND ? _mm256_set1_ps(bf16r(wr[i * K + k])) : _mm256_broadcast_ss(wr + i * K + k);
         for (int j = 0; j < NV; ++j) acc[i][j] = _mm256_fmadd_ps(wb, xv[j], acc[i][j]);
       }
     }
@@ -93,7 +158,7 @@ static void block(const float* w, const float* xt, float* out, int64_t K, int64_
     for (int j = 0; j < NV; ++j) acc[j] = _mm256_setzero_ps();
     const float* wr = w + o * K;
     for (int64_t k = 0; k < K; ++k) {
-      const __m256 wb = _mm256_broadcast_ss(wr + k);
+      const __m256 wb = ROUND ? _mm256_set1_ps(bf16r(wr[k])) : _mm256_broadcast_ss(wr + k);
       for (int j = 0; j < NV; ++j)
         acc[j] = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xt + k * NC + 8 * j), acc[j]);
     }
@@ -108,7 +173,7 @@ struct Seg {
   int64_t rows;
 };
 
-template <int NV, bool ROWMAJOR>
+template <int NV, bool ROWMAJOR, bool ROUND>
 static void gemm_nv(const std::vector<Seg>& segs, const float* xt, int64_t K, int64_t R) {
   int64_t total = 0;
   for (const Seg& s : segs) total += s.rows;
@@ -117,17 +182,17 @@ static void gemm_nv(const std::vector<Seg>& segs, const float* xt, int64_t K, in
     int64_t base = 0;
     for (const Seg& s : segs) {
       const int64_t s0 = std::max(b, base), s1 = std::min(e, base + s.rows);
-      if (s0 < s1) block<NV, ROWMAJOR>(s.w, xt, s.out, K, s0 - base, s1 - base, R, s.rows);
+      if (s0 < s1) block<NV, ROWMAJOR, ROUND>(s.w, xt, s.out, K, s0 - base, s1 - base, R, s.rows);
       base += s.rows;
     }
   });
 }
 
-template <bool ROWMAJOR = false>
+template <bool ROWMAJOR = false, bool ROUND = false>
 static void gemm(const std::vector<Seg>& segs, const float* xt, int64_t K, int64_t R, int NV) {
-  if (NV == 1) gemm_nv<1, ROWMAJOR>(segs, xt, K, R);
-  else if (NV == 2) gemm_nv<2, ROWMAJOR>(segs, xt, K, R);
-  else gemm_nv<4, ROWMAJOR>(segs, xt, K, R);
+  if (NV == 1) gemm_nv<1, ROWMAJOR, ROUND>(segs, xt, K, R);
+  else if (NV == 2) gemm_nv<2, ROWMAJOR, ROUND>(segs, xt, K, R);
+  else gemm_nv<4, ROWMAJOR, ROUND>(segs, xt, K, R);
 }
 
 static int columns_nv(int64_t R) { return R <= 8 ? 1 : (R <= 16 ? 2 : 4); }
@@ -180,6 +245,28 @@ static inline void axpy(float* acc, float p, const float* v, int64_t n) {
   for (; d < n; ++d) acc[d] += p * v[d];
 }
 
+// the same two over bf16 keys/values (a rounded step's cache)
+static inline float dot(const float* a, const uint16_t* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), load8_bf16(b + d), s0);
+  float s = hsum8(s0);
+  for (; d < n; ++d) s += a[d] * bf16_float(b[d]);
+  return s;
+}
+
+static inline void axpy(float* acc, float p, const uint16_t* v, int64_t n) {
+  const __m256 pv = _mm256_set1_ps(p);
+  int64_t d = 0;
+  for (; d + 8 <= n; d += 8)
+    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(pv, load8_bf16(v + d), _mm256_loadu_ps(acc + d)));
+  for (; d < n; ++d) acc[d] += p * bf16_float(v[d]);
+}
+
+// a key/value element as the cache holds it: float32, or bf16 bits (rounded)
+static inline float to_kv(float x, float*) { return x; }
+static inline uint16_t to_kv(float x, uint16_t*) { return bf16_bits(bf16r(x)); }
+
 // x [R, K] float32 (R <= 32), w [O, K] float32 contiguous -> [O, C] with C = R rounded up
 // to 8, 16 or 32; columns >= R are zero.
 torch::Tensor skinny_mm(torch::Tensor x, torch::Tensor w) {
@@ -218,7 +305,8 @@ static void check_weight(const torch::Tensor& t, int64_t rows, int64_t cols, con
               "decode_step: ", what, " has shape ", t.sizes());
 }
 
-// One decode step of a Llama-family model for R <= 32 rows, float32: the layers (RMSNorm,
+// One decode step of a Llama-family model for R <= 32 rows, float32 (ROUND: as CPU bf16
+// autocast computes it over float32 weights, see decode_step below): the layers (RMSNorm,
 // q/k/v with optional biases, RoPE from the given cos/sin, grouped-query attention over the
 // cache plus this step, o with optional bias, SiLU-gated MLP), the final norm and the head.
 // The hidden state stays transposed ([H, C], the GEMMs' input layout) between the layers.
@@ -226,13 +314,13 @@ static void check_weight(const torch::Tensor& t, int64_t rows, int64_t cols, con
 // no elements is none); f: 3 a layer (eps1, eps2, attention scale). kbuf/vbuf [R, kv_heads,
 // capacity, D] (last dimension contiguous) get this step's keys/values at lengths[i]; pads:
 // each row's leading cache columns that attention skips. Returns the logits [R, vocab].
-torch::Tensor decode_step(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
-                          std::vector<int64_t> pads, std::vector<torch::Tensor> w,
-                          std::vector<double> f, std::vector<torch::Tensor> kbufs,
-                          std::vector<torch::Tensor> vbufs, std::vector<int64_t> lengths,
-                          int64_t heads, int64_t kv_heads, int64_t D, torch::Tensor norm,
-                          double norm_eps, torch::Tensor head) {
-  pybind11::gil_scoped_release no_gil;  // the event loop and other threads run meanwhile
+template <bool ROUND, typename KV>
+static torch::Tensor decode_impl(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
+                                 std::vector<int64_t> pads, std::vector<torch::Tensor> w,
+                                 std::vector<double> f, std::vector<torch::Tensor> kbufs,
+                                 std::vector<torch::Tensor> vbufs, std::vector<int64_t> lengths,
+                                 int64_t heads, int64_t kv_heads, int64_t D, torch::Tensor norm,
+                                 double norm_eps, torch::Tensor head) {
   const int64_t R = h.size(0), H = h.size(1), layers = (int64_t)kbufs.size();
   TORCH_CHECK(R >= 1 && R <= 32, "decode_step: 1..32 rows");
   TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2, "decode_step: h float32 [R, H]");
@@ -264,17 +352,28 @@ torch::Tensor decode_step(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
     for (int64_t c = 0; c < R; ++c)
       for (int64_t j = 0; j < H; ++j) ht[j * C + c] = hp[c * H + j];
   }
-  // out[j, c] (+ bias[j]) added to the hidden state, columns c < R
-  auto residual = [&](const float* out, const torch::Tensor& bias) {
-    const float* b = bias.numel() ? bias.data_ptr<float>() : nullptr;
-    for (int64_t j = 0; j < H; ++j)
-      for (int64_t c = 0; c < R; ++c) ht[j * C + c] += b ? out[j * C + c] + b[j] : out[j * C + c];
-  };
+  // a GEMM's output rows [rows, C] plus the bias, if any; ROUND: the bias rounded to bf16
+  // and the sum too (autocast's bf16 linear: one float32 accumulation, one rounding)
   auto add_bias = [&](float* out, const torch::Tensor& bias, int64_t rows) {
-    if (!bias.numel()) return;
-    const float* b = bias.data_ptr<float>();
-    for (int64_t j = 0; j < rows; ++j)
-      for (int64_t c = 0; c < R; ++c) out[j * C + c] += b[j];
+    if (bias.numel()) {
+      const float* b = bias.data_ptr<float>();
+      for (int64_t j = 0; j < rows; ++j) {
+        const float bj = ROUND ? bf16r(b[j]) : b[j];
+        for (int64_t c = 0; c < R; ++c) out[j * C + c] += bj;
+      }
+    }
+    if (ROUND) round_bf16(out, rows * C);
+  };
+  // out[j, c] (+ bias[j]) added to the hidden state (float32, as autocast keeps it), c < R
+  auto residual = [&](float* out, const torch::Tensor& bias) {
+    add_bias(out, bias, H);
+    for (int64_t j = 0; j < H; ++j)
+      for (int64_t c = 0; c < R; ++c) ht[j * C + c] += out[j * C + c];
+  };
+  // the normed hidden state as a GEMM input: ROUND rounds it to bf16
+  auto norm_in = [&](const float* weight, float eps) {
+    rms_norm_t(ht, weight, eps, xt, H, C, R);
+    if (ROUND) round_bf16(xt, H * C);
   };
   // RoPE on heads [nh] of x [nh * D, C]: x*cos + rotate_half(x)*sin, per row c
   auto rope = [&](float* x, int64_t nh) {
@@ -305,7 +404,7 @@ torch::Tensor decode_step(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
     const torch::Tensor &kb_ = kbufs[i], &vb_ = vbufs[i];
     const int64_t L = lengths[i] + 1;  // after this step's append
     for (const torch::Tensor* t : {&kb_, &vb_})
-      TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 4 && t->size(0) == R &&
+      TORCH_CHECK(t->scalar_type() == (ROUND ? at::kBFloat16 : at::kFloat) && t->dim() == 4 && t->size(0) == R &&
                       t->size(1) == kv_heads && t->size(3) == D && t->stride(3) == 1 &&
                       lengths[i] >= 0 && L <= t->size(2),
                   "decode_step: cache buffer of layer ", i, " has shape ", t->sizes(),
@@ -314,30 +413,31 @@ torch::Tensor decode_step(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
       TORCH_CHECK(pads[c] >= 0 && pads[c] < L, "decode_step: pad count ", pads[c], " of row ", c);
 
     // attention
-    rms_norm_t(ht, lw[0].data_ptr<float>(), eps1, xt, H, C, R);
+    norm_in(lw[0].data_ptr<float>(), eps1);
     float *q = qkv, *k = qkv + QO * C, *v = qkv + (QO + KO) * C;
-    gemm({{lw[1].data_ptr<float>(), q, QO}, {lw[3].data_ptr<float>(), k, KO},
-          {lw[5].data_ptr<float>(), v, KO}}, xt, H, R, NV);
+    gemm<false, ROUND>({{lw[1].data_ptr<float>(), q, QO}, {lw[3].data_ptr<float>(), k, KO},
+                        {lw[5].data_ptr<float>(), v, KO}}, xt, H, R, NV);
     add_bias(q, lw[2], QO);
     add_bias(k, lw[4], KO);
     add_bias(v, lw[6], KO);
-    rope(q, heads);
+    rope(q, heads);  // in float32 on the bf16 q/k, as autocast's float32 cos/sin promote them
     rope(k, kv_heads);
-    float *kb = kb_.data_ptr<float>(), *vb = vb_.data_ptr<float>();
+    if (ROUND) round_bf16(q, QO * C);  // the bf16 query attention takes (keys: as stored)
+    KV *kb = (KV*)kb_.data_ptr(), *vb = (KV*)vb_.data_ptr();
     const int64_t k0 = kb_.stride(0), k1 = kb_.stride(1), k2 = kb_.stride(2);
     const int64_t v0 = vb_.stride(0), v1 = vb_.stride(1), v2 = vb_.stride(2);
     for (int64_t c = 0; c < R; ++c)
       for (int64_t g = 0; g < kv_heads; ++g)
         for (int64_t d = 0; d < D; ++d) {
-          kb[c * k0 + g * k1 + lengths[i] * k2 + d] = k[(g * D + d) * C + c];
-          vb[c * v0 + g * v1 + lengths[i] * v2 + d] = v[(g * D + d) * C + c];
+          kb[c * k0 + g * k1 + lengths[i] * k2 + d] = to_kv(k[(g * D + d) * C + c], kb);
+          vb[c * v0 + g * v1 + lengths[i] * v2 + d] = to_kv(v[(g * D + d) * C + c], vb);
         }
     at::parallel_for(0, R * kv_heads, 1, [&](int64_t b, int64_t e) {
       std::vector<float> score(L), qv(D), acc(D);
       for (int64_t idx = b; idx < e; ++idx) {
         const int64_t c = idx / kv_heads, g = idx % kv_heads, pad = pads[c];
-        const float* kr = kb + c * k0 + g * k1;
-        const float* vr = vb + c * v0 + g * v1;
+        const KV* kr = kb + c * k0 + g * k1;
+        const KV* vr = vb + c * v0 + g * v1;
         for (int64_t m = 0; m < group; ++m) {
           const int64_t hd = g * group + m;
           for (int64_t d = 0; d < D; ++d) qv[d] = q[(hd * D + d) * C + c];
@@ -356,34 +456,56 @@ torch::Tensor decode_step(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
           for (; l < L; ++l) sum += (score[l] = std::exp(score[l] - top));
           std::fill(acc.begin(), acc.end(), 0.f);
           for (l = pad; l < L; ++l) axpy(acc.data(), score[l] / sum, vr + l * v2, D);
-          for (int64_t d = 0; d < D; ++d) att[(hd * D + d) * C + c] = acc[d];
+          for (int64_t d = 0; d < D; ++d) att[(hd * D + d) * C + c] = ROUND ? bf16r(acc[d]) : acc[d];
         }
       }
     });
-    gemm({{lw[7].data_ptr<float>(), ob, H}}, att, QO, R, NV);
+    gemm<false, ROUND>({{lw[7].data_ptr<float>(), ob, H}}, att, QO, R, NV);
     residual(ob, lw[8]);
 
     // MLP
-    rms_norm_t(ht, lw[9].data_ptr<float>(), eps2, xt, H, C, R);
-    gemm({{lw[10].data_ptr<float>(), gu, I}, {lw[11].data_ptr<float>(), gu + I * C, I}}, xt, H,
-         R, NV);
+    norm_in(lw[9].data_ptr<float>(), eps2);
+    gemm<false, ROUND>({{lw[10].data_ptr<float>(), gu, I}, {lw[11].data_ptr<float>(), gu + I * C, I}},
+                       xt, H, R, NV);
+    if (ROUND) round_bf16(gu, 2 * I * C);
     for (int64_t j = 0; j < I * C; j += 8) {  // silu(gate) * up; C is a multiple of 8
       const __m256 g = _mm256_loadu_ps(gu + j);
       const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-      const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-      _mm256_storeu_ps(gu + j, _mm256_mul_ps(silu, _mm256_loadu_ps(gu + I * C + j)));
+      __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+      if (ROUND) silu = bf16r(silu);  // bf16 silu, then a bf16 product
+      const __m256 prod = _mm256_mul_ps(silu, _mm256_loadu_ps(gu + I * C + j));
+      _mm256_storeu_ps(gu + j, ROUND ? bf16r(prod) : prod);
     }
-    gemm({{lw[12].data_ptr<float>(), ob, H}}, gu, I, R, NV);
+    gemm<false, ROUND>({{lw[12].data_ptr<float>(), ob, H}}, gu, I, R, NV);
     residual(ob, torch::Tensor());
   }
   check_weight(norm, H, 0, "the final norm");
   TORCH_CHECK(head.dim() == 2, "decode_step: head [vocab, H]");
   check_weight(head, head.size(0), H, "the head");
-  rms_norm_t(ht, norm.data_ptr<float>(), norm_eps, xt, H, C, R);
+  norm_in(norm.data_ptr<float>(), (float)norm_eps);
   const int64_t V = head.size(0);
   auto logits = torch::empty({R, V}, opts);
-  gemm<true>({{head.data_ptr<float>(), logits.data_ptr<float>(), V}}, xt, H, R, NV);
+  gemm<true, ROUND>({{head.data_ptr<float>(), logits.data_ptr<float>(), V}}, xt, H, R, NV);
+  if (ROUND) round_bf16(logits.data_ptr<float>(), R * V);
   return logits;
+}
+
+// rounded: the step as CPU bf16 autocast computes it over these float32 weights (every GEMM
+// on bf16-rounded operands with float32 accumulation and a bf16 result, bf16 keys/values in
+// bf16 cache buffers, attention and SiLU results in bf16, the residual stream and the norms
+// in float32), with each weight rounded as it is loaded: no bf16 copy of the weights.
+torch::Tensor decode_step(torch::Tensor h, torch::Tensor cos, torch::Tensor sin,
+                          std::vector<int64_t> pads, std::vector<torch::Tensor> w,
+                          std::vector<double> f, std::vector<torch::Tensor> kbufs,
+                          std::vector<torch::Tensor> vbufs, std::vector<int64_t> lengths,
+                          int64_t heads, int64_t kv_heads, int64_t D, torch::Tensor norm,
+                          double norm_eps, torch::Tensor head, bool rounded) {
+  pybind11::gil_scoped_release no_gil;  // the event loop and other threads run meanwhile
+  if (rounded)
+    return decode_impl<true, uint16_t>(h, cos, sin, pads, w, f, kbufs, vbufs, lengths, heads,
+                                       kv_heads, D, norm, norm_eps, head);
+  return decode_impl<false, float>(h, cos, sin, pads, w, f, kbufs, vbufs, lengths, heads,
+                                   kv_heads, D, norm, norm_eps, head);
 }
 """
 
@@ -477,6 +599,7 @@ def decode_step(
     norm: Tensor,
     eps: float,
     head: Tensor,
+    rounded: bool = False,
 ) -> Tensor:
     """The logits ``[rows, vocab]`` of one decode step of a Llama-family model in one
     compiled call (:class:`agentrl.samplers.fast_decode.FastDecoder` prepares the arguments):
@@ -484,6 +607,9 @@ def decode_step(
     `pads` each row's left-padding columns, `tensors`/`scalars` 13 tensors and 3 floats a
     layer, `room` each layer's ``(key buffer, value buffer, length)`` (the step's keys and
     values are written at `length`), then the final norm's weight and epsilon and the head.
+    `rounded`: the step as CPU bf16 autocast computes it over these float32 weights (GEMMs
+    on bf16-rounded operands, each weight rounded as it is loaded, float32 accumulation,
+    bf16 results; the cache buffers in bf16; the residual stream and norms in float32).
     :func:`available` must be True."""
     rows = h.shape[0]
     return _module.decode_step(
@@ -502,4 +628,5 @@ def decode_step(
         norm,
         float(eps),
         head,
+        bool(rounded),
     )

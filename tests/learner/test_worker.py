@@ -195,22 +195,38 @@ def test_the_child_exits_when_its_parent_dies(tmp_path) -> None:
     assert not alive(child)
 
 
-def test_shared_weights_are_kept_in_the_hf_samplers_half_type(
+def test_a_bf16_run_shares_the_float32_masters_themselves(
     fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
-    """model.dtype bfloat16: the child shares bf16 weights, the float32 masters cast (what
-    the sampler's own copy would have made of them), tied entries in one slot."""
+    """model.dtype bfloat16 on CPU: the child's float32 parameters are the shared buffers
+    (no bf16 copy of them; a bf16 hf sampler computes on them under bf16 autocast), live
+    weights under the process's lock, equal to a local learner's after the same step, tied
+    entries in one slot."""
     cfg = make_cfg(**{**CFG, "model": {**CFG["model"], "dtype": "bfloat16"}})
     local = Learner(fresh_model(), None, make_cfg(**CFG))
     with closing(LearnerProcess(cfg)) as proc:
+        assert proc.live_weights() is not None
         proc.step(groups)
         local.step(groups)
         published = proc.state_dict_for_sampler()
         for k, v in local.model.state_dict().items():
-            assert published[k].dtype == torch.bfloat16, k
-            torch.testing.assert_close(published[k], v.to(torch.bfloat16), rtol=0.01, atol=1e-3)
+            assert published[k].dtype == torch.float32, k
+            torch.testing.assert_close(published[k], v, rtol=1e-4, atol=1e-5)
         ptr = published["lm_head.weight"].data_ptr()
         assert ptr == published["model.embed_tokens.weight"].data_ptr()
+
+
+def test_shared_weights_are_a_half_type_copy_only_where_they_cannot_be_the_parameters() -> None:
+    """The buffers are kept in the hf sampler's half type only where they are a copy anyway
+    (CUDA IPC, LoRA's merged policy); in shared memory they are the float32 parameters."""
+    from agentrl.learner.worker import shared_dtype
+
+    bf16 = make_cfg(**{**CFG, "model": {**CFG["model"], "dtype": "bfloat16"}})
+    assert shared_dtype(bf16, "shared_memory") is None
+    assert shared_dtype(bf16, "cuda_ipc") == torch.bfloat16
+    lora = make_cfg(**{**CFG, "model": {**CFG["model"], "dtype": "bfloat16", "lora": {"r": 4}}})
+    assert shared_dtype(lora, "shared_memory") == torch.bfloat16
+    assert shared_dtype(make_cfg(**CFG), "cuda_ipc") is None  # float32: nothing to cast
 
 
 def test_a_sampler_on_the_live_weights_sees_each_step_with_its_version(

@@ -132,15 +132,48 @@ def test_async_run_samples_on_the_learner_process_weights(tmp_path) -> None:
     assert all(s["loss/total"] == s["loss/total"] for s in steps)  # finite, trained
 
 
-def test_a_dtype_mismatch_keeps_the_copy(tmp_path) -> None:
-    """model.dtype bfloat16: the sampler's tensors cannot be the float32 masters."""
-    cfg = load_config(overrides=[*BASE, "orchestrator.max_staleness=0", "model.dtype=bfloat16"])
-    orch = Orchestrator(cfg, tmp_path / "run")
-    orch.build()
-    try:
-        assert orch.parts.weight_guard is None and not orch.sampler.shares_weights
-    finally:
-        anyio.run(orch.parts.scope.aclose)
+@pytest.mark.parametrize("worker", ["thread", "process"])
+def test_a_bf16_sampler_computes_on_the_float32_masters(tmp_path, worker: str) -> None:
+    """model.dtype bfloat16 (learner under bf16 autocast over float32 masters): the bf16
+    sampler's parameters are those masters (its own bf16 copy is freed), synchronous with
+    the learner in this process and asynchronous with it in its own process (its float32
+    parameters are the shared buffers), and it computes as bf16 autocast over them: its
+    behaviour log-probs stay within bf16 rounding of the learner's, and a synchronous run
+    bypasses the start-of-step pass (sampler and learner compute in the same dtype)."""
+    staleness = 0 if worker == "thread" else 1
+    orch = _run(
+        tmp_path, "orchestrator.max_steps=2", f"orchestrator.max_staleness={staleness}",
+        f"orchestrator.learner_worker={worker}", "model.dtype=bfloat16", "learner.bf16=on",
+        "algorithm.off_policy=tis",
+    )  # fmt: skip
+    assert orch.sampler.shares_weights
+    assert orch.sampler.computes_in == "bfloat16 autocast over float32 weights"
+    params = dict(orch.sampler.model.named_parameters())
+    assert all(p.dtype == torch.float32 for p in params.values())
+    if worker == "thread":
+        assert _same_storage(orch.sampler.model, orch.learner.model)
+    else:  # views of the learner process's one shared buffer
+        assert len({p.untyped_storage().data_ptr() for p in params.values()}) == 1
+    steps = read_steps(tmp_path / "run")
+    assert [s["version"] for s in steps] == [1.0, 2.0]
+    assert all(s["loss/total"] == s["loss/total"] for s in steps)  # finite, trained
+    if worker == "thread":
+        assert all(0 <= s["logprob_gap/mean"] < 0.02 for s in steps), steps
+        assert all(s["learner/proximal_bypass"] == 1.0 for s in steps), steps
+
+
+def test_a_half_type_the_sampler_cannot_widen_keeps_the_copy(tmp_path) -> None:
+    """A float16 sampler cannot compute on float32 weights (only bf16 mirrors the learner's
+    autocast): it keeps its copy."""
+    model, tokenizer = load_model("tiny-llama", dtype="float16")
+    sampler = HFSampler(model, tokenizer)
+    owner = load_model("tiny-llama", dtype="float32")[0]
+    with pytest.raises(ValueError, match="float16"):
+        sampler.share_weights(
+            dict(owner.named_parameters(remove_duplicate=False)), threading.Lock()
+        )
+    assert not sampler.shares_weights
+    assert sampler.computes_in == "float16"
 
 
 def test_generation_waits_while_the_weights_change() -> None:

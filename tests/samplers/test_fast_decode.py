@@ -263,3 +263,79 @@ def test_bfloat16_passes_its_start_check() -> None:
         fast = decoder.step(ids[:, -1], torch.tensor([4]), cache, [0]).float()
         full = model(input_ids=ids).logits[:, -1].float()
     assert float((fast - full).abs().max()) <= 0.05 * max(1.0, float(full.abs().max()))
+
+
+@pytest.mark.skipif(not skinny_gemm.available(), reason="the compiled kernels do not build here")
+@pytest.mark.parametrize(
+    "make",
+    [lambda: tiny_llama(seed=0), lambda: _gqa_llama(initializer_range=0.2)],
+    ids=["tiny", "gqa"],
+)
+@pytest.mark.parametrize("rows", [1, 9, 16, 32])
+def test_the_autocast_step_computes_as_bf16_autocast_over_float32_weights(rows: int, make) -> None:
+    """A bf16 sampler on float32 weights (FastDecoder(autocast=True)): after a prefill under
+    CPU bf16 autocast into a bf16 cache, the compiled step in its rounded form gives the
+    logits of the model's own forward under bf16 autocast (rounded matmuls, as the learner
+    computes) as closely as the Python step under that autocast does, and much closer than
+    the float32 model's; the appended keys/values are the Python step's (bf16), the logits
+    bf16 values, and the float32 weights are not changed by the rounding."""
+    from agentrl.algos.bf16 import cpu_autocast
+
+    model = make()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    decoder = FastDecoder(model, autocast=True)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(rows)
+    ids = torch.randint(3, vocab, (rows, 8), generator=gen)
+    pads = [(3 * i) % 5 for i in range(rows)]
+    mask = torch.ones_like(ids)
+    for i, p in enumerate(pads):
+        mask[i, :p] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    caches = [KV_CACHES["growing"](torch.bfloat16), KV_CACHES["growing"](torch.bfloat16)]
+    with torch.inference_mode():
+        for cache in caches:
+            with cpu_autocast(rounded=True):
+                model(
+                    input_ids=ids[:, :-1],
+                    attention_mask=mask[:, :-1],
+                    position_ids=positions[:, :-1],
+                    use_cache=True,
+                    **cache_kwargs(model, cache),
+                )
+        whole = {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+        with cpu_autocast(rounded=True):
+            reference = model(**whole).logits[:, -1].float()
+        fp32 = model(**whole).logits[:, -1]
+        assert decoder.compiled(rows, caches[0])
+        one = decoder.step(ids[:, -1], positions[:, -1], caches[0], pads)
+        decoder.one_call = False
+        ops = decoder.step(ids[:, -1], positions[:, -1], caches[1], pads).float()
+    assert one.dtype == torch.float32 and torch.equal(one, one.to(torch.bfloat16).float())
+
+    def gap(logits: torch.Tensor) -> float:
+        return float((logits - reference).abs().mean())
+
+    assert gap(one) <= 1.25 * gap(ops) + 1e-6, (gap(one), gap(ops))
+    assert gap(one) <= 0.8 * gap(fp32), (gap(one), gap(fp32))
+    for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert a.keys.dtype == b.keys.dtype == a.values.dtype == torch.bfloat16
+        assert a.keys.shape == b.keys.shape == (rows, model.config.num_key_value_heads, 8, 16)
+    first = caches[0].layers[0], caches[1].layers[0]  # the same input: summation order only
+    torch.testing.assert_close(first[0].keys, first[1].keys, atol=0.02, rtol=0.02)
+    torch.testing.assert_close(first[0].values, first[1].values, atol=0.02, rtol=0.02)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+@pytest.mark.skipif(not skinny_gemm.available(), reason="the compiled kernels do not build here")
+def test_the_autocast_step_passes_its_start_check_and_keeps_float32_caches_out() -> None:
+    """fast_decoder(autocast=True) checks the rounded compiled step against the model's
+    own autocast forward; it takes bf16 caches only (a float32 one is the plain step's)."""
+    model = tiny_llama(seed=0)
+    decoder = fast_decoder(model, lambda: KV_CACHES["growing"](torch.bfloat16), autocast=True)
+    assert decoder is not None and decoder.autocast
+    cache = KV_CACHES["growing"]()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[5, 9, 11]]), use_cache=True, **cache_kwargs(model, cache))
+    assert not decoder.compiled(1, cache)  # float32 keys: not what the rounded step writes

@@ -304,3 +304,63 @@ async def test_create_sampler_from_name_and_pair(pair):
         create_sampler("hff", model="tiny-llama")
     await sampler.close()
     await other.close()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_bf16_sampler_on_float32_weights_samples_as_their_bf16_autocast(
+    compiled: bool, monkeypatch
+) -> None:
+    """A bf16 sampler handed float32 weights (a learner's masters) computes on them, its
+    bf16 copy freed, as CPU bf16 autocast does: the behaviour log-probs of its tokens are
+    those of the float32 model's own forward under bf16 autocast (as the learner computes
+    them), within bf16 rounding, through the compiled decode step or the Python one; the
+    float32 model's plain forward is farther away."""
+    import threading
+
+    from agentrl.algos.bf16 import cpu_autocast
+    from agentrl.samplers import skinny_gemm
+
+    if compiled and not skinny_gemm.available():
+        pytest.skip("the compiled kernels do not build here")
+    if not compiled:
+        monkeypatch.setattr(skinny_gemm, "available", lambda: False)
+    calls: list[bool] = []
+    real = skinny_gemm.decode_step
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("rounded", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(skinny_gemm, "decode_step", counted)
+    master, tokenizer = load_model("tiny-llama", dtype="float32", seed=3)
+    for p in master.parameters():  # weights large enough for bf16 rounding to show
+        p.data.mul_(4.0)
+    sampler = HFSampler(load_model("tiny-llama", dtype="bfloat16")[0], tokenizer, seed=0)
+    sampler.share_weights(dict(master.named_parameters(remove_duplicate=False)), threading.Lock())
+    assert sampler.shares_weights and sampler.model.lm_head.weight is not None
+    assert all(p.dtype == torch.float32 for p in sampler.model.parameters())
+    prompt = list(tokenizer("the quick brown fox")["input_ids"])
+
+    async def run():
+        params = SamplingParams(temperature=1.0, max_new_tokens=10, seed=1)
+        outs = [await sampler.generate(prompt, params) for _ in range(2)]
+        await sampler.close()
+        return outs
+
+    outs = anyio.run(run)
+    assert calls == ([True] * len(calls) if compiled else []) and (calls or not compiled)
+    gaps = {"autocast": 0.0, "float32": 0.0}
+    for out in outs:
+        ids = torch.tensor([prompt + out.token_ids])
+        target = ids[0, len(prompt) :]
+        with torch.no_grad():
+            with cpu_autocast(rounded=True):
+                autocast = master(input_ids=ids).logits.float()
+            plain = master(input_ids=ids).logits
+        for name, logits in (("autocast", autocast), ("float32", plain)):
+            lp = torch.log_softmax(logits[0, len(prompt) - 1 : -1], -1)
+            lp = lp.gather(-1, target[:, None])[:, 0]
+            gap = (lp - torch.tensor(out.logprobs)).abs().max()
+            gaps[name] = max(gaps[name], float(gap))
+    assert gaps["autocast"] < 0.1, gaps  # bf16 logits of this size: steps of 1/32
+    assert gaps["autocast"] < 0.5 * gaps["float32"], gaps

@@ -118,6 +118,12 @@ def test_the_kernels_let_other_threads_run() -> None:
     done = threading.Event()
 
     def work() -> None:
+        try:
+            steps()
+        finally:  # a failing call must not leave the main thread waiting
+            done.set()
+
+    def steps() -> None:
         with torch.inference_mode():
             for i in range(10):
                 t = time.perf_counter()
@@ -130,14 +136,13 @@ def test_the_kernels_let_other_threads_run() -> None:
                     h, cos.reshape(2, -1), sin.reshape(2, -1), [0, 0], tensors, scalars,
                     [r[0] for r in room], [r[1] for r in room], [r[2] for r in room],
                     decoder.heads, decoder.kv_heads, decoder.head_dim, decoder.norm,
-                    decoder.eps, decoder.head,
+                    decoder.eps, decoder.head, False,
                 )  # fmt: skip
                 t = time.perf_counter()
                 skinny_gemm._module.decode_step(*args)
                 spans["decode_step"].append((t, time.perf_counter()))
                 for layer in cache.layers:
                     layer.advance(1)
-        done.set()
 
     before = sys.getswitchinterval()
     sys.setswitchinterval(5.0)
