@@ -17,8 +17,9 @@ its defaults otherwise. Configurations, each a fresh process:
   which TRL turns on by default.
 
 Each in ``float32`` and ``bfloat16``: TRL ``bf16=True`` (fp32 weights, bf16 autocast for
-generation and training); agentrl ``model.dtype: bfloat16`` (sampler weights in bf16) and
-``learner.bf16: on`` (fp32 masters, bf16 autocast). agentrl uses ``algorithm.off_policy:
+generation and training); agentrl ``model.dtype: bfloat16`` and ``learner.bf16: on`` (fp32
+masters, bf16 autocast; the bf16 sampler computes on those masters as bf16 autocast does,
+``HFSampler.share_weights``). agentrl uses ``algorithm.off_policy:
 tis`` as configs/demo.yaml does (in sync mode the proximal bypass skips its pass; in
 async it runs).
 
@@ -260,8 +261,8 @@ def child_agentrl(args: argparse.Namespace) -> dict[str, Any]:
             # the whole batch's), so the learner holds less while the sampler's process holds
             # its own memory: measured, 0.5 GB below micro-batches of 8 with
             # learner.recompute_mlp at ~15% less learner time (docs/vs_trl.md, fifth round)
-            # bf16 sync: micro-batches of 8, as its sampler keeps a bf16 copy of the weights
-            # (257 MB) that float32 sync does without (it computes on the learner's tensors)
+            # bf16 sync: micro-batches of 8 (the configuration measured since the sixth
+            # round; the same gradients)
             f"learner.micro_batch_size={PROMPTS * GROUP // (4 if mode == 'async' else 2 if bf16 else 1)}",
             f"learner.lr={args.lr}",
             f"learner.bf16={'on' if bf16 else 'off'}",

@@ -128,7 +128,19 @@ def same_attention_kernel() -> tuple[
 ]:
     """``context_fn`` for ``torch.utils.checkpoint``: the recompute of a checkpointed layer
     in backward runs under the attention kernels its forward had (:meth:`Precision.attention`
-    is left by then). Another kernel saves other tensors, which checkpointing refuses."""
+    is left by then) and, when its forward ran rounded bf16 matmuls
+    (:func:`agentrl.algos.bf16.rounded_matmuls`), under those again (checkpointing restores
+    autocast itself, not a torch function mode). Other kernels save other tensors, which
+    checkpointing refuses."""
     from torch.nn.attention import _cur_sdpa_kernel_backends, sdpa_kernel
 
-    return contextlib.nullcontext(), sdpa_kernel(_cur_sdpa_kernel_backends())
+    from agentrl.algos import bf16
+
+    backends, rounded = _cur_sdpa_kernel_backends(), bf16.active()
+
+    @contextlib.contextmanager
+    def recompute() -> Iterator[None]:
+        with sdpa_kernel(backends), bf16.rounded_matmuls() if rounded else contextlib.nullcontext():
+            yield
+
+    return contextlib.nullcontext(), recompute()

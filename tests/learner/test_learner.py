@@ -557,3 +557,27 @@ def test_learner_and_learner_process_are_learner_like(
     methods = ("step", "state_dict_for_sampler", "save_checkpoint", "load_checkpoint", "close")
     for name in methods:
         assert callable(getattr(LearnerProcess, name)), name
+
+
+def test_gradient_checkpointing_recomputes_under_rounded_bf16_matmuls(
+    fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    """model.gradient_checkpointing with learner.bf16_matmul=rounded: each layer's recompute
+    in backward runs the rounded matmuls its forward ran (else it saves other tensors and
+    checkpointing refuses), and the step's gradients are those without checkpointing."""
+
+    def run(checkpointing: bool) -> tuple[Learner, dict[str, float]]:
+        cfg = make_cfg(
+            model={"gradient_checkpointing": checkpointing},
+            learner={"lr": 1e-2, "bf16": "on", "bf16_matmul": "rounded"},
+        )
+        lrn = Learner(fresh_model(), None, cfg)
+        return lrn, lrn.step(groups)
+
+    kept, m_kept = run(False)
+    recomputed, m_recomputed = run(True)
+    assert recomputed.model.is_activation_checkpointing
+    assert m_recomputed["loss/total"] == pytest.approx(m_kept["loss/total"], abs=1e-6)
+    assert m_recomputed["grad_norm"] == pytest.approx(m_kept["grad_norm"], rel=1e-4)
+    for a, b in zip(kept.model.parameters(), recomputed.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
