@@ -209,7 +209,8 @@ class LearnerConfig(_Section):
     sdpa_backend: Literal["auto", "torch", "math", "flash"] = "auto"
     critic_lr: float | None = None
     # auto: the hf sampler computes with the learner's own weight tensors when device and
-    # dtype match (no sampler copy, nothing copied on publish): in a synchronous run with
+    # dtype match, or a bf16 sampler on the float32 masters as bf16 autocast does (no
+    # sampler copy, nothing copied on publish): in a synchronous run with
     # the learner in this process (a lock keeps generation out of the learner's step), or
     # with a CPU learner process, whose parameters live in shared memory (async too, with
     # one optimizer update per step: a lock keeps each decode step out of the optimizer

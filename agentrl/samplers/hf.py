@@ -386,7 +386,9 @@ class HFSampler(Sampler):
             if autocast and not self._autocast:
                 self._start_autocast()
             elif self._fast is not None:  # it holds the tensors it was built over
-                self._fast = FastDecoder(self._model, self._autocast)
+                self._fast = FastDecoder(
+                    self._model, self._fast.autocast, self._fast.rounded_matmuls
+                )
 
     def _start_autocast(self) -> None:
         """Compute in bf16 autocast over the float32 weights just shared: float32 rotary
