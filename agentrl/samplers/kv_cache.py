@@ -32,13 +32,13 @@ class GrowingLayer(DynamicLayer):
 
     def __init__(self, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.dtype = dtype
+        self.kv_dtype = dtype
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
-        if self.dtype is not None:
-            self.keys = self.keys.to(self.dtype)
-            self.values = self.values.to(self.dtype)
+        if self.kv_dtype is not None:
+            self.keys = self.keys.to(self.kv_dtype)
+            self.values = self.values.to(self.kv_dtype)
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
 
@@ -59,8 +59,8 @@ class GrowingLayer(DynamicLayer):
         keys/values copied into their first `length`."""
         b, h, _, d = like_k.shape
         shape = (b, h, length + n + HEADROOM, d)
-        kbuf = like_k.new_empty(shape, dtype=self.dtype or like_k.dtype)
-        vbuf = like_v.new_empty((*shape[:3], like_v.shape[-1]), dtype=self.dtype or like_v.dtype)
+        kbuf = like_k.new_empty(shape, dtype=self.kv_dtype or like_k.dtype)
+        vbuf = like_v.new_empty((*shape[:3], like_v.shape[-1]), dtype=self.kv_dtype or like_v.dtype)
         if length:
             kbuf[:, :, :length] = self.keys
             vbuf[:, :, :length] = self.values
