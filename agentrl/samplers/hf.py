@@ -182,6 +182,7 @@ class HFSampler(Sampler):
         # masters, see share_weights) as CPU bf16 autocast does; its matmuls rounded where
         # the CPU has no bf16 instructions (agentrl.algos.bf16)
         self._autocast = False
+        self._rounded = False  # set with _autocast: no bf16 instructions on this CPU
         self._tokenizer = tokenizer
         self._device = next(model.parameters()).device
         if decode_attention and self._device.type == "cpu":
@@ -396,7 +397,7 @@ class HFSampler(Sampler):
         step in its autocast form (checked against the model's autocast forward)."""
         from agentrl.models import cpu_supports_bf16
 
-        self._autocast = True
+        self._autocast, self._rounded = True, not cpu_supports_bf16()
         for module in self._model.modules():
             if isinstance(getattr(module, "inv_freq", None), torch.Tensor):
                 _float32_rope(module)
@@ -404,7 +405,7 @@ class HFSampler(Sampler):
             self._new_cache = functools.partial(GrowingCache, torch.bfloat16)
         if self._fast is not None:
             self._fast = fast_decoder(
-                self._model, self._new_cache, autocast=True, rounded_matmuls=not cpu_supports_bf16()
+                self._model, self._new_cache, autocast=True, rounded_matmuls=self._rounded
             )
 
     @property
@@ -426,9 +427,8 @@ class HFSampler(Sampler):
         if not self._autocast:
             return contextlib.nullcontext()
         from agentrl.algos.bf16 import cpu_autocast
-        from agentrl.models import cpu_supports_bf16
 
-        return cpu_autocast(rounded=not cpu_supports_bf16())
+        return cpu_autocast(rounded=self._rounded)
 
     # --- input checks ---------------------------------------------------------------
 

@@ -43,6 +43,17 @@ def _gqa_llama(**overrides):
     return LlamaForCausalLM(config).eval()
 
 
+def _left_padded(rows: int, length: int, vocab: int, gen: torch.Generator):
+    """Random token ids ``[rows, length]``, each row's left-padding count, the attention
+    mask and the positions of that left-padded batch."""
+    ids = torch.randint(3, vocab, (rows, length), generator=gen)
+    pads = [(3 * i) % 5 for i in range(rows)]
+    mask = torch.ones_like(ids)
+    for i, p in enumerate(pads):
+        mask[i, :p] = 0
+    return ids, pads, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 # 9, 15, 63: padded to a multiple of ROW_MULTIPLE; 80 > SKINNY_ROWS: the plain x @ W^T;
 # with the compiled kernel (where it builds) up to 32 rows, without it torch's GEMMs
 @pytest.mark.parametrize("kernel", [True, False])
@@ -107,14 +118,9 @@ def test_one_compiled_call_equals_the_python_step(rows: int, make) -> None:
     decoder = FastDecoder(model)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(rows)
-    ids = torch.randint(3, vocab, (rows, 7), generator=gen)
-    pads = [(3 * i) % 5 for i in range(rows)]
-    mask = torch.ones_like(ids)
-    for i, p in enumerate(pads):
-        mask[i, :p] = 0
+    ids, pads, mask, positions = _left_padded(rows, 7, vocab, gen)
     caches = [KV_CACHES["growing"](), KV_CACHES["growing"]()]
     with torch.inference_mode():
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         for cache in caches:
             model(
                 input_ids=ids,
@@ -286,12 +292,7 @@ def test_the_autocast_step_computes_as_bf16_autocast_over_float32_weights(rows: 
     decoder = FastDecoder(model, autocast=True)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(rows)
-    ids = torch.randint(3, vocab, (rows, 8), generator=gen)
-    pads = [(3 * i) % 5 for i in range(rows)]
-    mask = torch.ones_like(ids)
-    for i, p in enumerate(pads):
-        mask[i, :p] = 0
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, pads, mask, positions = _left_padded(rows, 8, vocab, gen)
     caches = [KV_CACHES["growing"](torch.bfloat16), KV_CACHES["growing"](torch.bfloat16)]
     with torch.inference_mode():
         for cache in caches:
