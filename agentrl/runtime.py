@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -348,9 +347,6 @@ class Run:
     scope: ResourceScope = field(default_factory=lambda: ResourceScope("run"))
     learner: Any = None
     weight_bus: Any = None
-    # held by the learner's step when the sampler computes on the learner's own weights
-    # (share_learner_weights); None when the sampler has a copy
-    weight_guard: threading.Lock | None = None
     _activation: Any = None
 
     @property
@@ -424,90 +420,11 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
             run.learner = learner
             run.weight_bus = WeightBus()
             run.weight_bus.register(sampler)
-            run.weight_guard = share_learner_weights(cfg, learner, sampler)
         return run
     except BaseException:
         if learner is not None:
             learner.close()
         raise
-
-
-def sharing_blockers(cfg: Config, learner: Any, sampler: Any) -> list[str]:
-    """Why the sampler keeps its own copy of the weights (empty: it may compute on the
-    learner's, see :func:`share_learner_weights`)."""
-    from agentrl.learner import Learner
-
-    out = []
-    if cfg.learner.share_weights == "off":
-        out.append("learner.share_weights=off")
-    staleness = cfg.orchestrator.max_staleness
-    if isinstance(learner, Learner):
-        if staleness != 0:
-            # the sampler generates while this process's learner steps: its lock would be
-            # held for the whole step
-            out.append(
-                f"orchestrator.max_staleness={staleness} with the learner in this process "
-                "(orchestrator.learner_worker=thread)"
-            )
-    else:
-        live = getattr(learner, "live_weights", None)
-        if not callable(live) or live() is None:
-            out.append("the learner process keeps its weights apart (on CUDA, or with LoRA)")
-        updates = cfg.learner.ppo_epochs * cfg.learner.minibatches
-        if staleness != 0 and updates != 1:
-            out.append(
-                f"{updates} optimizer updates per step (learner.ppo_epochs x "
-                "learner.minibatches): the sampler would generate on weights between versions"
-            )
-    if not callable(getattr(sampler, "share_weights", None)):
-        out.append(f"sampler.backend={cfg.sampler.backend}")
-    if cfg.model.lora is not None:
-        out.append("model.lora (the sampler loads merged weights)")
-    return out
-
-
-def share_learner_weights(cfg: Config, learner: Any, sampler: Any) -> threading.Lock | None:
-    """Let the hf sampler compute on the learner's own weight tensors instead of a copy of
-    its own, which is freed; a publish then copies nothing.
-
-    * The learner in this process (a synchronous run, same device and dtype): returns the
-      lock the orchestrator holds around each learner step.
-    * A learner process whose parameters live in shared memory (synchronous or not, one
-      optimizer update per step when not): the sampler computes on the mapped buffers under
-      the process's :class:`~agentrl.weights.lock.WeightLock`, which the learner takes
-      only around its optimizer step; returns None (the orchestrator holds nothing).
-
-    None as well when the sampler keeps its copy (why is logged)."""
-    from agentrl.cpu import release_freed_memory
-    from agentrl.learner import Learner
-
-    blockers = sharing_blockers(cfg, learner, sampler)
-    guard: threading.Lock | None = None
-    if not blockers:
-        try:
-            if isinstance(learner, Learner):
-                guard = threading.Lock()
-                sampler.share_weights(learner.sampler_weights(), guard)
-            else:
-                weights, lock = learner.live_weights()
-                sampler.share_weights(weights, lock)
-        except ValueError as e:  # another dtype or device (say model.dtype float16)
-            blockers.append(str(e))
-            guard = None
-    if blockers:
-        if cfg.learner.share_weights == "on":
-            raise ConfigError(
-                "learner.share_weights=on, but the sampler cannot compute on the learner's "
-                f"weights: {'; '.join(blockers)}. Set learner.share_weights=auto to keep a copy"
-            )
-        log.info("the sampler keeps its own weights: %s", "; ".join(blockers))
-        return None
-    release_freed_memory()  # the sampler's own copy: not kept resident by the allocator
-    log.info(
-        "the sampler computes on the learner's weights (learner.share_weights), in %s",
-        getattr(sampler, "computes_in", "their dtype"),
-    )
-    return guard
 
 
 async def load_checkpoint_into_sampler(run: Run, checkpoint: str | Path) -> int:

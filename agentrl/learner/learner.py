@@ -27,7 +27,6 @@ Where and how precisely it computes: :mod:`agentrl.learner.precision`; what it r
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -114,17 +113,6 @@ class Learner:
         self.precision = Precision.from_config(self.lcfg)
         self.device = self.precision.device
         self.bf16 = self.precision.bf16
-        if self.precision.rounded_bf16:
-            why = (
-                "this CPU has no bf16 instructions"
-                if self.lcfg.bf16_matmul == "auto"
-                else "learner.bf16_matmul=rounded"
-            )
-            log.info(
-                "bf16 matmuls as float32 GEMMs on bf16-rounded operands (%s; "
-                "learner.bf16_matmul=torch runs torch's bf16 kernels)",
-                why,
-            )
 
         # float32 master weights; bf16 only inside autocast
         self.model = model.to(device=self.device, dtype=torch.float32)
@@ -208,16 +196,8 @@ class Learner:
         )
         self.version = 0
         self.step_count = 0
-        # a learner process whose weights another process computes on (a WeightLock,
-        # agentrl.learner.worker): every change to them is made under it
-        self.weight_lock: Any = None
         # the pi_old log-probs the loss used in the last step's first epoch (for inspection)
         self.last_old_logprobs: Tensor | None = None
-
-    def _writing_weights(self, version: int) -> Any:
-        """Where the policy's weights change; they hold `version` afterwards."""
-        lock = self.weight_lock
-        return contextlib.nullcontext() if lock is None else lock.writing(version)
 
     def _critic_module(self) -> torch.nn.Module:
         module = self.critic if self.critic is not None else self.value_head
@@ -414,11 +394,10 @@ class Learner:
                     self.scaler.unscale_(self.optimizer)  # clip the true gradients
                 gn = torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip)
                 if torch.isfinite(gn):
-                    with self._writing_weights(self.version + 1):
-                        if scaled:  # skipped by the scaler when a gradient overflowed
-                            self.scaler.step(self.optimizer)
-                        else:
-                            self.optimizer.step()
+                    if scaled:  # skipped by the scaler when a gradient overflowed
+                        self.scaler.step(self.optimizer)
+                    else:
+                        self.optimizer.step()
                     grad_norms.append(float(gn))
                 else:
                     nonfinite += 1
@@ -523,8 +502,7 @@ class Learner:
             )
         from agentrl.learner.lora import load_policy
 
-        with self._writing_weights(int(meta["version"])):
-            load_policy(self.model, directory, self.device)
+        load_policy(self.model, directory, self.device)
         if self.use_critic:
             load_model(
                 self._critic_module(),

@@ -1,23 +1,24 @@
 """Where and in what precision the learner computes: device, autocast dtype, attention kernel.
 
 Master weights stay float32; bf16 / fp16 are used only inside autocast. bf16 where the
-device computes it natively (or where ``learner.bf16=on`` asks for it), its matmuls on a
-CPU without bf16 instructions as float32 GEMMs on bf16-rounded operands
-(``learner.bf16_matmul``, :mod:`agentrl.algos.bf16`); fp16 only when
-``learner.fp16=on`` asks for it, always with a gradient scaler (:meth:`Precision.grad_scaler`):
+device computes it natively; ``learner.bf16=on`` on a CPU without bf16 instructions says so
+in one log line and trains in float32 (torch's generic bf16 kernels there are several times
+slower than float32). fp16 only when ``learner.fp16=on`` asks for it, always with a gradient scaler (:meth:`Precision.grad_scaler`):
 fp16's narrow exponent underflows small gradients unless the loss is scaled up first.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from agentrl.config import LearnerConfig
+
+log = logging.getLogger(__name__)
 
 # longest micro-batch (tokens) that gets the math attention kernel on CPU with
 # sdpa_backend=auto: it is faster than the flash kernel there for short sequences only
@@ -55,8 +56,6 @@ class Precision:
     bf16: bool
     sdpa_backend: str = "auto"  # auto | torch | math | flash
     fp16: bool = False  # never together with bf16 (the config refuses both on)
-    # bf16 matmuls as float32 GEMMs on bf16-rounded operands (agentrl.algos.bf16)
-    rounded_bf16: bool = False
 
     def __post_init__(self) -> None:
         if self.bf16 and self.fp16:
@@ -66,19 +65,16 @@ class Precision:
     def from_config(cls, lcfg: LearnerConfig) -> Precision:
         device = resolve_device(lcfg.device)
         fp16 = lcfg.fp16 == "on"
-        bf16 = not fp16 and (lcfg.bf16 == "on" or (lcfg.bf16 == "auto" and bf16_supported(device)))
-        rounded = bf16 and device.type == "cpu" and lcfg.bf16_matmul != "torch"
-        if lcfg.bf16_matmul == "auto":
-            rounded = rounded and not bf16_supported(device)
-        return cls(device, bf16, lcfg.sdpa_backend, fp16, rounded)
-
-    @property
-    def bf16_matmul(self) -> str:
-        """How bf16 matmuls run: ``rounded`` (float32 GEMMs on bf16-rounded operands),
-        ``torch`` (torch's bf16 kernels) or ``none`` (no bf16 autocast)."""
-        if not self.bf16:
-            return "none"
-        return "rounded" if self.rounded_bf16 else "torch"
+        native = bf16_supported(device)
+        bf16 = not fp16 and (lcfg.bf16 == "on" or lcfg.bf16 == "auto") and native
+        if lcfg.bf16 == "on" and not native and device.type == "cpu":
+            log.warning(
+                "learner.bf16=on, but this CPU has no bf16 instructions (AVX-512 BF16 or "
+                "AMX): the learner computes in float32"
+            )
+        elif lcfg.bf16 == "on" and not native:
+            bf16 = True  # a GPU without native bf16 still runs it; the user asked for it
+        return cls(device, bf16, lcfg.sdpa_backend, fp16)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -91,8 +87,7 @@ class Precision:
         """bf16 / fp16 autocast on this device when on, else nothing (float32)."""
         if not (self.bf16 or self.fp16):
             return contextlib.nullcontext()
-        cast = torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
-        return _rounded(cast) if self.rounded_bf16 else cast
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """The loss scaler of fp16 training on this device; a disabled (pass-through) one
@@ -115,32 +110,12 @@ class Precision:
         return sdpa_kernel(backend)
 
 
-@contextlib.contextmanager
-def _rounded(cast: torch.autocast) -> Iterator[None]:
-    from agentrl.algos.bf16 import rounded_matmuls
-
-    with cast, rounded_matmuls():
-        yield
-
-
 def same_attention_kernel() -> tuple[
     contextlib.AbstractContextManager[Any], contextlib.AbstractContextManager[Any]
 ]:
     """``context_fn`` for ``torch.utils.checkpoint``: the recompute of a checkpointed layer
     in backward runs under the attention kernels its forward had (:meth:`Precision.attention`
-    is left by then) and, when its forward ran rounded bf16 matmuls
-    (:func:`agentrl.algos.bf16.rounded_matmuls`), under those again (checkpointing restores
-    autocast itself, not a torch function mode). Other kernels save other tensors, which
-    checkpointing refuses."""
+    is left by then). Other kernels save other tensors, which checkpointing refuses."""
     from torch.nn.attention import _cur_sdpa_kernel_backends, sdpa_kernel
 
-    from agentrl.algos import bf16
-
-    backends, rounded = _cur_sdpa_kernel_backends(), bf16.active()
-
-    @contextlib.contextmanager
-    def recompute() -> Iterator[None]:
-        with sdpa_kernel(backends), bf16.rounded_matmuls() if rounded else contextlib.nullcontext():
-            yield
-
-    return contextlib.nullcontext(), recompute()
+    return contextlib.nullcontext(), sdpa_kernel(_cur_sdpa_kernel_backends())

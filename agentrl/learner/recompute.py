@@ -19,7 +19,6 @@ checkpointing (``model.gradient_checkpointing``) it adds nothing and is not appl
 
 from __future__ import annotations
 
-import contextlib
 import types
 from typing import Any
 
@@ -27,27 +26,22 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from agentrl.algos import bf16
-
 
 class GatedMLP(torch.autograd.Function):
     """``down(silu(x @ Wg^T) * (x @ Wu^T))`` keeping only `x` (and the weights) for
-    backward. Under autocast the backward recomputes with the forward's autocast state (and
-    its rounded bf16 matmuls, :mod:`agentrl.algos.bf16`)."""
+    backward. Under autocast the backward recomputes with the forward's autocast state."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")
     def forward(ctx: Any, x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
         ctx.save_for_backward(x, w_gate, w_up, w_down)
-        ctx.rounded = bf16.active()  # the backward's matmuls run as the forward's did
         return F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, w_gate, w_up, w_down = ctx.saved_tensors
-        rounded = bf16.rounded_matmuls() if ctx.rounded else contextlib.nullcontext()
-        with torch.no_grad(), rounded:
+        with torch.no_grad():
             gate, up = F.linear(x, w_gate), F.linear(x, w_up)
             sig = torch.sigmoid(gate)
             act = gate * sig  # silu(gate)

@@ -22,13 +22,9 @@ memory. With LoRA they hold the merged policy; where they are such a copy and th
 computes in a half type (``model.dtype: bfloat16`` / ``float16``) they are kept in that
 type (:func:`shared_dtype`). Otherwise, on CPU, the child's float32 parameters *are* the
 shared buffers (:func:`~agentrl.weights.shared.adopt`): one copy of the weights in the
-child, nothing copied after a step, and an hf sampler may compute on them directly
-(:meth:`LearnerProcess.live_weights`, ``learner.share_weights``; a bf16 one as bf16
-autocast computes over them), since the child changes them only under a
-:class:`~agentrl.weights.lock.WeightLock`. The views hold version
-:attr:`version` until the next :meth:`step` or :meth:`load_checkpoint`; a sampler with a
-copy of its own copies them before the publish returns, which the orchestrator awaits
-before the next step.
+child, nothing copied after a step. The views hold version :attr:`version` until the next
+:meth:`step` or :meth:`load_checkpoint`; the sampler copies them into its own weights
+before the publish returns, which the orchestrator awaits before the next step.
 
 Failure handling: an exception inside a request comes back and is raised here with the
 child's traceback; a child that dies (killed, out of memory) raises :class:`LearnerError`
@@ -57,7 +53,6 @@ import torch
 from torch import Tensor
 
 from agentrl.errors import AgentRLError
-from agentrl.weights.lock import WeightLock
 from agentrl.weights.shared import (
     CudaSharedWeights,
     SharedWeights,
@@ -107,7 +102,6 @@ def _serve(conn: Connection, lifeline: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(lifeline)
     shared: SharedWeights | CudaSharedWeights | None = None
-    lock: WeightLock | None = None
     try:
         cfg, path, plugins = conn.recv()
         sys.path[:] = path + [p for p in sys.path if p not in path]
@@ -126,20 +120,14 @@ def _serve(conn: Connection, lifeline: int) -> None:
         learner = load_learner(cfg)
         kind = sharing_kind(cfg.learner.weight_sharing, learner.device)
         shared = share_weights(learner.sampler_weights(), kind, shared_dtype(cfg, kind))
-        lock_path = None
         if kind == "shared_memory" and adopt(learner.model, shared):
-            # the parameters live in the shared buffers: one copy of the weights here, and a
-            # sampler may compute on them (learner.share_weights) under this lock
-            lock = WeightLock.create(learner.version)
-            learner.weight_lock, lock_path = lock, lock.handle()
+            # the parameters live in the shared buffers: one copy of the weights here
             release_freed_memory()  # the parameters' old storage
-        ready = (learner.version, learner.step_count, shared.handle(), lock_path)
+        ready = (learner.version, learner.step_count, shared.handle())
         conn.send(("ready", ready))
     except BaseException as e:
         if shared is not None:
             shared.unlink()
-        if lock is not None:
-            lock.close()
         _reply_error(conn, e)
         return
     while True:
@@ -147,13 +135,9 @@ def _serve(conn: Connection, lifeline: int) -> None:
             op, arg = conn.recv()
         except (EOFError, OSError):  # the parent is gone
             shared.unlink()
-            if lock is not None:
-                lock.close()
             return
         if op == "close":
             shared.unlink()
-            if lock is not None:
-                lock.close()
             conn.send(("ok", None))
             conn.close()
             # nothing is left to flush (checkpoints are written and closed by now); a normal
@@ -191,8 +175,7 @@ def shared_dtype(cfg: Any, kind: str = "shared_memory") -> torch.dtype | None:
 
     In shared memory without LoRA the learner's float32 parameters themselves become the
     shared buffers (:func:`~agentrl.weights.shared.adopt`): one copy of the weights, which a
-    bf16 hf sampler computes on directly (``HFSampler.share_weights``) or casts from at a
-    publish. Otherwise (CUDA IPC, LoRA's merged policy) the buffers are a copy: in the hf
+    bf16 hf sampler casts from at a publish. Otherwise (CUDA IPC, LoRA's merged policy) the buffers are a copy: in the hf
     sampler's own half type when ``model.dtype`` names one (half the bytes, and the cast the
     sampler's copy would make is made once, over there, with the same result)."""
     if kind == "shared_memory" and cfg.model.lora is None:
@@ -236,9 +219,6 @@ class LearnerProcess:
         self.version = 0
         self.step_count = 0
         self._weights: dict[str, Tensor] = {}
-        # set when the child's parameters live in the shared buffers (the views below are
-        # its live weights, changed only under this lock): see live_weights()
-        self.weight_lock: WeightLock | None = None
         from agentrl.algos.registry import plugin_modules
 
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -273,12 +253,10 @@ class LearnerProcess:
                 "not ones registered in a script's __main__; move them into a module, or set "
                 "orchestrator.learner_worker=thread to train in this process"
             ) from exc
-        self.version, self.step_count, handle, lock_path = payload
+        self.version, self.step_count, handle = payload
         # shared-memory files are unlinked once mapped here (nothing left to clean up);
         # CUDA IPC buffers are the child's device memory, opened by handle
         self._weights = attach(handle)
-        if lock_path is not None:
-            self.weight_lock = WeightLock.attach(lock_path)
         self._ready = True
 
     def _recv(self, doing: str) -> tuple[str, Any]:
@@ -330,16 +308,6 @@ class LearnerProcess:
         if dtype is None:
             return weights
         return {k: v.to(dtype) for k, v in weights.items()}
-
-    def live_weights(self) -> tuple[dict[str, Tensor], WeightLock] | None:
-        """The learner's own weights as shared-memory views, and the lock it changes them
-        under (a sampler that computes on them holds it per forward pass); None when the
-        child keeps its weights apart (CUDA, LoRA, or the views in another dtype)."""
-        with self._lock:
-            self._wait_ready_locked(START_TIMEOUT_S)
-            if self.weight_lock is None:
-                return None
-            return dict(self._weights), self.weight_lock
 
     def save_checkpoint(self, directory: str | Path) -> Path:
         return Path(self._call("save", str(directory), "saving a checkpoint"))

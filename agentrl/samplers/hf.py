@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,9 +53,7 @@ import torch
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError
 from agentrl.models import cache_kwargs, returned_cache
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
-from agentrl.samplers.decode_attention import use_decode_attention
-from agentrl.samplers.fast_decode import FastDecoder, fast_decoder
-from agentrl.samplers.kv_cache import GrowingCache
+from agentrl.samplers.kv_cache import KV_CACHES
 from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry
 from agentrl.samplers.sampling import sample_next
 from agentrl.weights.spec import WeightSpec
@@ -64,13 +61,6 @@ from agentrl.weights.spec import WeightSpec
 log = logging.getLogger(__name__)
 
 
-def _dynamic_cache() -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache()
-
-
-KV_CACHES = {"growing": GrowingCache, "dynamic": _dynamic_cache}
 ON_UPDATE = ("keep", "reprefill", "drain")  # what in-flight rows do on a weight update
 
 
@@ -133,12 +123,7 @@ class HFSampler(Sampler):
     ``prefix_cache_tokens`` (KV of earlier prompts and finished sequences kept for reuse, see
     :mod:`agentrl.samplers.prefix_cache`; 0 disables it), ``kv_cache`` (``growing``: decode
     steps append keys/values in place, :mod:`agentrl.samplers.kv_cache`; ``dynamic``:
-    transformers' ``DynamicCache``, which concatenates the whole cache every step),
-    ``decode_attention`` (on CPU, one-token decode steps use plain matmul attention instead of
-    SDPA's slower flash kernel, :mod:`agentrl.samplers.decode_attention`; this switches the
-    model's attention implementation, prefill still runs SDPA), ``fast_decode`` (decode
-    steps of Llama-family models through :mod:`agentrl.samplers.fast_decode`, checked
-    against the model's own forward when the sampler starts; default: on a CPU).
+    transformers' ``DynamicCache``, which concatenates the whole cache every step).
     """
 
     backend = "hf"
@@ -159,8 +144,6 @@ class HFSampler(Sampler):
         seed: int | None = None,
         prefix_cache_tokens: int = 32768,
         kv_cache: str = "growing",
-        decode_attention: bool = True,
-        fast_decode: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
@@ -175,22 +158,10 @@ class HFSampler(Sampler):
                 )
             on_update = "drain"
         self.on_update = on_update
-        self._kv_cache = kv_cache
         self._new_cache = KV_CACHES[kv_cache]
         self._model = model.eval()
-        # computing in bf16 over float32 weights (a bf16 sampler sharing a learner's float32
-        # masters, see share_weights) as CPU bf16 autocast does; its matmuls rounded where
-        # the CPU has no bf16 instructions (agentrl.algos.bf16)
-        self._autocast = False
-        self._rounded = False  # set with _autocast: no bf16 instructions on this CPU
         self._tokenizer = tokenizer
         self._device = next(model.parameters()).device
-        if decode_attention and self._device.type == "cpu":
-            use_decode_attention(model)
-        if fast_decode is None:
-            fast_decode = self._device.type == "cpu"
-        self._fast = fast_decoder(model, self._new_cache) if fast_decode else None
-        self._guard: Any = None  # see share_weights
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         self.max_context = int(
@@ -327,109 +298,6 @@ class HFSampler(Sampler):
         if thread is not None:
             await anyio.to_thread.run_sync(thread.join)
 
-    def share_weights(self, state: Mapping[str, torch.Tensor], guard: Any) -> None:
-        """Compute with `state`'s tensors themselves (a learner's live weights, under this
-        sampler's parameter names) instead of this sampler's own copy, which is freed.
-
-        Whoever changes those tensors holds `guard` (a context manager: a ``threading.Lock``,
-        or a :class:`~agentrl.weights.lock.WeightLock` across processes) meanwhile; the
-        sampler holds it for each of its iterations, so no forward pass reads half-updated
-        weights. A guard with a ``version`` (the lock of weights another process updates in
-        place) is read there: the sampler takes that version at once, before the publish.
-        A weight update whose tensors are these same tensors then copies nothing (only the
-        version moves); one with other tensors is copied in as usual.
-
-        A bf16 sampler on CPU takes float32 weights (a learner's masters under bf16
-        autocast): it then computes as CPU bf16 autocast does over them (matmul operands
-        rounded to bf16, float32 accumulation, bf16 results, a bf16 KV cache; see
-        :mod:`agentrl.algos.bf16`), its own bf16 copy freed. Raises ValueError (nothing
-        changed) when a name or shape differs, a dtype or device differs otherwise, while
-        requests are in flight, or for a versioned guard unless ``on_update`` is ``keep``."""
-        params = dict(self._model.named_parameters(remove_duplicate=False))
-        autocast = False
-        for name, target in params.items():
-            source = state.get(name)
-            if source is None:
-                raise ValueError(f"cannot share weights: {name} is missing")
-            widened = (
-                source.dtype == torch.float32
-                and target.dtype == torch.bfloat16
-                and source.device.type == target.device.type == "cpu"
-            )
-            autocast = autocast or widened
-            if (
-                source.shape != target.shape
-                or source.device != target.device
-                or (source.dtype != target.dtype and not widened)
-            ):
-                raise ValueError(
-                    f"cannot share weights: {name} is {tuple(source.shape)} {source.dtype} on "
-                    f"{source.device}, the sampler's {tuple(target.shape)} {target.dtype} on "
-                    f"{target.device}"
-                )
-        if hasattr(guard, "version") and self.on_update != "keep":
-            # they change under in-flight requests, which on_update=drain / reprefill exclude
-            raise ValueError(
-                f"cannot share weights another process updates in place with "
-                f"on_update={self.on_update!r} (it needs 'keep')"
-            )
-        with self._cond:  # the worker starts no iteration meanwhile
-            if self._active or self._waiting or self._updates:
-                raise ValueError("cannot share weights while the sampler has work in flight")
-            for name in params:
-                module_name, _, leaf = name.rpartition(".")
-                module = self._model.get_submodule(module_name)
-                module._parameters[leaf] = torch.nn.Parameter(
-                    state[name].detach(), requires_grad=False
-                )
-            self._guard = guard
-            self._prefix.clear()
-            if autocast and not self._autocast:
-                self._start_autocast()
-            elif self._fast is not None:  # it holds the tensors it was built over
-                self._fast = FastDecoder(
-                    self._model, self._fast.autocast, self._fast.rounded_matmuls
-                )
-
-    def _start_autocast(self) -> None:
-        """Compute in bf16 autocast over the float32 weights just shared: float32 rotary
-        frequencies (as the learner's model has them), a bf16 KV cache, the compact decode
-        step in its autocast form (checked against the model's autocast forward)."""
-        from agentrl.models import cpu_supports_bf16
-
-        self._autocast, self._rounded = True, not cpu_supports_bf16()
-        for module in self._model.modules():
-            if isinstance(getattr(module, "inv_freq", None), torch.Tensor):
-                _float32_rope(module)
-        if self._kv_cache == "growing":
-            self._new_cache = functools.partial(GrowingCache, torch.bfloat16)
-        if self._fast is not None:
-            self._fast = fast_decoder(
-                self._model, self._new_cache, autocast=True, rounded_matmuls=self._rounded
-            )
-
-    @property
-    def shares_weights(self) -> bool:
-        """Whether this sampler computes with another component's weight tensors."""
-        return self._guard is not None
-
-    @property
-    def computes_in(self) -> str:
-        """How the forward passes compute: the weights' dtype, or ``bfloat16 autocast over
-        float32 weights`` (a bf16 sampler sharing float32 weights)."""
-        if self._autocast:
-            return "bfloat16 autocast over float32 weights"
-        return str(next(self._model.parameters()).dtype).removeprefix("torch.")
-
-    def _compute(self) -> contextlib.AbstractContextManager[Any]:
-        """The context of a forward pass through the model: bf16 autocast when sharing
-        float32 weights as a bf16 sampler, else nothing."""
-        if not self._autocast:
-            return contextlib.nullcontext()
-        from agentrl.algos.bf16 import cpu_autocast
-
-        return cpu_autocast(rounded=self._rounded)
-
     # --- input checks ---------------------------------------------------------------
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
@@ -494,25 +362,6 @@ class HFSampler(Sampler):
             )
 
     def _iteration(self) -> None:
-        if self._guard is None:
-            self._step_once()
-            return
-        with self._guard:  # the weights are not being changed meanwhile
-            self._follow_live_version()
-            self._step_once()
-
-    def _follow_live_version(self) -> None:
-        """With weights another process updates in place (a learner process's, under a
-        :class:`~agentrl.weights.lock.WeightLock`), they change before the publish comes:
-        take the version they now hold, so tokens are tagged with the weights that made
-        them and no key/value of the older weights is reused."""
-        live = getattr(self._guard, "version", None)
-        if live is not None and live > self._version:
-            with self._cond:
-                self._version = live
-            self._prefix.clear()
-
-    def _step_once(self) -> None:
         self._apply_updates()
         self._drop_cancelled()
         plans = [(r, r.prompt, *self._prefix.lookup(r.prompt)) for r in self._admit()]
@@ -561,8 +410,6 @@ class HFSampler(Sampler):
                     if key in written:  # tied weights: one copy is enough
                         continue
                     written.add(key)
-                    if _same_memory(target, tensor):  # shared weights: already in place
-                        continue
                     target.copy_(tensor)  # converts dtype and device in one pass
             with self._cond:
                 self._version = update.version
@@ -710,7 +557,7 @@ class HFSampler(Sampler):
         cache = self._new_cache()
         if past:
             self._seed_cache(cache, plans, pads, past)
-        with torch.inference_mode(), self._compute():
+        with torch.inference_mode():
             out = self._model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -777,21 +624,18 @@ class HFSampler(Sampler):
     def _decode_step(self) -> None:
         ids = torch.tensor(self._pending, device=self._device)
         positions = torch.tensor([self._cache_len - p for p in self._pads], device=self._device)
-        if self._fast is not None:
-            logits = self._fast.step(ids, positions, self._cache, self._pads)
-        else:
-            mask = _mask(self._pads, self._cache_len + 1, self._device) if any(self._pads) else None
-            with torch.inference_mode(), self._compute():
-                out = self._model(
-                    input_ids=ids.unsqueeze(-1),
-                    attention_mask=mask,
-                    position_ids=positions.unsqueeze(-1),
-                    use_cache=True,
-                    logits_to_keep=1,
-                    **cache_kwargs(self._model, self._cache),
-                )
-            self._cache = returned_cache(out)
-            logits = out.logits[:, -1, :]
+        mask = _mask(self._pads, self._cache_len + 1, self._device) if any(self._pads) else None
+        with torch.inference_mode():
+            out = self._model(
+                input_ids=ids.unsqueeze(-1),
+                attention_mask=mask,
+                position_ids=positions.unsqueeze(-1),
+                use_cache=True,
+                logits_to_keep=1,
+                **cache_kwargs(self._model, self._cache),
+            )
+        self._cache = returned_cache(out)
+        logits = out.logits[:, -1, :]
         self._cache_len += 1
         with self._cond:
             self._steps += 1
@@ -876,39 +720,6 @@ class HFSampler(Sampler):
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def _float32_rope(rotary: Any) -> None:
-    """Recompute a rotary module's frequencies in float32 (a model loaded in bf16 holds them
-    rounded; the learner's float32 model, whose bf16 autocast the sampler then mirrors, has
-    them exact). Left as they are where the module has no known initialiser."""
-    config, kind = getattr(rotary, "config", None), getattr(rotary, "rope_type", None)
-    try:
-        if kind == "default" and hasattr(rotary, "compute_default_rope_parameters"):
-            inv_freq, _ = rotary.compute_default_rope_parameters(config)
-        else:
-            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-            inv_freq, _ = ROPE_INIT_FUNCTIONS[kind](config, rotary.inv_freq.device)
-    except Exception as e:  # an unknown rotary module: its frequencies stay
-        log.warning(
-            "rotary frequencies kept in %s (%s: %s)", rotary.inv_freq.dtype, type(e).__name__, e
-        )
-        return
-    inv_freq = inv_freq.to(device=rotary.inv_freq.device, dtype=torch.float32)
-    rotary.inv_freq = inv_freq
-    if hasattr(rotary, "original_inv_freq"):
-        rotary.original_inv_freq = inv_freq.clone()
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (
-        a.device == b.device
-        and a.dtype == b.dtype
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.data_ptr() == b.data_ptr()
-    )
 
 
 def _fail_chunk(chunk: list[_Plan], what: str, e: Exception) -> None:

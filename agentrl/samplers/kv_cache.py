@@ -16,7 +16,7 @@ copied into a fresh buffer at the next append.
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,19 +26,10 @@ HEADROOM = 64  # spare positions a buffer gets when it is (re)allocated
 
 
 class GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose appends write into a preallocated buffer; with a `dtype`, the
-    buffers hold keys/values cast to it (a bf16 cache of a model computing under bf16
-    autocast, whose keys come out of RoPE in float32 and whose attention takes them in bf16)."""
-
-    def __init__(self, dtype: torch.dtype | None = None) -> None:
-        super().__init__()
-        self.kv_dtype = dtype
+    """A ``DynamicLayer`` whose appends write into a preallocated buffer."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
-        if self.kv_dtype is not None:
-            self.keys = self.keys.to(self.kv_dtype)
-            self.values = self.values.to(self.kv_dtype)
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
 
@@ -59,8 +50,8 @@ class GrowingLayer(DynamicLayer):
         keys/values copied into their first `length`."""
         b, h, _, d = like_k.shape
         shape = (b, h, length + n + HEADROOM, d)
-        kbuf = like_k.new_empty(shape, dtype=self.kv_dtype or like_k.dtype)
-        vbuf = like_v.new_empty((*shape[:3], like_v.shape[-1]), dtype=self.kv_dtype or like_v.dtype)
+        kbuf = like_k.new_empty(shape)
+        vbuf = like_v.new_empty((*shape[:3], like_v.shape[-1]))
         if length:
             kbuf[:, :, :length] = self.keys
             vbuf[:, :, :length] = self.values
@@ -82,19 +73,6 @@ class GrowingLayer(DynamicLayer):
         self.advance(n)
         return self.keys, self.values
 
-    def reserve(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The key and value buffers with room for `n` positions behind the current ones
-        (a fresh copy if the keys/values were replaced), and the current length: a caller
-        that writes the positions itself (the compiled decode step) then calls
-        :meth:`advance`. The layer must hold keys already (after a prefill)."""
-        keys = self.keys
-        if not self.is_initialized or keys.dim() != 4:
-            raise ValueError("reserve() needs a layer that holds keys (prefill first)")
-        if not self._owns(keys, keys.shape[:2], n):
-            self._grow(keys, self.values, keys.shape[-2], n)
-        assert self._kbuf is not None and self._vbuf is not None
-        return self._kbuf, self._vbuf, keys.shape[-2]
-
     def advance(self, n: int) -> None:
         """Take the `n` positions written behind the current keys/values into them."""
         assert self._kbuf is not None and self._vbuf is not None
@@ -104,8 +82,17 @@ class GrowingLayer(DynamicLayer):
 
 
 class GrowingCache(Cache):
-    """A cache of :class:`GrowingLayer` s (in `dtype`, when given), created as the model
-    first writes each layer."""
+    """A cache of :class:`GrowingLayer` s, created as the model first writes each layer."""
 
-    def __init__(self, dtype: torch.dtype | None = None) -> None:
-        super().__init__(layer_class_to_replicate=functools.partial(GrowingLayer, dtype))
+    def __init__(self) -> None:
+        super().__init__(layer_class_to_replicate=GrowingLayer)
+
+
+def _dynamic_cache() -> Cache:
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+# the hf sampler's ``kv_cache`` option: a new, empty cache of each kind
+KV_CACHES: dict[str, Callable[[], Cache]] = {"growing": GrowingCache, "dynamic": _dynamic_cache}

@@ -188,8 +188,8 @@ class CudaSharedWeights:
 def adopt(model: torch.nn.Module, shared: SharedWeights | CudaSharedWeights) -> bool:
     """Make `model`'s parameters live in `shared`'s buffers (each becomes a view of its slot,
     holding the same values), so the owner's weights are not kept twice and a refresh
-    copies nothing; the other process's views then see every change as it is made, so the
-    owner writes them under a :class:`~agentrl.weights.lock.WeightLock`.
+    copies nothing; the other process's views then see every change as it is made (read
+    them only between the owner's steps: a publish copies them before the next step).
 
     Only when every parameter has a slot of its own dtype, shape and device (the state was
     the parameters themselves, not LoRA-merged or cast copies); returns whether it did.

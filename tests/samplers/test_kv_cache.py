@@ -71,30 +71,6 @@ def test_keys_replaced_from_outside_are_copied_into_a_fresh_buffer() -> None:
     assert keys.data_ptr() == layer._kbuf.data_ptr()
 
 
-def test_reserve_and_advance_write_positions_from_outside() -> None:
-    """What the compiled decode step does: reserve room (a fresh buffer when the keys were
-    replaced), write the position into the buffers itself, then advance."""
-    layer = GrowingLayer()
-    with pytest.raises(ValueError, match="prefill first"):
-        layer.reserve(1)
-    k = torch.randn(2, 1, 5, 4)
-    layer.update(k, k + 1)
-    kbuf, vbuf, length = layer.reserve(1)
-    assert (kbuf, vbuf, length) == (layer._kbuf, layer._vbuf, 5)  # room already there
-    kbuf[:, :, 5] = 3.0
-    vbuf[:, :, 5] = 4.0
-    layer.advance(1)
-    assert layer.keys.shape[-2] == 6 and layer.keys.data_ptr() == kbuf.data_ptr()
-    torch.testing.assert_close(layer.keys[:, :, :5], k)
-    assert bool((layer.keys[:, :, 5] == 3.0).all()) and bool((layer.values[:, :, 5] == 4.0).all())
-    layer.keys = layer.keys.index_select(0, torch.tensor([1]))  # a row dropped
-    layer.values = layer.values.index_select(0, torch.tensor([1]))
-    kept = layer.keys.clone()
-    kbuf2, _, length = layer.reserve(1)
-    assert kbuf2 is not kbuf and kbuf2.shape[0] == 1 and length == 6
-    torch.testing.assert_close(kbuf2[:, :, :6], kept)
-
-
 def test_an_unknown_kv_cache_option_names_the_choices() -> None:
     model, tok = load_model("tiny-llama", dtype="float32", seed=0)
     with pytest.raises(ValueError, match="kv_cache must be one of growing, dynamic"):
