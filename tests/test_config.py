@@ -57,3 +57,28 @@ def test_missing_file_and_bad_yaml(tmp_path):
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_shipped_configs_validate(path):
     load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("learner.bf16_matmul", "rounded", "bf16 config computes in float32"),
+        ("learner.share_weights", "off", "learner.weight_sharing"),
+    ],
+)
+def test_removed_keys_say_they_were_removed(key, value, says, tmp_path):
+    """An old config fails naming the removed key and what to do instead, from YAML and
+    from an override alike."""
+    section, name = key.split(".")
+    path = tmp_path / "old.yaml"
+    path.write_text(f"{section}:\n  {name}: {value}\n")
+    for load in (lambda: load_config(path), lambda: load_config(None, [f"{key}={value}"])):
+        with pytest.raises(ConfigError) as err:
+            load()
+        assert f"'{key}' was removed" in str(err.value) and says in str(err.value)
+
+
+def test_the_process_allocator_is_the_systems_unless_asked():
+    assert load_config().orchestrator.cpu_allocator == "system"
+    reuse = load_config(None, ["orchestrator.cpu_allocator=reuse"])
+    assert reuse.orchestrator.cpu_allocator == "reuse"

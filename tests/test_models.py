@@ -54,6 +54,22 @@ def test_resolve_dtype():
         load_model("tiny-lama")  # a typo names the aliases
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["bf16-cpu", "no-bf16-cpu"])
+def test_a_bf16_model_computes_in_float32_on_a_cpu_without_bf16(native, monkeypatch, caplog):
+    """model.dtype bfloat16 on a CPU without bf16 instructions: one log line, float32."""
+    import agentrl.models
+
+    monkeypatch.setattr(agentrl.models, "cpu_supports_bf16", lambda: native)
+    monkeypatch.setattr(agentrl.models, "_said_no_bf16", False)
+    with caplog.at_level("WARNING", logger="agentrl.models"):
+        for _ in range(2):
+            model, _ = load_model("tiny-llama", dtype="bfloat16")
+            expected = torch.bfloat16 if native else torch.float32
+            assert next(model.parameters()).dtype == expected
+    said = [r.getMessage() for r in caplog.records if "bf16 instructions" in r.getMessage()]
+    assert len(said) == (0 if native else 1), said
+
+
 @pytest.mark.integration
 def test_smollm2_converts_once_and_generates(tmp_path, monkeypatch):
     import time

@@ -119,8 +119,15 @@ def test_bypass_holds_across_synchronous_steps(fresh_model: Callable[[], torch.n
     ],
 )
 def test_not_taken_where_the_pass_can_change_the_result(
-    fresh_model: Callable[[], torch.nn.Module], sections: dict, blocker: str
+    fresh_model: Callable[[], torch.nn.Module],
+    sections: dict,
+    blocker: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import agentrl.models
+
+    # a CPU with bf16 instructions (without them both sides compute in float32)
+    monkeypatch.setattr(agentrl.models, "cpu_supports_bf16", lambda: True)
     cfg = _cfg(
         sections.get("algorithm"),
         sections.get("learner"),
@@ -134,7 +141,12 @@ def test_not_taken_where_the_pass_can_change_the_result(
     assert metrics["learner/proximal_bypass"] == 0.0
 
 
-def test_bf16_learner_and_bf16_sampler_may_bypass() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["bf16-cpu", "no-bf16-cpu"])
+def test_bf16_learner_and_bf16_sampler_may_bypass(native: bool, monkeypatch) -> None:
+    """Both compute in bf16, or (a CPU without bf16 instructions) both in float32."""
+    import agentrl.models
+
+    monkeypatch.setattr(agentrl.models, "cpu_supports_bf16", lambda: native)
     cfg = _cfg(model={"name": "tiny-llama", "dtype": "bfloat16"}, learner={"bf16": "on"})
     precision = Precision.from_config(cfg.learner)
     assert bypass_blockers(cfg, precision) == []

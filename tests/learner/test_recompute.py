@@ -3,35 +3,26 @@ gradients are the plain module's."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import pytest
 import torch
 
-from agentrl.algos import bf16
 from agentrl.learner.recompute import GatedMLP, recompute_mlp
 from agentrl.models import tiny_llama
 
 
-def _grads(
-    model: torch.nn.Module, ids: torch.Tensor, autocast: bool, rounded: bool = False
-) -> tuple[float, dict]:
+def _grads(model: torch.nn.Module, ids: torch.Tensor, autocast: bool) -> tuple[float, dict]:
     model.zero_grad(set_to_none=True)
-    matmuls = bf16.rounded_matmuls() if rounded else contextlib.nullcontext()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), matmuls:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model(input_ids=ids).logits
     loss = torch.log_softmax(logits.float(), -1)[..., 5].mean()
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize(
-    ("autocast", "rounded"),
-    [(False, False), (True, False), (True, True)],
-    ids=["fp32", "bf16-autocast", "bf16-rounded-matmuls"],
-)
-def test_loss_and_gradients_match_the_plain_model(autocast: bool, rounded: bool) -> None:
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_loss_and_gradients_match_the_plain_model(autocast: bool) -> None:
     plain = tiny_llama(seed=0)
     patched = copy.deepcopy(plain)
     layers = len(plain.model.layers)
@@ -39,8 +30,8 @@ def test_loss_and_gradients_match_the_plain_model(autocast: bool, rounded: bool)
     ids = torch.randint(
         0, plain.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(1)
     )
-    loss_a, grads_a = _grads(plain, ids, autocast, rounded)
-    loss_b, grads_b = _grads(patched, ids, autocast, rounded)
+    loss_a, grads_a = _grads(plain, ids, autocast)
+    loss_b, grads_b = _grads(patched, ids, autocast)
     tol = {"rtol": 2e-2, "atol": 2e-3} if autocast else {"rtol": 1e-4, "atol": 1e-6}
     assert loss_b == pytest.approx(loss_a, rel=tol["rtol"])
     assert grads_a.keys() == grads_b.keys()
@@ -113,24 +104,3 @@ def test_a_learner_step_matches_the_plain_learner(fresh_model, groups) -> None:
         plain.model.named_parameters(), patched.model.parameters(), strict=True
     ):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=name)
-
-
-def test_the_recompute_runs_rounded_where_its_forward_did(monkeypatch) -> None:
-    """Under rounded bf16 matmuls the MLP's backward (run by autograd after the forward's
-    context has closed) multiplies as its forward did: through the rounded products."""
-    model = tiny_llama(seed=0)
-    recompute_mlp(model)
-    ids = torch.tensor([[1, 2, 3, 4, 5]])
-    seen: list[int] = []
-    product = bf16._rounded_product
-
-    def counting(*args):
-        seen.append(1)
-        return product(*args)
-
-    monkeypatch.setattr(bf16, "_rounded_product", counting)
-    with torch.autocast("cpu", dtype=torch.bfloat16), bf16.rounded_matmuls():
-        logits = model(input_ids=ids).logits
-    assert not seen  # the forward's products are F.linear's (RoundedLinear)
-    logits.float().sum().backward()
-    assert len(seen) == 6 * len(model.model.layers)  # GatedMLP.backward's six products
