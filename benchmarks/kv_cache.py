@@ -8,8 +8,7 @@
 tokens), temperature 1, one sampler per ``kv_cache`` option (``growing`` is the default,
 :mod:`agentrl.samplers.kv_cache`; ``dynamic`` concatenates the whole cache every decode
 step). Runs alternate between the two (best of ``--repeats``), so machine load hits both
-alike. Both run the decode attention of :mod:`agentrl.samplers.decode_attention` (on by
-default). Prints a table and writes benchmarks/results/kv_cache.json.
+alike. Prints a table and writes benchmarks/results/kv_cache.json.
 """
 
 from __future__ import annotations

@@ -8,10 +8,9 @@ HF step; or (``--packing``) packed vs padded micro-batches on sequences of varie
     .venv/bin/python benchmarks/learner_step.py --mfu [--model ...] [--steps 3]
 
 ``--mfu``: the learner's achieved model GFLOP/s (benchmarks/flops.py) in float32 and in
-bf16 autocast (``--bf16-matmuls``: torch's bf16 kernels and/or ``learner.bf16_matmul:
-rounded``, float32 GEMMs on bf16-rounded operands), each beside the matmul peak measured
-by the same process right after its steps (same threads, same machine load) in the dtype
-its GEMMs run in (float32 for ``rounded``), and its peak RSS; writes
+bf16 autocast (float32 on a CPU without bf16 instructions), each beside the matmul peak
+measured by the same process right after its steps (same threads, same machine load) in
+the dtype its GEMMs run in, and its peak RSS; writes
 benchmarks/results/learner_step_mfu.json.
 
 ``--packing``: 8 sequences of 64 prompt + 32..448 model tokens (uniform, seeded), so
@@ -96,7 +95,6 @@ def child(args: argparse.Namespace) -> dict:
                 "lr": 1e-6,
                 "micro_batch_size": args.micro,
                 "bf16": args.bf16,
-                "bf16_matmul": args.bf16_matmul,
                 "fused_logprobs": args.fused[0],
             },
             "algorithm": {"off_policy": args.correction},
@@ -130,8 +128,8 @@ def child(args: argparse.Namespace) -> dict:
 
     passes = int(m["time/no_grad_pass_s"] > 1e-3)  # the start-of-step pass ran
     gflop = step_flops(model.config, [256] * 8, [192] * 8, no_grad_passes=passes) / 1e9
-    # the peak of the GEMMs the step runs: rounded bf16 matmuls are float32 GEMMs
-    bf16_gemms = learner.precision.bf16_matmul == "torch"
+    # the peak of the GEMMs the step runs
+    bf16_gemms = learner.bf16
     peak_rss_mb = _peak_rss_mb()
     peak = matmul_peak_gflops(torch.bfloat16 if bf16_gemms else torch.float32)
     return {
@@ -142,7 +140,6 @@ def child(args: argparse.Namespace) -> dict:
         "allocator": args.child,
         "fused_logprobs": args.fused[0],
         "bf16": learner.bf16,
-        "bf16_matmul": learner.precision.bf16_matmul,
         "peak_dtype": "bfloat16" if bf16_gemms else "float32",
         "peak_rss_mb": peak_rss_mb,
         "threads": torch.get_num_threads(),
@@ -285,23 +282,21 @@ def mfu_main(args: argparse.Namespace) -> None:
     matmul peak its own process measured right after its steps (same threads, same load)."""
     load_before = os.getloadavg()[0]
     rows = []
-    modes = [("off", "auto")] + [("on", m) for m in args.bf16_matmuls]
-    for bf16, matmul in modes:
+    for bf16 in ("off", "on"):
         cmd = [sys.executable, __file__, "--child", "reuse", "--fused", "auto"]
         cmd += ["--model", args.model, "--steps", str(args.steps), "--bf16", bf16]
-        cmd += ["--bf16-matmul", matmul]
         cmd += ["--micro", str(args.micro), "--correction", args.correction]
         cmd += ["--threads", str(args.threads)]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"{args.model}: 8 x 256 tokens (192 trained), micro {args.micro}, MFU")
     print(
-        f"{'dtype':<8}{'matmuls':>9}{'threads':>8}{'best step (s)':>15}{'GFLOP/step':>12}"
+        f"{'dtype':<8}{'threads':>8}{'best step (s)':>15}{'GFLOP/step':>12}"
         f"{'GFLOP/s':>10}{'matmul peak GFLOP/s':>21}{'MFU':>7}{'peak RSS MB':>13}"
     )
     for r in rows:
         print(
-            f"{'bf16' if r['bf16'] else 'fp32':<8}{r['bf16_matmul']:>9}{r['threads']:>8}"
+            f"{'bf16' if r['bf16'] else 'fp32':<8}{r['threads']:>8}"
             f"{r['step_s_best']:>15.2f}{r['model_gflop_per_step']:>12.0f}"
             f"{r['achieved_gflops']:>10.1f}{r['matmul_peak_gflops']:>13.1f} {r['peak_dtype']:<7}"
             f"{r['mfu']:>7.0%}{r['peak_rss_mb']:>13.0f}"
@@ -333,14 +328,6 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--bf16", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--micro", type=int, default=4)
-    ap.add_argument(
-        "--bf16-matmul", default="auto", choices=["auto", "torch", "rounded"],
-        help="learner.bf16_matmul of the steps",
-    )  # fmt: skip
-    ap.add_argument(
-        "--bf16-matmuls", nargs="+", default=["torch", "rounded"], choices=["torch", "rounded"],
-        help="--mfu: the bf16 rows, one per learner.bf16_matmul",
-    )  # fmt: skip
     ap.add_argument("--correction", default="none", choices=["none", "tis", "decoupled"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the plain HF step")

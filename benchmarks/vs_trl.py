@@ -18,8 +18,7 @@ its defaults otherwise. Configurations, each a fresh process:
 
 Each in ``float32`` and ``bfloat16``: TRL ``bf16=True`` (fp32 weights, bf16 autocast for
 generation and training); agentrl ``model.dtype: bfloat16`` and ``learner.bf16: on`` (fp32
-masters, bf16 autocast; the bf16 sampler computes on those masters as bf16 autocast does,
-``HFSampler.share_weights``). agentrl uses ``algorithm.off_policy:
+masters, bf16 autocast; the sampler keeps a bf16 copy of the weights). agentrl uses ``algorithm.off_policy:
 tis`` as configs/demo.yaml does (in sync mode the proximal bypass skips its pass; in
 async it runs).
 
