@@ -8,8 +8,9 @@ every touch of it. On a small CPU that can cost more than the arithmetic
 (``benchmarks/learner_step.py`` compares both allocators). ``reuse`` raises both thresholds and
 puts every thread on the main arena, so freed memory stays in the process for the next
 allocation, as PyTorch's caching allocator does on a GPU. The price: resident memory stays
-near its peak. Threads that allocated before the call keep their own arena, so apply it
-first thing (the Orchestrator does so in its constructor).
+near its peak. It is opt in (``orchestrator.cpu_allocator: reuse``; the default ``system``
+leaves the process's allocator as it is). Threads that allocated before the call keep
+their own arena, so apply it first thing (a run does, in its process settings).
 """
 
 from __future__ import annotations
