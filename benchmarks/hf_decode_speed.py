@@ -5,7 +5,8 @@ options (16 concurrent ``generate`` callers, one 46-token prompt, 64 new tokens 
 ignored, temperature 1, after a warm-up): tokens/s over the whole call (prefill included)
 and the mean decode step (the sampler's ``_decode_step``, sampling included). Checkouts and
 dtypes are interleaved (A, B, A, B, ...) because a shared machine drifts; the table gives
-medians and the ratio of each checkout to the first.
+medians, their ratio to the first checkout's, and the median of the ratios within each
+round (the two measurements ran back to back, so load drift cancels best there).
 
     .venv/bin/python benchmarks/hf_decode_speed.py \\
         --python before=/work/main/.venv/bin/python --python after=.venv/bin/python \\
@@ -155,11 +156,11 @@ def main() -> None:
     first = next(iter(sides))
     table: dict[str, dict[str, Any]] = {}
     threads = args.threads or "default"
+    where = f"{ROWS} rows x {NEW_TOKENS} tokens, {cpu_name()}, {threads} threads"
+    print(f"\nmedians of {args.repeats}, {where}")
     print(
-        f"\nmedians of {args.repeats}, {ROWS} rows x {NEW_TOKENS} tokens, {cpu_name()}, {threads} threads"
-    )
-    print(
-        f"{'dtype':<10}{'checkout':<10}{'tok/s':>8}{'step ms':>9}{'tok/s ratio':>13}{'step ratio':>12}"
+        f"{'dtype':<10}{'checkout':<10}{'tok/s':>8}{'step ms':>9}{'tok/s ratio':>13}"
+        f"{'step ratio':>12}{'paired tok/s':>14}{'paired step':>13}"
     )
     for dtype, by_side in samples.items():
         table[dtype] = {}
@@ -174,9 +175,16 @@ def main() -> None:
         for name, med in table[dtype].items():
             med["tok_s_ratio"] = med["tok_s"] / base["tok_s"]
             med["decode_step_ratio"] = med["decode_step_ms"] / base["decode_step_ms"]
+            # the ratio within each round (the two ran back to back), then the median
+            pairs = list(zip(by_side[name], by_side[first], strict=True))
+            med["paired_tok_s_ratio"] = statistics.median(a["tok_s"] / b["tok_s"] for a, b in pairs)
+            med["paired_decode_step_ratio"] = statistics.median(
+                a["decode_step_ms"] / b["decode_step_ms"] for a, b in pairs
+            )
             print(
                 f"{dtype:<10}{name:<10}{med['tok_s']:8.1f}{med['decode_step_ms']:9.1f}"
                 f"{med['tok_s_ratio']:13.2f}{med['decode_step_ratio']:12.2f}"
+                f"{med['paired_tok_s_ratio']:14.2f}{med['paired_decode_step_ratio']:13.2f}"
             )
     result = {
         "benchmark": "hf_decode_speed",
