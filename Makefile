@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
 
-.PHONY: setup test test-all test-integration test-vllm gpu-check gpu-bundle demo demo-search lint format bench clean
+.PHONY: setup test test-all test-integration test-vllm gpu-check gpu-bundle gpu-rehearsal demo demo-search lint format bench clean
 
 setup: $(STAMP)
 
@@ -25,14 +25,18 @@ test-vllm:
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_env.py tests/samplers/test_vllm_sampler.py tests/samplers/test_openai_sampler.py tests/samplers/test_vllm_eval.py \
 		tests/samplers/test_vllm_options.py tests/samplers/test_vllm_train.py tests/samplers/test_openai_train.py
 
-# On a CUDA machine: tests/gpu and benchmarks/gpu.py in .venv-gpu over the machine's own
-# torch (scripts/gpu_check.sh). gpu-bundle (here, with network) fills .gpu-bundle/ for a
-# GPU machine without network: wheels of what is missing there, SmolLM2's tokenizer
+# On a CUDA machine: tests/gpu and benchmarks/gpu.py section by section, installed into the
+# machine's own Python (scripts/gpu_check.sh; one JSON per section under --out).
+# gpu-bundle (here, with network) fills .gpu-bundle/ with the wheels the GPU image lacks and
+# SmolLM2's tokenizer; gpu-rehearsal plays the GPU image on this CPU (scripts/gpu_rehearsal.sh)
 gpu-check:
 	bash scripts/gpu_check.sh
 
 gpu-bundle: setup
 	bash scripts/gpu_check.sh --bundle
+
+gpu-rehearsal: setup
+	bash scripts/gpu_rehearsal.sh
 
 demo: setup
 	$(VENV)/bin/agentrl train configs/demo.yaml
