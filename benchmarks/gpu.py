@@ -248,6 +248,31 @@ def make_groups(n_groups: int, group_size: int, prompt: tuple[int, int], respons
     return groups
 
 
+def profile_step(learner: Any, groups: Any, device: torch.device) -> dict[str, Any]:
+    """One more step under torch.profiler: the ops that take the device's (or CPU's) time,
+    and how long the device sat idle (step wall time minus the kernels' time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        learner.step(groups)
+        sync(device)
+    wall = time.perf_counter() - t0
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)
+    top = [
+        {"op": e.key[:80], "self_ms": getattr(e, key, 0) / 1e3, "calls": e.count}
+        for e in events[:25]
+    ]
+    busy = sum(getattr(e, key, 0) for e in prof.key_averages()) / 1e6
+    print(f"  profile: wall {wall:.3f} s, device busy {busy:.3f} s", flush=True)
+    for t in top[:15]:
+        print(f"    {t['self_ms']:9.1f} ms {t['calls']:6d}x  {t['op']}", flush=True)
+    return {"wall_s": wall, "busy_s": busy, "top": top}
+
+
 def packing_available() -> bool:
     from agentrl.config import LearnerConfig
 
@@ -268,6 +293,7 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
 
     tokenizer = load_tokenizer("tiny-llama")
     modes = [False, True] if packing_available() else [False]
+    modes = [m for m in modes if args.packing == "both" or m == (args.packing == "on")]
     peak = peak_flops(device)
     groups = make_groups(args.groups, args.group_size, args.prompt_len, args.response_len)
     tokens = sum(len(t.input_ids) for g in groups for t in g.trajectories)
@@ -306,6 +332,8 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
                 del learner, model
                 free_memory(device)
                 continue
+            if args.profile:
+                row_profile = profile_step(learner, groups, device)
             best = min(times)
             passes = 6 + (2 if extra_pass else 0)  # fwd+bwd, plus a no-grad pass if one ran
             flops = passes * n_compute * tokens
@@ -326,6 +354,8 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
                 "mfu": mfu,
                 "peak_memory_gib": peak_mem,
             }
+            if args.profile:
+                row["profile"] = row_profile
             rows.append(row)
             print(
                 f"  learner {shape:<11} packing={'on ' if packing else 'off'} "
@@ -663,6 +693,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--micro-batch", type=int, default=None, help="learner micro-batch (default 4; smoke 4)"
     )
     ap.add_argument("--no-learner-process", dest="learner_process", action="store_false")
+    ap.add_argument("--profile", action="store_true", help="learner: profile one more step")
+    ap.add_argument(
+        "--packing", choices=["both", "on", "off"], default="both", help="learner: packing modes"
+    )
     args = ap.parse_args(argv)
     if args.smoke:
         args.device = "cpu"
