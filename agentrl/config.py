@@ -328,6 +328,8 @@ class RayConfig(_Section):
     # an existing cluster ("ray://host:10001", "host:6379", "auto"); None: RAY_ADDRESS when
     # set, else a local Ray instance started for the run (and stopped with it)
     address: str | None = None
+    # CPUs of a local instance (scheduling tokens); None: the machine's cores, or what the
+    # roles reserve in all when that is more (the default roles start on a 2-core laptop)
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local instance")
     samplers: RayRoleConfig = Field(default_factory=RayRoleConfig)
     rollout_workers: RayRoleConfig = Field(default_factory=RayRoleConfig)
