@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 
 from agentrl._suggest import suggest
 from agentrl.envs.base import EnvOptions, ToolEnvironment
-from agentrl.envs.datasets import load_task_file
+from agentrl.envs.dataset import load_task_file
 from agentrl.envs.verifiers import MathVerifier, ReasoningGymVerifier, Verifier
 from agentrl.errors import ConfigError
 from agentrl.tools import PythonTool, register_parser
