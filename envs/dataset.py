@@ -39,6 +39,7 @@ from agentrl._suggest import suggest
 from agentrl.envs.base import Environment, EnvOptions, ToolEnvironment
 from agentrl.envs.verifiers import ExactMatchVerifier, MathVerifier, Verifier
 from agentrl.errors import ConfigError, DatasetError
+from agentrl.extras import require
 
 BUILDERS = {
     ".json": "json",
@@ -93,7 +94,7 @@ class DatasetSource:
 
     def _load(self) -> Any:
         """``{split: Dataset | IterableDataset}``."""
-        import datasets
+        datasets = require("datasets", "datasets", "data.path")
 
         datasets.disable_progress_bars()
         datasets.logging.set_verbosity_error()
@@ -122,7 +123,7 @@ class DatasetSource:
         return self._load_files(_builder(files, cfg.format, self.where), str(path))
 
     def _load_files(self, builder: str, files: Any, folder: Path | None = None) -> Any:
-        from datasets import load_dataset
+        load_dataset = require("datasets", "datasets", "data.path").load_dataset
 
         try:
             if folder is not None:  # train.jsonl / test.jsonl ... name their splits
@@ -136,7 +137,8 @@ class DatasetSource:
         return dict(loaded)
 
     def _load_saved(self, path: Path) -> Any:
-        from datasets import Dataset, load_from_disk
+        hf_datasets = require("datasets", "datasets", "data.path")
+        Dataset, load_from_disk = hf_datasets.Dataset, hf_datasets.load_from_disk
 
         try:
             loaded = load_from_disk(str(path))
@@ -328,10 +330,7 @@ def _check_row(row: Any, where: str, required: Sequence[str]) -> dict[str, Any]:
 
 
 def _read_parquet(path: Path) -> list[tuple[str, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise DatasetError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from e
+    pq = require("pyarrow.parquet", "datasets", f"{path}: reading parquet")
     try:
         rows = pq.read_table(path).to_pylist()
     except Exception as e:

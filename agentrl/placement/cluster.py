@@ -16,19 +16,14 @@ from typing import Any
 
 from agentrl.config import Config, RayRoleConfig
 from agentrl.errors import ConfigError
+from agentrl.extras import require
 
 MIN_RAY = (2, 9)
 ROLES = ("samplers", "rollout_workers", "learner")
 
 
 def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(
-            "orchestrator.backend=ray needs Ray: pip install 'agentrl[ray]' "
-            "(or set orchestrator.backend=local)"
-        ) from None
+    ray = require("ray", "ray", "orchestrator.backend=ray")
     version = tuple(int(p) for p in ray.__version__.split(".")[:2] if p.isdigit())
     if version < MIN_RAY:
         raise ConfigError(
