@@ -23,8 +23,9 @@ start=$SECONDS
 # 1. the wheel, from the files git knows (tracked, and new ones not ignored): no build/ or
 # egg-info left over from an editable install leaks into it
 mkdir -p "$WORK/src"
-git -C "$REPO" ls-files -z --cached --others --exclude-standard \
-    | (cd "$REPO" && xargs -0 cp --parents -t "$WORK/src" 2>/dev/null || true)
+(cd "$REPO" && git ls-files -z --cached --others --exclude-standard \
+    | xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' _ \
+    | xargs -0 -r cp --parents -t "$WORK/src")
 "$PY" -m pip wheel -q --no-deps --no-build-isolation --disable-pip-version-check \
     -w "$WORK/dist" "$WORK/src" >/dev/null
 WHEEL="$(ls "$WORK"/dist/agentrl-*.whl)"
