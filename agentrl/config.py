@@ -49,13 +49,11 @@ class SamplerConfig(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     max_new_tokens: int = Field(256, ge=1, description="per assistant turn")
-    drain_on_update: bool = False  # finish in-flight sequences on old weights before a swap
     # what in-flight sequences do when new weights arrive (docs/off_policy.md): keep = go
     # on with the KV the old weights computed (tokens after the swap see a mix); reprefill =
     # recompute the whole context's KV under the new weights, then go on (AReaL's
-    # interruptible generation, exact); drain = finish on the old weights first (the same as
-    # drain_on_update: true); auto = drain when drain_on_update or not
-    # orchestrator.partial_rollouts, else the backend's own: hf keep, vllm reprefill
+    # interruptible generation, exact); drain = finish on the old weights first (no rollout
+    # spans two versions); auto = the backend's own: hf keep, vllm reprefill, openai drain
     on_update: Literal["auto", "keep", "reprefill", "drain"] = "auto"
     device: str = "auto"  # hf backend: auto (CUDA when present), cpu, cuda, cuda:N
     # share of the GPU's memory the hf sampler may use (checked against its weights at start,
@@ -245,7 +243,6 @@ class OrchestratorConfig(_Section):
     time_limit_s: float | None = Field(
         None, gt=0, description="stop after the step that crosses this wall time (checkpointed)"
     )
-    partial_rollouts: bool = True
     seed: int = 0
     # where the run's parts live: local = this process (plus the learner child); ray = the
     # same classes in Ray actors sized by the `ray` section (see docs/ray.md)
@@ -328,6 +325,8 @@ class RayConfig(_Section):
     # an existing cluster ("ray://host:10001", "host:6379", "auto"); None: RAY_ADDRESS when
     # set, else a local Ray instance started for the run (and stopped with it)
     address: str | None = None
+    # CPUs of a local instance (scheduling tokens); None: the machine's cores, or what the
+    # roles reserve in all when that is more (the default roles start on a 2-core laptop)
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local instance")
     samplers: RayRoleConfig = Field(default_factory=RayRoleConfig)
     rollout_workers: RayRoleConfig = Field(default_factory=RayRoleConfig)
@@ -467,6 +466,15 @@ class Config(_Section):
 
 # --- loading -------------------------------------------------------------------------
 
+# keys that existed once: an old config naming one gets this line instead of "unknown key"
+REMOVED_KEYS: dict[str, str] = {
+    "sampler.drain_on_update": "sampler.drain_on_update was removed: use sampler.on_update: "
+    "drain (finish in-flight sequences on the old weights before a swap)",
+    "orchestrator.partial_rollouts": "orchestrator.partial_rollouts was removed: use "
+    "sampler.on_update: drain for partial_rollouts: false (no rollout spans two weight "
+    "versions); true is the default (sampler.on_update: auto)",
+}
+
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class that owns the field at `loc` (for key suggestions)."""
@@ -488,7 +496,9 @@ def _format_error(err: ValidationError, source: str) -> str:
         dotted = ".".join(str(p) for p in loc)
         if not dotted.isprintable():  # a key with a line break must not split the message
             dotted = repr(dotted)[1:-1]
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and dotted in REMOVED_KEYS:
+            lines.append(REMOVED_KEYS[dotted])
+        elif e["type"] == "extra_forbidden":
             owner = _model_at(loc)
             hint = suggest(str(loc[-1]), owner.model_fields) if owner else ""
             valid = ", ".join(owner.model_fields) if owner else ""

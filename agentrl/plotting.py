@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agentrl.extras import require
+
 # (metric key in BatchTrained.metrics, panel title)
 CURVES: list[tuple[str, str]] = [
     ("reward_mean", "reward"),
@@ -45,10 +47,9 @@ def read_steps(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``curves.png`` (or `out`) with one panel per metric that the run logged."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plots", "drawing curves.png")
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "plots", "drawing curves.png")
 
     steps = read_steps(run_dir)
     out_path = Path(out) if out else Path(run_dir) / "curves.png"

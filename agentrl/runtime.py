@@ -115,28 +115,9 @@ _ON_UPDATE_CANNOT = {
 
 def on_update_policy(cfg: Config) -> str:
     """``sampler.on_update`` resolved to ``keep``, ``reprefill`` or ``drain`` for the run's
-    backend; a contradiction with ``sampler.drain_on_update`` or
-    ``orchestrator.partial_rollouts``, or a policy the backend cannot honour, is a
-    :class:`ConfigError` naming the keys."""
+    backend; a policy the backend cannot honour is a :class:`ConfigError` naming the key."""
     s, backend = cfg.sampler, cfg.sampler.backend
-    drains = [
-        key
-        for key, on in (
-            ("sampler.drain_on_update=true", s.drain_on_update),
-            ("orchestrator.partial_rollouts=false", not cfg.orchestrator.partial_rollouts),
-        )
-        if on
-    ]
-    if s.on_update in ("keep", "reprefill") and drains:
-        raise ConfigError(
-            f"sampler.on_update={s.on_update} contradicts {drains[0]} (which finishes in-flight "
-            f"sequences on the old weights): remove {drains[0].split('=')[0]}, or set "
-            "sampler.on_update=drain"
-        )
-    if s.on_update != "auto":
-        policy = s.on_update
-    else:
-        policy = "drain" if drains else _ON_UPDATE_DEFAULT[backend]
+    policy = _ON_UPDATE_DEFAULT[backend] if s.on_update == "auto" else s.on_update
     why = _ON_UPDATE_CANNOT.get((backend, policy))
     if why:
         raise ConfigError(
@@ -148,8 +129,8 @@ def on_update_policy(cfg: Config) -> str:
 def sampler_options(cfg: Config) -> dict[str, Any]:
     """The keyword options `cfg` gives its sampler backend.
 
-    First-class settings (``sampler.max_batch_size``, ``on_update``, ``drain_on_update``,
-    ``device``, ``model.dtype``, ``orchestrator.partial_rollouts``) are forwarded where the
+    First-class settings (``sampler.max_batch_size``, ``on_update``, ``device``,
+    ``model.dtype``) are forwarded where the
     backend honours them; one a backend cannot honour, set by the user, is a
     :class:`ConfigError`. ``sampler.options`` holds backend-specific extras and may not
     repeat those."""
@@ -159,7 +140,9 @@ def sampler_options(cfg: Config) -> dict[str, Any]:
     if doubled:
         raise ConfigError(
             f"sampler.options.{doubled[0]} repeats a first-class setting: set "
-            + ("model.dtype" if doubled[0] == "dtype" else f"sampler.{doubled[0]}")
+            + {"dtype": "model.dtype", "drain_on_update": "sampler.on_update=drain"}.get(
+                doubled[0], f"sampler.{doubled[0]}"
+            )
             + " instead"
         )
     remote = [key for key in ("base_url", "api_key") if getattr(s, key)]
@@ -169,7 +152,6 @@ def sampler_options(cfg: Config) -> dict[str, Any]:
             "remove it or set sampler.backend=openai"
         )
     options = dict(s.options)
-    # partial rollouts off = finish in-flight sequences on the old weights before a swap
     policy = on_update_policy(cfg)
     drain = policy == "drain"
     dtype = cfg.model.dtype
@@ -189,16 +171,12 @@ def sampler_options(cfg: Config) -> dict[str, Any]:
     rejected = {
         "model.dtype": _user_set(cfg.model, "dtype") and dtype != "auto",
         "sampler.device": _user_set(s, "device") and s.device != "auto",
-        "orchestrator.partial_rollouts": _user_set(cfg.orchestrator, "partial_rollouts")
-        and cfg.orchestrator.partial_rollouts,
     }
     bad = [k for k, v in rejected.items() if v]
     if bad:
         why = {
             "model.dtype": "the server's precision is set where it starts (vllm serve --dtype)",
             "sampler.device": "the server places itself",
-            "orchestrator.partial_rollouts": "the openai backend finishes in-flight requests "
-            "before a weight reload, so rollouts never span two versions",
         }[bad[0]]
         raise ConfigError(
             f"{bad[0]} cannot be honoured by sampler.backend=openai: {why}; remove it or "

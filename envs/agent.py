@@ -125,7 +125,7 @@ class AgentEnv(Environment):
         if self._task_env is not None:
             yield from self._task_env.tasks(split=split, seed=seed)
         elif isinstance(tasks, str):
-            from agentrl.envs.datasets import load_task_file
+            from agentrl.envs.dataset import load_task_file
 
             yield from load_task_file(tasks)
         else:

@@ -19,9 +19,10 @@ from pydantic import Field, field_validator
 
 from agentrl._suggest import suggest
 from agentrl.envs.base import EnvOptions, ToolEnvironment
-from agentrl.envs.datasets import load_task_file
+from agentrl.envs.dataset import load_task_file
 from agentrl.envs.verifiers import MathVerifier, ReasoningGymVerifier, Verifier
 from agentrl.errors import ConfigError
+from agentrl.extras import require
 from agentrl.tools import PythonTool, register_parser
 from agentrl.tools.parsers import call_from_object, parse_hermes, parse_python_fence
 
@@ -201,7 +202,7 @@ class CodeMathOptions(EnvOptions):
     @field_validator("generators")
     @classmethod
     def _known_generators(cls, names: list[str]) -> list[str]:
-        from reasoning_gym.factory import DATASETS
+        DATASETS = require("reasoning_gym.factory", "demo", "code_math's generators").DATASETS
 
         if not names:
             raise ValueError("give at least one reasoning-gym generator")
@@ -259,7 +260,7 @@ class CodeMathEnv(ToolEnvironment):
         return {**preset, **self.config.generator_options.get(generator, {})}
 
     def _dataset(self, generator: str, split: str, seed: int, size: int) -> Any:
-        import reasoning_gym
+        reasoning_gym = require("reasoning_gym", "demo", "code_math's generators")
 
         settings = self.generator_settings(generator)
         key = json.dumps([generator, split, seed, size, settings], sort_keys=True, default=str)

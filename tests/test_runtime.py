@@ -28,14 +28,14 @@ def _openai_cfg(*overrides: str):
 # --- sampler settings: forwarded where honoured, rejected where not ---------------------------
 
 
-def test_hf_gets_batch_size_and_drains_without_partial_rollouts():
-    opts = sampler_options(_cfg("orchestrator.partial_rollouts=false"))
+def test_hf_gets_batch_size_and_drains_when_asked():
+    opts = sampler_options(_cfg("sampler.on_update=drain"))
     assert opts["max_batch_size"] == 16 and opts["on_update"] == "drain"
     assert sampler_options(_cfg())["on_update"] == "keep"
 
 
 def test_vllm_gets_dtype_batch_size_and_drain():
-    opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.drain_on_update=true"))
+    opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.on_update=drain"))
     assert opts == {"max_batch_size": 16, "drain_on_update": True, "dtype": "float32"}
 
 
@@ -49,7 +49,6 @@ def test_vllm_rejects_a_device_it_cannot_honour():
     [
         ("model.dtype=bfloat16", "model.dtype"),
         ("sampler.device=cuda", "sampler.device"),
-        ("orchestrator.partial_rollouts=true", "orchestrator.partial_rollouts"),
     ],
 )
 def test_openai_rejects_settings_a_remote_server_decides(override, named):

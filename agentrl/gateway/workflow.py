@@ -17,6 +17,7 @@ from typing import Any
 
 from agentrl.envs.agent import AgentEnv
 from agentrl.errors import ConfigError, InfraError
+from agentrl.extras import require
 from agentrl.gateway.server import run_gateway
 from agentrl.gateway.service import Gateway, GatewaySettings
 from agentrl.resources import ResourceScope, current_run_scope
@@ -104,8 +105,7 @@ async def _run_program(
     model = gateway.settings.model_names[0]
     if entrypoint is None:
         return await run_command(env.config, ctx.task, url, session.key, model)
-    import openai
-
+    openai = require("openai", "gateway", "an agent entrypoint's OpenAI client")
     http = await scope.get_or_create(HTTP_KEY, _shared_http_client)
     client = openai.AsyncOpenAI(
         base_url=url,
@@ -120,7 +120,8 @@ async def _run_program(
 async def _shared_http_client(stack: contextlib.AsyncExitStack) -> Any:
     """One connection pool for every episode's client (clients are cheap; pools are not)."""
     import httpx
-    import openai
+
+    openai = require("openai", "gateway", "an agent entrypoint's OpenAI client")
 
     client = openai.DefaultAsyncHttpxClient(
         limits=httpx.Limits(max_connections=4096, max_keepalive_connections=1024)
