@@ -102,7 +102,7 @@ class AgentEnv(Environment):
         name = self.config.verifier
         if name is None:
             return getattr(self._task_env, "verifier", None)
-        from agentrl.envs.registry import load_object
+        from agentrl.registry import load_object
 
         target = VERIFIERS.get(name, name)
         if ":" not in target:

@@ -35,7 +35,7 @@ STDERR_TAIL = 2000
 
 def load_entrypoint(target: str) -> Any:
     """The ``async def run(client, task)`` that `target` names (ConfigError otherwise)."""
-    from agentrl.envs.registry import load_object
+    from agentrl.registry import load_object
 
     try:
         fn = load_object(target, "agent entrypoint")

@@ -49,7 +49,7 @@ class RewardFunction:
         if callable(target):
             fn, label = target, getattr(target, "__qualname__", repr(target))
         else:
-            from agentrl.envs.registry import load_object
+            from agentrl.registry import load_object
 
             fn, label = load_object(target, "reward function"), target
             if not callable(fn):

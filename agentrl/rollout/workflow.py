@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.algos.registry import Registry
+from agentrl.registry import Registry
 from agentrl.chat import ChatTranscript
 from agentrl.envs.base import Environment, Message
 from agentrl.errors import ConfigError
@@ -83,7 +83,7 @@ def resolve_workflow(name: str) -> Workflow | None:
     if name == BUILTIN:
         return None
     if ":" in name:
-        from agentrl.envs.registry import load_object
+        from agentrl.registry import load_object
 
         fn = load_object(name, "workflow")
         if not callable(fn):

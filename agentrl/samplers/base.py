@@ -9,10 +9,11 @@ numerical only. With temperature 0 (greedy), logits are used unscaled.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Literal
+
+from agentrl.types import WeightsLike
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -59,9 +60,6 @@ class Generation:
 
     def __len__(self) -> int:
         return len(self.token_ids)
-
-
-WeightsLike = Mapping[str, Any] | str | Path
 
 
 class Sampler(abc.ABC):
