@@ -27,7 +27,7 @@ EXPORT_RECORD = "agentrl_export.json"
 
 def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
     """The run's latest checkpoint, or the one of `step` (an error lists the ones kept)."""
-    from agentrl.checkpoint import CHECKPOINTS, resolve_checkpoint
+    from agentrl.checkpoint_files import CHECKPOINTS, resolve_checkpoint
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -70,7 +70,7 @@ def export_checkpoint(
     """Write the policy of a run's checkpoint to `out` as a Hugging Face folder."""
     from safetensors.torch import load_model
 
-    from agentrl.checkpoint import policy_weights_file
+    from agentrl.checkpoint_files import policy_weights_file
     from agentrl.config import load_config
     from agentrl.models import load_model as load_base
     from agentrl.models import resolve_dtype

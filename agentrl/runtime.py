@@ -513,7 +513,7 @@ def share_learner_weights(cfg: Config, learner: Any, sampler: Any) -> threading.
 async def load_checkpoint_into_sampler(run: Run, checkpoint: str | Path) -> int:
     """Give the sampler the policy weights of `checkpoint` (a run or checkpoint folder),
     through the same update path as training, whatever the backend; returns the version."""
-    from agentrl.checkpoint import policy_weights_file, resolve_checkpoint
+    from agentrl.checkpoint_files import policy_weights_file, resolve_checkpoint
 
     ckpt = resolve_checkpoint(checkpoint)
     weights, version = policy_weights_file(ckpt)

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from agentrl.algos import loglinear_proximal_logprobs
-from agentrl.checkpoint import (
+from agentrl.checkpoint_files import (
     atomic_directory,
     capture_rng_state,
     resolve_checkpoint,
