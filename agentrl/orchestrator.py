@@ -72,9 +72,9 @@ class Orchestrator:
         Blocking (loads models): run it off the event loop."""
         from agentrl.buffer import Buffer
         from agentrl.evaluation import Evaluator
-        from agentrl.events import subscribers_for
+        from agentrl.rollout.tasks import TaskCursor
         from agentrl.runtime import assemble
-        from agentrl.tasks import TaskCursor
+        from agentrl.subscribers import subscribers_for
 
         cfg = self.cfg
         started_before = (self.run_dir / "config.yaml").is_file()

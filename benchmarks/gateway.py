@@ -152,7 +152,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.envs.agent import AgentEnv
     from agentrl.resources import ResourceScope
     from agentrl.runtime import build_engine, build_sampler
-    from agentrl.tasks import TaskCursor
+    from agentrl.rollout.tasks import TaskCursor
 
     cfg = _config(args.model, args.max_new_tokens, args.group_size, args.concurrency)
     sampler = TimedSampler(build_sampler(cfg))
