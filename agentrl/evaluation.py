@@ -62,7 +62,7 @@ class Evaluator:
     @classmethod
     def for_training(cls, cfg: Config, sampler: Any) -> Evaluator:
         """Evaluation during training (``orchestrator.eval_every``) on the training sampler."""
-        from agentrl.runtime import build_engine, build_env
+        from agentrl.components import build_engine, build_env
 
         env = build_env(cfg, "eval")
         k = cfg.orchestrator.eval_samples

@@ -43,7 +43,7 @@ class Orchestrator:
     """The training loop over the components :func:`agentrl.runtime.assemble` builds."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False) -> None:
-        from agentrl.runtime import apply_process_settings
+        from agentrl.process_settings import apply_process_settings
 
         self.cfg = cfg
         # before any worker thread starts: threads that allocated already keep their arena

@@ -20,8 +20,8 @@ scores the episode: ``verifier`` (``math``, ``exact_match``, ``reasoning_gym`` o
 result), else the model's last reply. A program that crashes, prints no result or runs
 past ``rollout.episode_timeout_s`` is an infrastructure failure of its episode only.
 
-This class holds the options, tasks and scoring; the episode itself is the gateway's
-workflow (:mod:`agentrl.gateway.workflow`), which the run assembly picks for this env.
+This class holds the options, tasks and scoring; it declares ``driven_from_outside``, and
+the run assembly runs its episodes with the gateway's workflow (:mod:`agentrl.gateway.workflow`).
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ class AgentEnv(Environment):
 
     name = "agent"
     Options = AgentOptions
+    driven_from_outside = True  # the episode is the program; the run layer wires the gateway
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -131,12 +132,6 @@ class AgentEnv(Environment):
         else:
             for i, row in enumerate(tasks or []):
                 yield {**row, "id": str(row.get("id", f"task-{i}"))}
-
-    def episode_workflow(self, cfg: Any) -> Any:
-        """Each episode runs the agent program against the run's gateway."""
-        from agentrl.gateway.workflow import agent_workflow
-
-        return agent_workflow(self, cfg)
 
     def score(self, result: Any, task: dict[str, Any], last_reply: str) -> tuple[float, dict]:
         """(reward, info) of an episode whose program returned `result`."""

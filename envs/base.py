@@ -69,6 +69,9 @@ class Environment(abc.ABC):
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[EnvOptions] | None] = None
+    # True: an agent program drives each episode from outside, through the run's gateway
+    # (reset/step are never called); the run assembly runs it with agentrl.gateway.workflow
+    driven_from_outside: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         self.options = options
@@ -110,15 +113,6 @@ class Environment(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
         """Release per-episode resources (sandbox sessions ...)."""
-
-    def episode_workflow(self, cfg: Any) -> Any:
-        """The workflow that runs this environment's episodes in a run configured by `cfg`
-        (see :mod:`agentrl.rollout.workflow`), or None for the configured one
-        (``rollout.workflow``, the built-in episode runner by default). An environment whose
-        episodes are driven from outside, like an agent program behind the gateway, returns
-        its own."""
-        return None
-
 
 def parse_options(env_cls: type[Environment], options: dict[str, Any]) -> Any:
     """Validate ``options`` with ``env_cls.Options``; errors name the option and the fix."""

@@ -209,7 +209,7 @@ class Learner:
         self.version = 0
         self.step_count = 0
         # a learner process whose weights another process computes on (a WeightLock,
-        # agentrl.learner.worker): every change to them is made under it
+        # agentrl.placement.learner_process): every change to them is made under it
         self.weight_lock: Any = None
         # the pi_old log-probs the loss used in the last step's first epoch (for inspection)
         self.last_old_logprobs: Tensor | None = None

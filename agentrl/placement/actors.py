@@ -1,7 +1,7 @@
 """Thin actor shells: each builds one of the ordinary classes and forwards calls to it.
 
-The classes (a Sampler from :func:`agentrl.runtime.build_sampler`, a RolloutEngine from
-:func:`agentrl.runtime.build_engine`, a Learner from :func:`agentrl.runtime.load_learner`)
+The classes (a Sampler from :func:`agentrl.components.build_sampler`, a RolloutEngine from
+:func:`agentrl.components.build_engine`, a Learner from :func:`agentrl.components.load_learner`)
 do not know Ray; these shells are what Ray places (``ray.remote(SamplerShell)``), and a
 test can construct any shell in-process without Ray. Every shell owns one
 :class:`~agentrl.resources.ResourceScope` closed by :meth:`close`, and applies the run's
@@ -29,7 +29,7 @@ log = logging.getLogger("agentrl.placement")
 def _process_settings(cfg: Config, num_cpus: float) -> None:
     import torch
 
-    from agentrl.runtime import apply_process_settings
+    from agentrl.process_settings import apply_process_settings
 
     apply_process_settings(cfg)
     threads = cfg.orchestrator.cpu_threads or max(1, int(num_cpus))
@@ -49,13 +49,14 @@ class SamplerShell:
     """One sampler replica."""
 
     def __init__(self, cfg: Config, index: int) -> None:
-        from agentrl.runtime import build_sampler, resolve_device
+        from agentrl.components import build_sampler
+        from agentrl.devices import resolve_device
 
         _process_settings(cfg, cfg.ray.samplers.num_cpus)
         self.index = index
         self.sampler = build_sampler(cfg)
         self._incarnation = uuid.uuid4().hex  # new after every restart
-        self._device = resolve_device(cfg.sampler.device) if cfg.sampler.backend == "hf" else "cpu"
+        self._device = str(resolve_device(cfg.sampler.device, "sampler.device")) if cfg.sampler.backend == "hf" else "cpu"
         self._receiver: Any = None
 
     async def describe(self) -> dict[str, Any]:
@@ -122,7 +123,7 @@ class RolloutWorkerShell:
 
         from agentrl.models import load_tokenizer
         from agentrl.placement.router import ReplicaRouter
-        from agentrl.runtime import build_engine, build_env
+        from agentrl.components import build_engine, build_env
 
         _process_settings(cfg, cfg.ray.rollout_workers.num_cpus)
         self.index = index
@@ -205,7 +206,7 @@ class LearnerShell:
     checkpoints) hold the actor's loop, which is what they mean (one step at a time)."""
 
     def __init__(self, cfg: Config) -> None:
-        from agentrl.runtime import load_learner
+        from agentrl.components import load_learner
 
         _process_settings(cfg, cfg.ray.learner.num_cpus)
         self.cfg = cfg

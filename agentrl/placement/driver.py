@@ -39,7 +39,7 @@ def learner_death(e: Exception, doing: str) -> Exception:
     for anything else."""
     if not ReplicaRouter.is_replica_failure(e):
         return e
-    from agentrl.learner.worker import LearnerError
+    from agentrl.placement.learner_process import LearnerError
 
     first = (str(e).strip().splitlines() or [""])[0]
     return LearnerError(

@@ -64,11 +64,11 @@ class RewardPipeline:
         model = judge = None
         if rc.model is not None:
             from agentrl.rewards.reward_model import RewardModelScorer
-            from agentrl.runtime import resolve_device
+            from agentrl.devices import resolve_device
 
             model = RewardModelScorer(
                 rc.model,
-                device=resolve_device(rc.model_device, "reward.model_device"),
+                device=str(resolve_device(rc.model_device, "reward.model_device")),
                 batch_size=rc.model_batch_size,
                 max_length=rc.model_max_length,
             )

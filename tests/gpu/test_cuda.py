@@ -13,7 +13,7 @@ import torch
 
 from agentrl.config import config_from_dict, load_config
 from agentrl.learner import Learner
-from agentrl.learner.worker import LearnerProcess
+from agentrl.placement.learner_process import LearnerProcess
 from agentrl.models import load_model, tiny_llama
 from agentrl.orchestrator import Orchestrator
 from agentrl.samplers import SamplingParams

@@ -11,7 +11,7 @@ both slow down when they compute at the same time (``benchmarks/async_vs_sync.py
 measures the end-to-end effect).
 
 The child builds its :class:`~agentrl.learner.Learner` with the run assembly's
-:func:`agentrl.runtime.load_learner` (as a thread learner is built) after applying the
+:func:`agentrl.components.load_learner` (as a thread learner is built) after applying the
 run's process settings, and serves requests over a pipe, one at a
 time. Weights come back through shared buffers: one flat buffer per dtype, allocated once,
 refreshed after every step and every checkpoint load, and mapped into this process as
@@ -117,7 +117,8 @@ def _serve(conn: Connection, lifeline: int) -> None:
             importlib.import_module(module)
         from agentrl.cpu import learner_process_threads, release_freed_memory
         from agentrl.devices import limit_process_memory
-        from agentrl.runtime import apply_process_settings, load_learner
+        from agentrl.components import load_learner
+        from agentrl.process_settings import apply_process_settings
         from agentrl.weights.shared import sharing_kind
 
         apply_process_settings(cfg)
@@ -179,7 +180,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
 
 
 def main() -> None:
-    """Entry of the child: ``python -m agentrl.learner.worker SOCKET_FD LIFELINE_FD``."""
+    """Entry of the child: ``python -m agentrl.placement.learner_process SOCKET_FD LIFELINE_FD``."""
     _serve(Connection(int(sys.argv[1])), int(sys.argv[2]))
 
 
@@ -223,7 +224,7 @@ class LearnerProcess:
         # benchmarks/async_vs_sync.py)
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrl.learner.worker", str(theirs.fileno()), str(lifeline_r)],
+            [sys.executable, "-m", "agentrl.placement.learner_process", str(theirs.fileno()), str(lifeline_r)],
             pass_fds=[theirs.fileno(), lifeline_r],
             env=env,
         )
