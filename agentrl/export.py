@@ -50,7 +50,7 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
 
 def chat_template_of(cfg: Any, tokenizer: Any) -> tuple[str, Any]:
     """(template source, renderer) the run rendered its conversations with: the run's
-    environment's tools decide, as in :func:`agentrl.runtime.build_engine`."""
+    environment's tools decide, as in :func:`agentrl.components.build_engine`."""
     from agentrl.chat import ChatRenderer
     from agentrl.envs import make_env
 

@@ -290,8 +290,9 @@ class Orchestrator:
         t0 = time.time()
         # a learner in this process: the bus reads its live weights, no full copy (the
         # learner trains again only once publish has returned, every sampler swapped)
-        live = getattr(self.learner, "sampler_weights", None)
-        weights = live() if live is not None else self.learner.state_dict_for_sampler()
+        weights = self.learner.sampler_weights()
+        if weights is None:
+            weights = self.learner.state_dict_for_sampler()
         await self.weight_bus.publish(self.learner.version, weights)
         self.events.publish(
             WeightsPublished(version=self.learner.version, seconds=time.time() - t0)

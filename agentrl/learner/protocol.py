@@ -35,6 +35,12 @@ class LearnerLike(Protocol):
         """Version :attr:`version`'s weights on CPU, to publish to the samplers."""
         ...
 
+    def sampler_weights(self) -> dict[str, Tensor] | None:
+        """Version :attr:`version`'s live weights under the samplers' names, no copy made,
+        when the publish may read them in place (a learner in this process: it trains again
+        only once the publish has returned); None: publish :meth:`state_dict_for_sampler`."""
+        ...
+
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Everything needed to resume, written atomically into `directory`."""
         ...

@@ -71,6 +71,9 @@ class RemoteLearner:
         )
         return metrics
 
+    def sampler_weights(self) -> None:
+        return None  # the weights live in the learner actor: publish state_dict_for_sampler
+
     def state_dict_for_sampler(self, dtype: Any = None) -> Any:
         return LearnerWeights(self.version)
 

@@ -332,6 +332,11 @@ class LearnerProcess:
             return weights
         return {k: v.to(dtype) for k, v in weights.items()}
 
+    def sampler_weights(self) -> None:
+        """None: the publish reads :meth:`state_dict_for_sampler` (the views change when the
+        child steps)."""
+        return None
+
     def live_weights(self) -> tuple[dict[str, Tensor], WeightLock] | None:
         """The learner's own weights as shared-memory views, and the lock it changes them
         under (a sampler that computes on them holds it per forward pass); None when the
