@@ -119,7 +119,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
         from agentrl.devices import limit_process_memory
         from agentrl.components import load_learner
         from agentrl.process_settings import apply_process_settings
-        from agentrl.weights.shared import sharing_kind
+        from agentrl.devices import sharing_kind
 
         apply_process_settings(cfg)
         learner_process_threads(cfg.orchestrator.cpu_threads, cfg.orchestrator.learner_cpu_threads)
