@@ -17,10 +17,12 @@ import logging
 from typing import Any
 
 import agentrl.placement.cluster as cluster
+from agentrl.chat import ChatRenderer
 from agentrl.components import Run, build_env
 from agentrl.config import Config
 from agentrl.errors import ConfigError, PluginError
-from agentrl.placement.actors import LearnerShell, RolloutWorkerShell, SamplerShell
+from agentrl.models import load_tokenizer, prepare_files
+from agentrl.placement.actors import ActorReplica, LearnerShell, RolloutWorkerShell, SamplerShell
 from agentrl.placement.driver import (
     DriverSampler,
     RayWeightBus,
@@ -89,8 +91,6 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Run:
             timeout,
         )
         # models load from here on
-        from agentrl.models import prepare_files
-
         prepare_files(cfg.model.name)  # a conversion the model needs happens once, here
 
         def options(section: Any, **extra: Any) -> dict[str, Any]:
@@ -138,9 +138,6 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Run:
         learner = RemoteLearner(ray, learner_handle)
         ray.get(learner_handle.connect_replicas.remote(samplers))
 
-        from agentrl.models import load_tokenizer
-        from agentrl.placement.actors import ActorReplica
-
         tokenizer = load_tokenizer(cfg.model.name)
         sampler = DriverSampler(
             [ActorReplica(s) for s in samplers],
@@ -151,8 +148,6 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Run:
             sticky_slack=rc.sticky_slack,
         )
         env = build_env(cfg)  # the driver's copy: the task list, never an episode
-        from agentrl.chat import ChatRenderer
-
         renderer = ChatRenderer(
             tokenizer, tools=env.tool_schemas(), template=cfg.model.chat_template
         )

@@ -56,7 +56,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.algos.registry import plugin_modules
+from agentrl.components import load_learner
+from agentrl.cpu import learner_process_threads, release_freed_memory
+from agentrl.devices import limit_process_memory, sharing_kind
 from agentrl.errors import AgentRLError
+from agentrl.process_settings import apply_process_settings
 from agentrl.weights.lock import WeightLock
 from agentrl.weights.shared import (
     CudaSharedWeights,
@@ -115,12 +120,6 @@ def _serve(conn: Connection, lifeline: int) -> None:
 
         for module in plugins:  # algorithms the parent's plug-ins registered
             importlib.import_module(module)
-        from agentrl.cpu import learner_process_threads, release_freed_memory
-        from agentrl.devices import limit_process_memory
-        from agentrl.components import load_learner
-        from agentrl.process_settings import apply_process_settings
-        from agentrl.devices import sharing_kind
-
         apply_process_settings(cfg)
         learner_process_threads(cfg.orchestrator.cpu_threads, cfg.orchestrator.learner_cpu_threads)
         limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
@@ -224,7 +223,13 @@ class LearnerProcess:
         # benchmarks/async_vs_sync.py)
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrl.placement.learner_process", str(theirs.fileno()), str(lifeline_r)],
+            [
+                sys.executable,
+                "-m",
+                "agentrl.placement.learner_process",
+                str(theirs.fileno()),
+                str(lifeline_r),
+            ],
             pass_fds=[theirs.fileno(), lifeline_r],
             env=env,
         )
@@ -240,8 +245,6 @@ class LearnerProcess:
         # set when the child's parameters live in the shared buffers (the views below are
         # its live weights, changed only under this lock): see live_weights()
         self.weight_lock: WeightLock | None = None
-        from agentrl.algos.registry import plugin_modules
-
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             # a child that died at once is reported by wait_ready, with its exit status
             self._conn.send((cfg, [p for p in sys.path if p], plugin_modules()))
