@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import ConfigError
+
 log = logging.getLogger("agentrl.events")
 
 
@@ -234,8 +236,6 @@ class TensorBoardWriter:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:  # pragma: no cover - depends on extras
-            from agentrl.errors import ConfigError
-
             raise ConfigError(
                 "logging.tensorboard is on but tensorboard is not installed: "
                 "pip install 'agentrl[tensorboard]' or set logging.tensorboard=false"

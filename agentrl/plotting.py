@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import AgentRLError
+
 # (metric key in BatchTrained.metrics, panel title)
 CURVES: list[tuple[str, str]] = [
     ("reward_mean", "reward"),
@@ -25,8 +27,6 @@ def read_steps(run_dir: str | Path) -> list[dict[str, Any]]:
     """The metrics of every trained step, in order (later duplicates of a step win)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
-        from agentrl.errors import AgentRLError
-
         raise AgentRLError(
             f"no metrics.jsonl in {run_dir}: is it a run directory of `agentrl train`?"
         )

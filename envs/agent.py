@@ -32,7 +32,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from agentrl.envs.base import AssistantTurn, Environment, EnvOptions, Message, StepResult
+from agentrl.envs.registry import make_env
 from agentrl.errors import ConfigError, EnvError, PluginError
+from agentrl.registry import load_object
 
 
 class TaskEnv(EnvOptions):
@@ -94,8 +96,6 @@ class AgentEnv(Environment):
         self.config: AgentOptions
         self._task_env: Environment | None = None
         if self.config.task_env is not None:
-            from agentrl.envs.registry import make_env
-
             self._task_env = make_env(self.config.task_env.name, **self.config.task_env.options)
         self.verifier = self._make_verifier()
 
@@ -103,8 +103,6 @@ class AgentEnv(Environment):
         name = self.config.verifier
         if name is None:
             return getattr(self._task_env, "verifier", None)
-        from agentrl.registry import load_object
-
         target = VERIFIERS.get(name, name)
         if ":" not in target:
             raise ConfigError(

@@ -29,6 +29,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
 from agentrl.chat import Renderer, require_renderer
+from agentrl.config import SamplerConfig
 from agentrl.envs.base import Environment
 from agentrl.errors import ConfigError
 from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, new_id
@@ -55,8 +56,6 @@ def sampling_params_from(sampler_cfg: Any, renderer: Renderer) -> SamplingParams
     """Per-turn sampling params from a :class:`agentrl.config.SamplerConfig` (or defaults),
     stopping at the renderer's end-of-turn tokens."""
     if sampler_cfg is None:
-        from agentrl.config import SamplerConfig
-
         sampler_cfg = SamplerConfig()
     return SamplingParams(
         temperature=sampler_cfg.temperature,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl._suggest import suggest
 from agentrl.errors import UnknownNameError
+from agentrl.models import load_model
 from agentrl.samplers.base import Generation, Sampler, SamplingParams
 from agentrl.samplers.options import check_options, resolve_on_update
 from agentrl.types import WeightsLike
@@ -84,8 +85,6 @@ def create_sampler(
             raise ValueError("model must be a name or a (model, tokenizer) pair")
         hf_model, tokenizer = model
     else:
-        from agentrl.models import load_model
-
         hf_model, tokenizer = load_model(
             model, dtype=dtype, device=device, seed=options.get("seed") or 0
         )
