@@ -75,6 +75,7 @@ class Sampler(abc.ABC):
     """
 
     backend: str = "base"
+    weight_payload: str = "state_dict"  # what the WeightBus hands to update_weights
     on_update_default: ClassVar[str] = "keep"  # sampler.on_update=auto, nothing drains
     on_update_cannot: ClassVar[dict[str, str]] = {}  # policy -> why this backend cannot
 
