@@ -16,8 +16,8 @@ import pytest
 from agentrl.checkpoint import latest_checkpoint
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
-from agentrl.placement.learner_process import LearnerProcess
 from agentrl.orchestrator import Orchestrator
+from agentrl.placement.learner_process import LearnerProcess
 from agentrl.plotting import read_steps
 from tests.procs import alive
 
