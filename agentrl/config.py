@@ -56,8 +56,10 @@ class SamplerConfig(_Section):
     # spans two versions); auto = the backend's own: hf keep, vllm reprefill, openai drain
     on_update: Literal["auto", "keep", "reprefill", "drain"] = "auto"
     device: str = "auto"  # hf backend: auto (CUDA when present), cpu, cuda, cuda:N
-    # share of the GPU's memory the hf sampler may use (checked against its weights at start,
-    # then enforced as the process's CUDA cap); null = no budget. Ignored on CPU
+    # share of the GPU's memory the sampler may use: hf: checked against its weights at
+    # start, then enforced as the process's CUDA cap; vllm: its gpu_memory_utilization
+    # (vLLM's default, 0.9, leaves a colocated learner nothing); null = no budget / vLLM's
+    # default. Ignored on CPU
     gpu_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
     base_url: str | None = None  # openai backend
     api_key: str | None = None

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import AgentRLError
 from agentrl.extras import require
 
 # (metric key in BatchTrained.metrics, panel title)
@@ -27,8 +28,6 @@ def read_steps(run_dir: str | Path) -> list[dict[str, Any]]:
     """The metrics of every trained step, in order (later duplicates of a step win)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
-        from agentrl.errors import AgentRLError
-
         raise AgentRLError(
             f"no metrics.jsonl in {run_dir}: is it a run directory of `agentrl train`?"
         )

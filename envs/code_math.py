@@ -23,7 +23,7 @@ from agentrl.envs.dataset import load_task_file
 from agentrl.envs.verifiers import MathVerifier, ReasoningGymVerifier, Verifier
 from agentrl.errors import ConfigError
 from agentrl.extras import require
-from agentrl.tools import PythonTool, register_parser
+from agentrl.tools import PythonTool, get_parser, register_parser
 from agentrl.tools.parsers import call_from_object, parse_hermes, parse_python_fence
 
 # Generator settings per difficulty; generator_options override them key by key.
@@ -189,8 +189,6 @@ class CodeMathOptions(EnvOptions):
     @field_validator("tool_parser")
     @classmethod
     def _known_parser(cls, name: str | None) -> str | None:
-        from agentrl.tools import get_parser
-
         if name is None:
             return None
         try:

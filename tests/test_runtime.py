@@ -10,7 +10,8 @@ from agentrl.errors import ConfigError
 from agentrl.orchestrator import Orchestrator
 from agentrl.plotting import read_steps
 from agentrl.resources import ResourceScope, current_run_scope
-from agentrl.runtime import assemble, sampler_options
+from agentrl.runtime import assemble
+from agentrl.samplers import sampler_options
 from tests.orchestrator.test_train import BASE
 
 

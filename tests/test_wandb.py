@@ -18,8 +18,8 @@ from agentrl.events import (
     EventBus,
     RunFinished,
     RunStarted,
-    subscribers_for,
 )
+from agentrl.subscribers import subscribers_for
 
 pytest.importorskip("wandb")
 pytestmark = pytest.mark.timeout(120)  # a W&B service that waits for a network fails here

@@ -18,6 +18,7 @@ from typing import Any
 from agentrl.envs.agent import AgentEnv
 from agentrl.errors import ConfigError, InfraError
 from agentrl.extras import require
+from agentrl.gateway.programs import load_entrypoint, run_command, run_entrypoint
 from agentrl.gateway.server import run_gateway
 from agentrl.gateway.service import Gateway, GatewaySettings
 from agentrl.resources import ResourceScope, current_run_scope
@@ -45,8 +46,6 @@ def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
     )
     entrypoint: Callable[..., Any] | None = None
     if options.entrypoint is not None:
-        from agentrl.gateway.programs import load_entrypoint
-
         entrypoint = load_entrypoint(options.entrypoint)  # a bad path fails the assembly
 
     async def run_agent(ctx: EpisodeContext) -> list[Trajectory]:
@@ -99,8 +98,6 @@ async def _run_program(
     ctx: EpisodeContext,
     scope: ResourceScope,
 ) -> Any:
-    from agentrl.gateway.programs import run_command, run_entrypoint
-
     url = gateway.session_url(session)
     model = gateway.settings.model_names[0]
     if entrypoint is None:

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from agentrl.algos import loglinear_proximal_logprobs
-from agentrl.checkpoint import (
+from agentrl.checkpoint_files import (
     atomic_directory,
     capture_rng_state,
     resolve_checkpoint,
@@ -52,6 +52,7 @@ from agentrl.errors import CheckpointError
 from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.forward import PolicyForward
+from agentrl.learner.lora import load_policy, sampler_state, save_policy
 from agentrl.learner.metrics import WeightedMeans, batch_metrics
 from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
@@ -209,7 +210,7 @@ class Learner:
         self.version = 0
         self.step_count = 0
         # a learner process whose weights another process computes on (a WeightLock,
-        # agentrl.learner.worker): every change to them is made under it
+        # agentrl.placement.learner_process): every change to them is made under it
         self.weight_lock: Any = None
         # the pi_old log-probs the loss used in the last step's first epoch (for inspection)
         self.last_old_logprobs: Tensor | None = None
@@ -464,8 +465,6 @@ class Learner:
     def sampler_weights(self) -> dict[str, Tensor]:
         """The policy under the samplers' names on this learner's device: views of the live
         weights, or with LoRA each adapted layer merged (:mod:`agentrl.learner.lora`)."""
-        from agentrl.learner.lora import sampler_state
-
         return sampler_state(self.model)
 
     def state_dict_for_sampler(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
@@ -483,8 +482,6 @@ class Learner:
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically."""
         from safetensors.torch import save_model
-
-        from agentrl.learner.lora import save_policy
 
         directory = Path(directory)
         with atomic_directory(directory) as tmp:
@@ -521,8 +518,6 @@ class Learner:
                 f"checkpoint {directory} was saved with critic={meta.get('critic')} but this "
                 f"learner has critic={self.use_critic}; use the config the run was started with"
             )
-        from agentrl.learner.lora import load_policy
-
         with self._writing_weights(int(meta["version"])):
             load_policy(self.model, directory, self.device)
         if self.use_critic:

@@ -48,13 +48,15 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 
+from agentrl.config import Config
 from agentrl.errors import ConfigError, PromptError, SamplerError, WeightUpdateError
 from agentrl.models import DEFAULT_MODEL, resolve_model_dir
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.samplers.options import check_options, resolve_on_update, shared_options, user_set
 from agentrl.samplers.vllm_cpu import configure_cpu_env
 from agentrl.samplers.vllm_transfer import EngineWeightSender, pick_transport
 from agentrl.samplers.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
@@ -99,6 +101,38 @@ class VLLMSampler(Sampler):
     """
 
     backend = "vllm"
+    on_update_default = "reprefill"
+    on_update_cannot: ClassVar[dict[str, str]] = {
+        "keep": "vLLM preempts running sequences on a weight swap and recomputes their KV on "
+        "the new weights (reset_prefix_cache(reset_running_requests=True)), so use "
+        "reprefill (what it does) or drain",
+    }
+
+    @classmethod
+    def options_from_config(cls, cfg: Config) -> dict[str, Any]:
+        s = cfg.sampler
+        options = shared_options(cfg)
+        drain = resolve_on_update(cfg, cls) == "drain"
+        if user_set(s, "device") and s.device != "auto":
+            raise ConfigError(
+                f"sampler.device={s.device!r}: the vllm backend places itself (CUDA when the "
+                "vllm build has it); choose GPUs with CUDA_VISIBLE_DEVICES and leave "
+                "sampler.device at auto"
+            )
+        options.update(
+            max_batch_size=s.max_batch_size,
+            drain_on_update=drain,
+            dtype=cfg.model.dtype,
+            learner_device=cfg.learner.device,
+            gpu_memory_fraction=s.gpu_memory_fraction,
+        )
+        return options
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> VLLMSampler:
+        options = cls.options_from_config(cfg)
+        check_options(cls, options)
+        return cls(model=cfg.model.name, **options)
 
     def __init__(
         self,

@@ -10,8 +10,7 @@ import torch
 
 from agentrl.errors import ConfigError, SamplerError
 from agentrl.models import load_model
-from agentrl.runtime import on_update_policy, sampler_options
-from agentrl.samplers import SamplingParams
+from agentrl.samplers import SamplingParams, on_update_policy, sampler_options
 from agentrl.samplers.hf import HFSampler
 from agentrl.types import Trajectory, Turn
 from tests.samplers.test_hf import perturbed, teacher_forced, wait_for
