@@ -13,7 +13,7 @@ the run starts: a missing one is a :class:`~agentrl.errors.DatasetError` naming 
 file and the columns that exist.
 
 Order: one seeded shuffle per epoch (seed + epoch), so a run's task stream is fixed by its
-seed and a resumed run (:class:`agentrl.tasks.TaskCursor`) sees exactly the same order.
+seed and a resumed run (:class:`agentrl.rollout.tasks.TaskCursor`) sees exactly the same order.
 ``streaming: true`` reads the rows lazily (large files), shuffling within a buffer of
 ``shuffle_buffer`` rows (also seeded, so also exact on resume).
 

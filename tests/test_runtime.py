@@ -37,7 +37,15 @@ def test_hf_gets_batch_size_and_drains_when_asked():
 
 def test_vllm_gets_dtype_batch_size_and_drain():
     opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.on_update=drain"))
-    assert opts == {"max_batch_size": 16, "drain_on_update": True, "dtype": "float32"}
+    assert opts == {
+        "max_batch_size": 16,
+        "drain_on_update": True,
+        "dtype": "float32",
+        "learner_device": "auto",  # for the weight transport: CUDA IPC when colocated
+        "gpu_memory_fraction": None,  # vLLM's gpu_memory_utilization
+    }
+    opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.gpu_memory_fraction=0.4"))
+    assert opts["gpu_memory_fraction"] == 0.4
 
 
 def test_vllm_rejects_a_device_it_cannot_honour():
