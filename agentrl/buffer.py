@@ -32,6 +32,7 @@ from typing import Any
 
 import anyio
 
+from agentrl.algos import dynamic_sampling_mask
 from agentrl.errors import TrainingStalledError
 from agentrl.types import TrajectoryGroup
 
@@ -76,8 +77,6 @@ def _all_rewards_equal(group: TrajectoryGroup) -> bool:
     """DAPO's dynamic-sampling test on one group's valid samples, by the algos function
     the learner's tests pin down (:func:`agentrl.algos.dynamic_sampling_mask`)."""
     import torch
-
-    from agentrl.algos import dynamic_sampling_mask
 
     rewards = torch.tensor(group.rewards, dtype=torch.float64)
     valid = torch.tensor([t.status != "infra_error" for t in group.trajectories])

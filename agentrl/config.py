@@ -49,17 +49,17 @@ class SamplerConfig(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     max_new_tokens: int = Field(256, ge=1, description="per assistant turn")
-    drain_on_update: bool = False  # finish in-flight sequences on old weights before a swap
     # what in-flight sequences do when new weights arrive (docs/off_policy.md): keep = go
     # on with the KV the old weights computed (tokens after the swap see a mix); reprefill =
     # recompute the whole context's KV under the new weights, then go on (AReaL's
-    # interruptible generation, exact); drain = finish on the old weights first (the same as
-    # drain_on_update: true); auto = drain when drain_on_update or not
-    # orchestrator.partial_rollouts, else the backend's own: hf keep, vllm reprefill
+    # interruptible generation, exact); drain = finish on the old weights first (no rollout
+    # spans two versions); auto = the backend's own: hf keep, vllm reprefill, openai drain
     on_update: Literal["auto", "keep", "reprefill", "drain"] = "auto"
     device: str = "auto"  # hf backend: auto (CUDA when present), cpu, cuda, cuda:N
-    # share of the GPU's memory the hf sampler may use (checked against its weights at start,
-    # then enforced as the process's CUDA cap); null = no budget. Ignored on CPU
+    # share of the GPU's memory the sampler may use: hf: checked against its weights at
+    # start, then enforced as the process's CUDA cap; vllm: its gpu_memory_utilization
+    # (vLLM's default, 0.9, leaves a colocated learner nothing); null = no budget / vLLM's
+    # default. Ignored on CPU
     gpu_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
     base_url: str | None = None  # openai backend
     api_key: str | None = None
@@ -233,7 +233,6 @@ class OrchestratorConfig(_Section):
     time_limit_s: float | None = Field(
         None, gt=0, description="stop after the step that crosses this wall time (checkpointed)"
     )
-    partial_rollouts: bool = True
     seed: int = 0
     # where the run's parts live: local = this process (plus the learner child); ray = the
     # same classes in Ray actors sized by the `ray` section (see docs/ray.md)
@@ -317,6 +316,8 @@ class RayConfig(_Section):
     # an existing cluster ("ray://host:10001", "host:6379", "auto"); None: RAY_ADDRESS when
     # set, else a local Ray instance started for the run (and stopped with it)
     address: str | None = None
+    # CPUs of a local instance (scheduling tokens); None: the machine's cores, or what the
+    # roles reserve in all when that is more (the default roles start on a 2-core laptop)
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local instance")
     samplers: RayRoleConfig = Field(default_factory=RayRoleConfig)
     rollout_workers: RayRoleConfig = Field(default_factory=RayRoleConfig)
@@ -456,16 +457,18 @@ class Config(_Section):
 
 # --- loading -------------------------------------------------------------------------
 
-# keys that no longer exist -> what to do instead (an old config fails naming it)
+# keys that existed once: an old config naming one gets this line instead of "unknown key"
 REMOVED_KEYS: dict[str, str] = {
-    "learner.bf16_matmul": (
-        "removed (bf16 matmuls run on torch's kernels; on a CPU without bf16 instructions "
-        "a bf16 config computes in float32): delete it"
-    ),
-    "learner.share_weights": (
-        "removed (the sampler keeps its own copy of the weights; how the learner process "
-        "hands them over is learner.weight_sharing): delete it"
-    ),
+    "sampler.drain_on_update": "sampler.drain_on_update was removed: use sampler.on_update: "
+    "drain (finish in-flight sequences on the old weights before a swap)",
+    "orchestrator.partial_rollouts": "orchestrator.partial_rollouts was removed: use "
+    "sampler.on_update: drain for partial_rollouts: false (no rollout spans two weight "
+    "versions); true is the default (sampler.on_update: auto)",
+    "learner.bf16_matmul": "learner.bf16_matmul was removed: delete it (bf16 matmuls run on "
+    "torch's kernels; on a CPU without bf16 instructions a bf16 config computes in float32)",
+    "learner.share_weights": "learner.share_weights was removed: delete it (the sampler keeps "
+    "its own copy of the weights; how a learner process hands them over is "
+    "learner.weight_sharing)",
 }
 
 
@@ -490,7 +493,7 @@ def _format_error(err: ValidationError, source: str) -> str:
         if not dotted.isprintable():  # a key with a line break must not split the message
             dotted = repr(dotted)[1:-1]
         if e["type"] == "extra_forbidden" and dotted in REMOVED_KEYS:
-            lines.append(f"'{dotted}' was {REMOVED_KEYS[dotted]}")
+            lines.append(REMOVED_KEYS[dotted])
         elif e["type"] == "extra_forbidden":
             owner = _model_at(loc)
             hint = suggest(str(loc[-1]), owner.model_fields) if owner else ""

@@ -81,11 +81,26 @@ def _fraction(cfg: Any, role: str) -> float | None:
     return getattr(cfg, role).gpu_memory_fraction
 
 
+def sharing_kind(setting: str, device: torch.device) -> str:
+    """``learner.weight_sharing`` for a learner on `device`: ``cuda_ipc`` or
+    ``shared_memory`` (``auto`` = CUDA IPC exactly when the learner is on CUDA)."""
+    if setting == "auto":
+        return "cuda_ipc" if device.type == "cuda" else "shared_memory"
+    if setting == "cuda_ipc" and device.type != "cuda":
+        raise ConfigError(
+            f"learner.weight_sharing=cuda_ipc needs the learner on CUDA (it is on {device}); "
+            "set learner.weight_sharing=auto or shared_memory, or learner.device=cuda"
+        )
+    if setting not in ("cuda_ipc", "shared_memory"):
+        raise ConfigError(
+            f"learner.weight_sharing={setting!r}: use auto, cuda_ipc or shared_memory"
+        )
+    return setting
+
+
 def check_placement(cfg: Any) -> dict[str, torch.device]:
     """Resolve every role's device (errors name the key) and check that budgets of roles on
     one GPU add up to at most the whole GPU; returns the devices."""
-    from agentrl.weights.shared import sharing_kind
-
     devices = role_devices(cfg)
     sharing_kind(cfg.learner.weight_sharing, devices["learner"])  # cuda_ipc needs CUDA
     if "sampler" in devices and devices["sampler"] == devices["learner"]:

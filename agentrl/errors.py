@@ -27,6 +27,11 @@ class PluginError(AgentRLError):
     """A plug-in (environment, tool, algorithm) could not be found or loaded."""
 
 
+class MissingExtra(AgentRLError, ImportError):
+    """An optional part of agentrl is used without its extra; the message names the extra:
+    ``the search index needs tantivy: pip install 'agentrl[demo]'``."""
+
+
 class UnknownNameError(AgentRLError, KeyError):
     """A name looked up in a registry does not exist; the message suggests close names."""
 

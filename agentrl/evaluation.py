@@ -7,8 +7,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentrl.algos import maj_at_k, pass_at_k
+from agentrl.components import build_engine, build_env
 from agentrl.config import Config
 from agentrl.errors import DatasetError
+from agentrl.runtime import assemble, load_checkpoint_into_sampler
 from agentrl.types import TrajectoryGroup
 
 SUCCESS = 0.5  # a sample counts as correct when its reward is above this
@@ -20,8 +23,6 @@ def group_scores(group: TrajectoryGroup, ks: list[int]) -> dict[str, float]:
     The majority answer is correct when the verifier accepted it in some sample (its
     reward is above ``SUCCESS``): the verifier, not string equality, judges answers.
     """
-    from agentrl.algos import maj_at_k, pass_at_k
-
     trajs = group.valid()
     n = len(trajs)
     if n == 0:
@@ -62,8 +63,6 @@ class Evaluator:
     @classmethod
     def for_training(cls, cfg: Config, sampler: Any) -> Evaluator:
         """Evaluation during training (``orchestrator.eval_every``) on the training sampler."""
-        from agentrl.runtime import build_engine, build_env
-
         env = build_env(cfg, "eval")
         k = cfg.orchestrator.eval_samples
         engine = build_engine(cfg, env, sampler, split="eval", group_size=k)
@@ -102,8 +101,6 @@ async def evaluate(
     """`agentrl eval`: the base model's or a checkpoint's scores, with any sampler backend
     (the checkpoint's weights reach the sampler through its weight-update path)."""
     import anyio
-
-    from agentrl.runtime import assemble, load_checkpoint_into_sampler
 
     run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "eval", samples=samples))
     async with run:

@@ -7,7 +7,7 @@ Components publish events; subscribers turn them into files and displays:
 * :class:`TensorBoardWriter`, :class:`agentrl.wandb_writer.WandbWriter` (optional),
 * :class:`ProgressDisplay` (rich, optional).
 
-:func:`subscribers_for` builds the ones a ``logging`` config asks for.
+:func:`agentrl.subscribers.subscribers_for` builds the ones a ``logging`` config asks for.
 
 Publishing never blocks on a slow subscriber for long and never raises into the
 publisher: a subscriber that fails is reported once and detached.
@@ -21,10 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from agentrl.config import LoggingConfig
+from agentrl.errors import ConfigError
 
 log = logging.getLogger("agentrl.events")
 
@@ -237,8 +236,6 @@ class TensorBoardWriter:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:  # pragma: no cover - depends on extras
-            from agentrl.errors import ConfigError
-
             raise ConfigError(
                 "logging.tensorboard is on but tensorboard is not installed: "
                 "pip install 'agentrl[tensorboard]' or set logging.tensorboard=false"
@@ -346,38 +343,3 @@ class ProgressDisplay:
 
     def _print(self, line: str) -> None:
         self._console.print(line, soft_wrap=self._soft_wrap)
-
-
-def subscribers_for(logging_cfg: LoggingConfig, run_dir: Path, max_steps: int) -> list[Subscriber]:
-    """Every subscriber a ``logging`` config asks for, writing into `run_dir`.
-
-    ``metrics.jsonl`` always; the trace, TensorBoard, W&B and the progress line when on.
-    Metric writers see a trained step every ``log_every`` steps (and the last); the trace
-    and the progress line see every event.
-    """
-    run_dir = Path(run_dir)
-    every = logging_cfg.log_every
-
-    def thinned(writer: Subscriber) -> Subscriber:
-        return writer if every == 1 else EveryNSteps(writer, every, max_steps)
-
-    subscribers: list[Subscriber] = []
-    try:
-        subscribers.append(thinned(JsonlMetrics(run_dir / "metrics.jsonl")))
-        if logging_cfg.trace:
-            subscribers.append(TraceWriter(run_dir / "trajectories.jsonl"))
-        if logging_cfg.tensorboard:
-            subscribers.append(thinned(TensorBoardWriter(run_dir / "tensorboard")))
-        if logging_cfg.wandb.enabled:
-            from agentrl.wandb_writer import WandbWriter
-
-            subscribers.append(thinned(WandbWriter(logging_cfg.wandb, run_dir)))
-        if logging_cfg.progress:
-            subscribers.append(ProgressDisplay(max_steps))
-    except BaseException:  # e.g. an extra not installed: no file stays open
-        for fn in subscribers:
-            close = getattr(fn, "close", None)
-            if close is not None:
-                close()
-        raise
-    return subscribers

@@ -20,15 +20,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agentrl.chat import ChatRenderer
+from agentrl.checkpoint_files import CHECKPOINTS, policy_weights_file, resolve_checkpoint
+from agentrl.config import load_config
+from agentrl.envs import make_env
 from agentrl.errors import CheckpointError
+from agentrl.models import load_model as load_base
+from agentrl.models import resolve_dtype
 
 EXPORT_RECORD = "agentrl_export.json"
 
 
 def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
     """The run's latest checkpoint, or the one of `step` (an error lists the ones kept)."""
-    from agentrl.checkpoint import CHECKPOINTS, resolve_checkpoint
-
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(
@@ -50,10 +54,7 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
 
 def chat_template_of(cfg: Any, tokenizer: Any) -> tuple[str, Any]:
     """(template source, renderer) the run rendered its conversations with: the run's
-    environment's tools decide, as in :func:`agentrl.runtime.build_engine`."""
-    from agentrl.chat import ChatRenderer
-    from agentrl.envs import make_env
-
+    environment's tools decide, as in :func:`agentrl.components.build_engine`."""
     env = make_env(cfg.env.name, **cfg.env.options)  # tools only; its tasks are not read
     renderer = ChatRenderer(tokenizer, tools=env.tool_schemas(), template=cfg.model.chat_template)
     return renderer.chat_template, renderer
@@ -69,11 +70,6 @@ def export_checkpoint(
 ) -> Path:
     """Write the policy of a run's checkpoint to `out` as a Hugging Face folder."""
     from safetensors.torch import load_model
-
-    from agentrl.checkpoint import policy_weights_file
-    from agentrl.config import load_config
-    from agentrl.models import load_model as load_base
-    from agentrl.models import resolve_dtype
 
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:

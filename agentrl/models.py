@@ -312,6 +312,17 @@ def _resolve_path(name: str) -> Path | None:
     return path if path.exists() else None
 
 
+def load_dtype(
+    name: str, dtype: str | torch.dtype | None, device: str | torch.device
+) -> torch.dtype:
+    """The dtype :func:`load_model` gives model `name` on `device` for `dtype` (None: the
+    default, which is float32 for the seeded random test aliases; bfloat16 on a CPU
+    without bf16 instructions: float32, see :func:`cpu_dtype`)."""
+    alias = _ALIASES.get(str(name))
+    resolved = resolve_dtype(dtype, device, exact=bool(alias and alias.random_init))
+    return cpu_dtype(resolved, device)  # bfloat16 computes in float32 on a CPU without it
+
+
 def load_model(
     name_or_path: str | os.PathLike[str] = DEFAULT_MODEL,
     dtype: str | torch.dtype | None = None,
@@ -324,9 +335,7 @@ def load_model(
     The model is returned in eval mode on `device`. `seed` only affects random aliases.
     """
     name = str(name_or_path)
-    alias = _ALIASES.get(name)
-    torch_dtype = resolve_dtype(dtype, device, exact=bool(alias and alias.random_init))
-    torch_dtype = cpu_dtype(torch_dtype, device)
+    torch_dtype = load_dtype(name, dtype, device)
     if name == "tiny-llama":
         return tiny_llama(seed, torch_dtype).to(device), load_tokenizer(name)
 

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import anyio
 
+from agentrl.buffer import Buffer
+from agentrl.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
 from agentrl.config import Config
+from agentrl.evaluation import Evaluator
 from agentrl.events import (
     BatchTrained,
     CheckpointSaved,
@@ -34,6 +37,10 @@ from agentrl.events import (
     WeightsPublished,
     summarize_group,
 )
+from agentrl.process_settings import apply_process_settings
+from agentrl.rollout.tasks import TaskCursor
+from agentrl.runtime import assemble
+from agentrl.subscribers import subscribers_for
 from agentrl.types import TrajectoryGroup
 
 log = logging.getLogger("agentrl.orchestrator")
@@ -43,8 +50,6 @@ class Orchestrator:
     """The training loop over the components :func:`agentrl.runtime.assemble` builds."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False) -> None:
-        from agentrl.runtime import apply_process_settings
-
         self.cfg = cfg
         # before any worker thread starts: threads that allocated already keep their arena
         apply_process_settings(cfg)
@@ -70,12 +75,6 @@ class Orchestrator:
         """Assemble the run (learner, sampler, env, rollout), the buffer and the writers.
 
         Blocking (loads models): run it off the event loop."""
-        from agentrl.buffer import Buffer
-        from agentrl.evaluation import Evaluator
-        from agentrl.events import subscribers_for
-        from agentrl.runtime import assemble
-        from agentrl.tasks import TaskCursor
-
         cfg = self.cfg
         started_before = (self.run_dir / "config.yaml").is_file()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -281,8 +280,9 @@ class Orchestrator:
         t0 = time.time()
         # a learner in this process: the bus reads its live weights, no full copy (the
         # learner trains again only once publish has returned, every sampler swapped)
-        live = getattr(self.learner, "sampler_weights", None)
-        weights = live() if live is not None else self.learner.state_dict_for_sampler()
+        weights = self.learner.sampler_weights()
+        if weights is None:
+            weights = self.learner.state_dict_for_sampler()
         await self.weight_bus.publish(self.learner.version, weights)
         self.events.publish(
             WeightsPublished(version=self.learner.version, seconds=time.time() - t0)
@@ -328,8 +328,6 @@ class Orchestrator:
         """Atomic: the checkpoint folder appears whole (or not at all), then `latest` moves.
 
         RNG states travel in the learner's part of the checkpoint."""
-        from agentrl.checkpoint import save_run_checkpoint
-
         t0 = time.time()
         state = {
             "step": self.step,
@@ -344,8 +342,6 @@ class Orchestrator:
         return final
 
     def _load_checkpoint(self, started_before: bool) -> None:
-        from agentrl.checkpoint import has_checkpoint, load_run_checkpoint
-
         if started_before and not has_checkpoint(self.run_dir):
             # killed before its first checkpoint: nothing was kept, so nothing can be lost
             log.warning(

@@ -7,6 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import AgentRLError
+from agentrl.extras import require
+
 # (metric key in BatchTrained.metrics, panel title)
 CURVES: list[tuple[str, str]] = [
     ("reward_mean", "reward"),
@@ -25,8 +28,6 @@ def read_steps(run_dir: str | Path) -> list[dict[str, Any]]:
     """The metrics of every trained step, in order (later duplicates of a step win)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
-        from agentrl.errors import AgentRLError
-
         raise AgentRLError(
             f"no metrics.jsonl in {run_dir}: is it a run directory of `agentrl train`?"
         )
@@ -45,10 +46,9 @@ def read_steps(run_dir: str | Path) -> list[dict[str, Any]]:
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``curves.png`` (or `out`) with one panel per metric that the run logged."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plots", "drawing curves.png")
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "plots", "drawing curves.png")
 
     steps = read_steps(run_dir)
     out_path = Path(out) if out else Path(run_dir) / "curves.png"

@@ -24,7 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.chat import ChatRenderer, ChatTranscript
+from agentrl.config import Config
+from agentrl.envs import make_env
 from agentrl.errors import DatasetError, TemplateMismatchError
+from agentrl.export import write_model_folder
+from agentrl.models import load_model
 
 Message = dict[str, Any]
 
@@ -60,8 +65,6 @@ def assistant_text(message: Message, where: str) -> str:
 def encode_transcript(renderer: Any, messages: Sequence[Message], where: str = "") -> Example:
     """Token ids and assistant-only loss mask of a conversation, built token in, token out
     as a rollout builds an episode, and checked against a full render."""
-    from agentrl.chat import ChatTranscript
-
     roles = [m.get("role") for m in messages]
     if "assistant" not in roles:
         raise DatasetError(f"{where}: no assistant message to learn from")
@@ -190,11 +193,6 @@ def train_sft(
     (``model.name=OUT``) and returns the report."""
     import torch
 
-    from agentrl.chat import ChatRenderer
-    from agentrl.config import Config
-    from agentrl.export import write_model_folder
-    from agentrl.models import load_model
-
     cfg = cfg or Config()
     name = model_name or cfg.model.name
     t0 = time.time()
@@ -205,8 +203,6 @@ def train_sft(
     model, tokenizer = load_model(name, dtype="float32", device=device, seed=cfg.model.seed)
     env_tools = None
     if any(tools is None for _, _, tools in rows) and "name" in cfg.env.model_fields_set:
-        from agentrl.envs import make_env
-
         env_tools = make_env(cfg.env.name, **cfg.env.options).tool_schemas()
     renderers: dict[str, Any] = {}
 

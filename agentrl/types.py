@@ -16,13 +16,17 @@ shifts logits by one to compute the same quantity.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 SegmentKind = Literal["prompt", "model", "observation"]
 TrajectoryStatus = Literal["ok", "truncated", "infra_error"]
 NO_VERSION = -1  # version of tokens not produced by the policy
+
+# weights for a sampler or a transport: a state dict, or a safetensors file or folder
+WeightsLike = Mapping[str, Any] | str | Path
 
 
 @dataclass

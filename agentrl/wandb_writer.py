@@ -10,8 +10,8 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.errors import ConfigError
 from agentrl.events import Event, RunFinished, RunStarted, step_metrics
+from agentrl.extras import require
 
 if TYPE_CHECKING:
     from agentrl.config import WandbConfig
@@ -22,14 +22,7 @@ RUN_ID_FILE = "wandb_run_id"
 
 
 def import_wandb() -> Any:
-    try:
-        import wandb
-    except ImportError as e:
-        raise ConfigError(
-            "logging.wandb is on but wandb is not installed: pip install 'agentrl[wandb]' "
-            "(or pip install wandb), or remove logging.wandb"
-        ) from e
-    return wandb
+    return require("wandb", "wandb", "logging.wandb")
 
 
 class WandbWriter:

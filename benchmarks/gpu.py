@@ -248,6 +248,31 @@ def make_groups(n_groups: int, group_size: int, prompt: tuple[int, int], respons
     return groups
 
 
+def profile_step(learner: Any, groups: Any, device: torch.device) -> dict[str, Any]:
+    """One more step under torch.profiler: the ops that take the device's (or CPU's) time,
+    and how long the device sat idle (step wall time minus the kernels' time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        learner.step(groups)
+        sync(device)
+    wall = time.perf_counter() - t0
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)
+    top = [
+        {"op": e.key[:80], "self_ms": getattr(e, key, 0) / 1e3, "calls": e.count}
+        for e in events[:25]
+    ]
+    busy = sum(getattr(e, key, 0) for e in prof.key_averages()) / 1e6
+    print(f"  profile: wall {wall:.3f} s, device busy {busy:.3f} s", flush=True)
+    for t in top[:15]:
+        print(f"    {t['self_ms']:9.1f} ms {t['calls']:6d}x  {t['op']}", flush=True)
+    return {"wall_s": wall, "busy_s": busy, "top": top}
+
+
 def packing_available() -> bool:
     from agentrl.config import LearnerConfig
 
@@ -268,6 +293,7 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
 
     tokenizer = load_tokenizer("tiny-llama")
     modes = [False, True] if packing_available() else [False]
+    modes = [m for m in modes if args.packing == "both" or m == (args.packing == "on")]
     peak = peak_flops(device)
     groups = make_groups(args.groups, args.group_size, args.prompt_len, args.response_len)
     tokens = sum(len(t.input_ids) for g in groups for t in g.trajectories)
@@ -306,6 +332,8 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
                 del learner, model
                 free_memory(device)
                 continue
+            if args.profile:
+                row_profile = profile_step(learner, groups, device)
             best = min(times)
             passes = 6 + (2 if extra_pass else 0)  # fwd+bwd, plus a no-grad pass if one ran
             flops = passes * n_compute * tokens
@@ -326,6 +354,8 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
                 "mfu": mfu,
                 "peak_memory_gib": peak_mem,
             }
+            if args.profile:
+                row["profile"] = row_profile
             rows.append(row)
             print(
                 f"  learner {shape:<11} packing={'on ' if packing else 'off'} "
@@ -421,7 +451,7 @@ def bench_publish(args: argparse.Namespace, device: torch.device, root: Path) ->
 
     async def learner_process(kinds: list[str], root: Path, swap: Any) -> None:
         from agentrl.config import config_from_dict
-        from agentrl.learner.worker import LearnerProcess
+        from agentrl.placement.learner_process import LearnerProcess
 
         folder = save_folder(args.publish_shape, root, device)
         for kind in kinds:
@@ -493,6 +523,131 @@ def bench_async(args: argparse.Namespace, device: torch.device, root: Path) -> d
     }
 
 
+# --- extras: LoRA merge-and-publish, fp16 with the scaler, the memory budget -----------------
+
+
+def bench_extras(args: argparse.Namespace, device: torch.device, root: Path) -> dict[str, Any]:
+    """Paths nothing else exercises on a GPU; each row records its own failure."""
+    out: dict[str, Any] = {}
+    for name, fn in (("lora", extra_lora), ("fp16", extra_fp16), ("memory", extra_memory)):
+        t0 = time.perf_counter()
+        try:
+            out[name] = fn(args, device, root)
+        except Exception as e:
+            if args.smoke:
+                raise
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+        out[name]["section_s"] = time.perf_counter() - t0
+        print(f"  extras {name}: {out[name]}", flush=True)
+        free_memory(device)
+    return out
+
+
+def extra_lora(args: argparse.Namespace, device: torch.device, root: Path) -> dict[str, Any]:
+    """A LoRA learner step, then its merged weights (base + B @ A * alpha / r) swapped into a
+    bf16 hf sampler, which must then generate from the merged weights."""
+    from agentrl.config import config_from_dict
+    from agentrl.learner import Learner
+    from agentrl.learner.lora import apply_lora
+    from agentrl.models import load_tokenizer
+    from agentrl.samplers import SamplingParams
+    from agentrl.samplers.hf import HFSampler
+
+    cfg = config_from_dict(
+        {"model": {"lora": {"r": 16}}, "learner": {"device": str(device), "lr": 1e-3}}
+    )
+    tokenizer = load_tokenizer("tiny-llama")
+    policy = apply_lora(llama(args.extras_shape, device), cfg.model.lora)
+    learner = Learner(policy, tokenizer, cfg)
+    groups = make_groups(2, 4, (16, 64), (16, 64))
+    sync(device)
+    t0 = time.perf_counter()
+    metrics = learner.step(groups)
+    sync(device)
+    step_s = time.perf_counter() - t0
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    sampler = HFSampler(
+        llama(args.extras_shape, device, dtype), tokenizer, default_stop_token_ids=()
+    )
+
+    async def publish() -> tuple[float, int]:
+        try:
+            weights = learner.state_dict_for_sampler(dtype)
+            sync(device)
+            t = time.perf_counter()
+            await sampler.update_weights(weights, 1)
+            sync(device)
+            swap = time.perf_counter() - t
+            gen = await sampler.generate([1, 2, 3], SamplingParams(max_new_tokens=8))
+            return swap, len(gen)
+        finally:
+            await sampler.close()
+
+    swap_s, generated = anyio.run(publish)
+    trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    return {
+        "shape": args.extras_shape,
+        "trained_params": trained,
+        "step_s": step_s,
+        "loss": metrics.get("loss/total"),
+        "merged_swap_s": swap_s,
+        "tokens_after_swap": generated,
+        "sampler_version": sampler.version,
+    }
+
+
+def extra_fp16(args: argparse.Namespace, device: torch.device, root: Path) -> dict[str, Any]:
+    """Three fp16 learner steps with the gradient scaler: finite losses, a loss scale."""
+    from agentrl.config import config_from_dict
+    from agentrl.learner import Learner
+    from agentrl.models import load_tokenizer
+
+    if device.type != "cuda":
+        return {"skipped": "fp16 autocast is for CUDA"}
+    cfg = config_from_dict({"learner": {"device": str(device), "lr": 1e-6, "fp16": "on"}})
+    learner = Learner(llama(args.extras_shape, device), load_tokenizer("tiny-llama"), cfg)
+    groups = make_groups(2, 4, (16, 64), (16, 64))
+    rows = []
+    for _ in range(3):
+        m = learner.step(groups)
+        rows.append({k: m[k] for k in m if k.startswith(("learner/loss_scale", "loss/"))})
+    return {"shape": args.extras_shape, "steps": rows, "skipped_steps": learner.skipped_steps}
+
+
+def extra_memory(args: argparse.Namespace, device: torch.device, root: Path) -> dict[str, Any]:
+    """learner.gpu_memory_fraction: a budget too small for the model is refused at start
+    with the one-line error; a cap set on this process stops an allocation past it."""
+    from agentrl.config import config_from_dict
+    from agentrl.devices import check_memory, learner_bytes, limit_process_memory
+    from agentrl.errors import ConfigError
+
+    if device.type != "cuda":
+        return {"skipped": "budgets apply to CUDA devices"}
+    total = torch.cuda.get_device_properties(device).total_memory
+    cfg = config_from_dict({"learner": {"device": str(device), "gpu_memory_fraction": 0.01}})
+    refused = None
+    try:
+        check_memory(
+            cfg,
+            "learner",
+            learner_bytes(1_500_000_000, 1_500_000_000, reference=False),
+            device,
+            "1.5B parameters",
+        )
+    except ConfigError as e:
+        refused = str(e)
+    limit_process_memory(cfg, ["learner"])
+    capped = False
+    try:
+        x = torch.empty(int(0.02 * total), dtype=torch.uint8, device=device)
+        del x
+    except torch.cuda.OutOfMemoryError:
+        capped = True
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+    return {"refused_at_start": refused, "allocation_past_cap_refused": capped}
+
+
 # --- main -----------------------------------------------------------------------------------
 
 
@@ -522,22 +677,32 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, seconds")
     ap.add_argument(
-        "--only", nargs="+", choices=["sampler", "learner", "publish", "async"], default=None
+        "--only",
+        nargs="+",
+        choices=["sampler", "learner", "publish", "async", "extras"],
+        default=None,
     )
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/gpu.json)")
-    ap.add_argument("--repeats", type=int, default=3, help="sampler: best of this many")
+    ap.add_argument("--repeats", type=int, default=2, help="sampler: best of this many")
+    ap.add_argument(
+        "--shapes", nargs="+", choices=sorted(SHAPES), default=None, help="learner shapes"
+    )
     ap.add_argument("--steps", type=int, default=3, help="learner: timed steps (best reported)")
     ap.add_argument("--publishes", type=int, default=5)
     ap.add_argument(
         "--micro-batch", type=int, default=None, help="learner micro-batch (default 4; smoke 4)"
     )
     ap.add_argument("--no-learner-process", dest="learner_process", action="store_false")
+    ap.add_argument("--profile", action="store_true", help="learner: profile one more step")
+    ap.add_argument(
+        "--packing", choices=["both", "on", "off"], default="both", help="learner: packing modes"
+    )
     args = ap.parse_args(argv)
     if args.smoke:
         args.device = "cpu"
         args.concurrency = [1, 4]
         args.new_tokens = 4
-        args.sampler_shape = args.publish_shape = args.async_shape = "tiny"
+        args.sampler_shape = args.publish_shape = args.async_shape = args.extras_shape = "tiny"
         args.learner_shapes = ["tiny"]
         args.groups, args.group_size = 2, 4
         args.prompt_len, args.response_len = (4, 12), (2, 10)
@@ -550,16 +715,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.device = "cuda"
         args.concurrency = [1, 32, 128]
         args.new_tokens = 128
-        args.sampler_shape = args.async_shape = "llama-0.5b"
+        args.sampler_shape = args.async_shape = args.extras_shape = "llama-0.5b"
         args.publish_shape = "llama-1.5b"
-        args.learner_shapes = ["llama-0.5b", "llama-1.5b"]
+        args.learner_shapes = ["llama-1.5b"]  # the issue's target shape; 0.5B: --shapes
         # 64 sequences of 64-512 prompt + 32-1,024 response tokens: ~50k tokens a step
         args.groups, args.group_size = 8, 8
         args.prompt_len, args.response_len = (64, 512), (32, 1024)
         args.tool_delay, args.turns, args.async_new_tokens = 0.2, 3, 64
-        args.async_group_size, args.async_batch_groups, args.async_steps = 8, 4, 8
+        args.async_group_size, args.async_batch_groups, args.async_steps = 8, 4, 5
         args.out = args.out or str(RESULTS / "gpu.json")
     args.micro_batch = args.micro_batch or 4
+    args.learner_shapes = args.shapes or args.learner_shapes
     args.staleness = 2
     return args
 
@@ -579,7 +745,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    sections = args.only or ["sampler", "learner", "publish", "async"]
+    sections = args.only or ["learner", "async", "publish", "sampler", "extras"]
     result: dict[str, Any] = {"smoke": args.smoke, "environment": environment(device)}
     print(f"benchmarks/gpu.py on {result['environment']['gpu'] or 'cpu (smoke)'}", flush=True)
     if not packing_available():
@@ -591,6 +757,7 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             "learner": lambda: bench_learner(args, device),
             "publish": lambda: bench_publish(args, device, root),
             "async": lambda: bench_async(args, device, root),
+            "extras": lambda: bench_extras(args, device, root),
         }
         for name in sections:
             t0 = time.perf_counter()
@@ -603,13 +770,18 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
                 print(f"  {name}: FAILED {type(e).__name__}: {e}", flush=True)
             result[name]["section_s"] = time.perf_counter() - t0
             free_memory(device)
-    result["environment"]["load_average_end"] = list(os.getloadavg())
+            write(result, Path(args.out))  # each finished section is on disk at once
     print_table(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
     return result
+
+
+def write(result: dict[str, Any], out: Path) -> None:
+    result["environment"]["load_average_end"] = list(os.getloadavg())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(out)  # a run killed mid-write leaves the previous complete file
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -639,16 +811,23 @@ def print_table(result: dict[str, Any]) -> None:
             if "error" in row:
                 lines.append(f"| publish via {kind} | failed: {row['error'][:80]} |")
                 continue
-            lines.append(
-                f"| publish {result['publish']['shape']} via {kind} | {row['total_s_median']:.3f} s |"
+            lines.append(  # one process: the learner's buffers and the sampler side by side
+                f"| publish {result['publish']['shape']}, {kind} buffers in one process | "
+                f"{row['total_s_median']:.3f} s |"
             )
         for kind, row in result["publish"]["learner_process"].items():
             if "error" in row:
-                lines.append(f"| swap from a learner process via {kind} | failed |")
+                lines.append(
+                    f"| swap from a learner process via {kind} | failed: {row['error'][:80]} |"
+                )
                 continue
             lines.append(
                 f"| swap from a learner process via {kind} | {row['swap_s_median']:.3f} s |"
             )
+    for name, row in result.get("extras", {}).items():
+        if isinstance(row, dict):
+            brief = row.get("error") or {k: v for k, v in row.items() if k != "steps"}
+            lines.append(f"| extras: {name} | {str(brief)[:160]} |")
     if "async" in result:
         a = result["async"]
         lines.append(

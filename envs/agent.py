@@ -20,8 +20,8 @@ scores the episode: ``verifier`` (``math``, ``exact_match``, ``reasoning_gym`` o
 result), else the model's last reply. A program that crashes, prints no result or runs
 past ``rollout.episode_timeout_s`` is an infrastructure failure of its episode only.
 
-This class holds the options, tasks and scoring; the episode itself is the gateway's
-workflow (:mod:`agentrl.gateway.workflow`), which the run assembly picks for this env.
+This class holds the options, tasks and scoring; it declares ``driven_from_outside``, and
+the run assembly runs its episodes with the gateway's workflow (:mod:`agentrl.gateway.workflow`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from agentrl.envs.base import AssistantTurn, Environment, EnvOptions, Message, StepResult
+from agentrl.envs.registry import make_env
 from agentrl.errors import ConfigError, EnvError, PluginError
+from agentrl.registry import load_object
 
 
 class TaskEnv(EnvOptions):
@@ -87,14 +89,13 @@ class AgentEnv(Environment):
 
     name = "agent"
     Options = AgentOptions
+    driven_from_outside = True  # the episode is the program; the run layer wires the gateway
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.config: AgentOptions
         self._task_env: Environment | None = None
         if self.config.task_env is not None:
-            from agentrl.envs.registry import make_env
-
             self._task_env = make_env(self.config.task_env.name, **self.config.task_env.options)
         self.verifier = self._make_verifier()
 
@@ -102,8 +103,6 @@ class AgentEnv(Environment):
         name = self.config.verifier
         if name is None:
             return getattr(self._task_env, "verifier", None)
-        from agentrl.envs.registry import load_object
-
         target = VERIFIERS.get(name, name)
         if ":" not in target:
             raise ConfigError(
@@ -125,18 +124,12 @@ class AgentEnv(Environment):
         if self._task_env is not None:
             yield from self._task_env.tasks(split=split, seed=seed)
         elif isinstance(tasks, str):
-            from agentrl.envs.datasets import load_task_file
+            from agentrl.envs.dataset import load_task_file
 
             yield from load_task_file(tasks)
         else:
             for i, row in enumerate(tasks or []):
                 yield {**row, "id": str(row.get("id", f"task-{i}"))}
-
-    def episode_workflow(self, cfg: Any) -> Any:
-        """Each episode runs the agent program against the run's gateway."""
-        from agentrl.gateway.workflow import agent_workflow
-
-        return agent_workflow(self, cfg)
 
     def score(self, result: Any, task: dict[str, Any], last_reply: str) -> tuple[float, dict]:
         """(reward, info) of an episode whose program returned `result`."""

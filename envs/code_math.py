@@ -19,10 +19,11 @@ from pydantic import Field, field_validator
 
 from agentrl._suggest import suggest
 from agentrl.envs.base import EnvOptions, ToolEnvironment
-from agentrl.envs.datasets import load_task_file
+from agentrl.envs.dataset import load_task_file
 from agentrl.envs.verifiers import MathVerifier, ReasoningGymVerifier, Verifier
 from agentrl.errors import ConfigError
-from agentrl.tools import PythonTool, register_parser
+from agentrl.extras import require
+from agentrl.tools import PythonTool, get_parser, register_parser
 from agentrl.tools.parsers import call_from_object, parse_hermes, parse_python_fence
 
 # Generator settings per difficulty; generator_options override them key by key.
@@ -188,8 +189,6 @@ class CodeMathOptions(EnvOptions):
     @field_validator("tool_parser")
     @classmethod
     def _known_parser(cls, name: str | None) -> str | None:
-        from agentrl.tools import get_parser
-
         if name is None:
             return None
         try:
@@ -201,7 +200,7 @@ class CodeMathOptions(EnvOptions):
     @field_validator("generators")
     @classmethod
     def _known_generators(cls, names: list[str]) -> list[str]:
-        from reasoning_gym.factory import DATASETS
+        DATASETS = require("reasoning_gym.factory", "demo", "code_math's generators").DATASETS
 
         if not names:
             raise ValueError("give at least one reasoning-gym generator")
@@ -259,7 +258,7 @@ class CodeMathEnv(ToolEnvironment):
         return {**preset, **self.config.generator_options.get(generator, {})}
 
     def _dataset(self, generator: str, split: str, seed: int, size: int) -> Any:
-        import reasoning_gym
+        reasoning_gym = require("reasoning_gym", "demo", "code_math's generators")
 
         settings = self.generator_settings(generator)
         key = json.dumps([generator, split, seed, size, settings], sort_keys=True, default=str)

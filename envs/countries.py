@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrl.extras import require
+
 SINGLE_HOP = ("capital", "currency", "region", "population", "subregion")
 MULTI_HOP = (
     "capital_to_currency",
@@ -75,7 +77,7 @@ def _str(value: Any) -> str | None:
 @functools.lru_cache(maxsize=1)
 def load_countries() -> tuple[Country, ...]:
     """Every countryinfo record as a :class:`Country`, sorted by name."""
-    from countryinfo import all_countries
+    all_countries = require("countryinfo", "demo", "the countries corpus (search_qa)").all_countries
 
     raw = [c.info() for c in all_countries()]
     by_iso3 = {(r.get("ISO") or {}).get("alpha3"): r["name"] for r in raw}

@@ -13,19 +13,25 @@ the run starts: a missing one is a :class:`~agentrl.errors.DatasetError` naming 
 file and the columns that exist.
 
 Order: one seeded shuffle per epoch (seed + epoch), so a run's task stream is fixed by its
-seed and a resumed run (:class:`agentrl.tasks.TaskCursor`) sees exactly the same order.
+seed and a resumed run (:class:`agentrl.rollout.tasks.TaskCursor`) sees exactly the same order.
 ``streaming: true`` reads the rows lazily (large files), shuffling within a buffer of
 ``shuffle_buffer`` rows (also seeded, so also exact on resume).
 
 :class:`DatasetEnv` is the environment a dataset runs in when no other is named: one chat
 turn answering the prompt (or the row's messages), scored by ``reward.functions`` (and by
 a verifier if asked); any other environment can take the dataset's tasks instead of its own.
+
+:func:`load_task_file` is the small reader environments use for their own ``dataset_path``
+option: ``{question, answer}`` rows of a JSONL or parquet file, each bad row an error that
+names the file, the line (1-based; the row for parquet) and the field, so a user can fix
+the file: ``data.jsonl:3: missing field 'answer'``.
 """
 
 from __future__ import annotations
 
 import glob as globlib
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +39,7 @@ from agentrl._suggest import suggest
 from agentrl.envs.base import Environment, EnvOptions, ToolEnvironment
 from agentrl.envs.verifiers import ExactMatchVerifier, MathVerifier, Verifier
 from agentrl.errors import ConfigError, DatasetError
+from agentrl.extras import require
 
 BUILDERS = {
     ".json": "json",
@@ -87,7 +94,7 @@ class DatasetSource:
 
     def _load(self) -> Any:
         """``{split: Dataset | IterableDataset}``."""
-        import datasets
+        datasets = require("datasets", "datasets", "data.path")
 
         datasets.disable_progress_bars()
         datasets.logging.set_verbosity_error()
@@ -116,7 +123,7 @@ class DatasetSource:
         return self._load_files(_builder(files, cfg.format, self.where), str(path))
 
     def _load_files(self, builder: str, files: Any, folder: Path | None = None) -> Any:
-        from datasets import load_dataset
+        load_dataset = require("datasets", "datasets", "data.path").load_dataset
 
         try:
             if folder is not None:  # train.jsonl / test.jsonl ... name their splits
@@ -130,7 +137,8 @@ class DatasetSource:
         return dict(loaded)
 
     def _load_saved(self, path: Path) -> Any:
-        from datasets import Dataset, load_from_disk
+        hf_datasets = require("datasets", "datasets", "data.path")
+        Dataset, load_from_disk = hf_datasets.Dataset, hf_datasets.load_from_disk
 
         try:
             loaded = load_from_disk(str(path))
@@ -293,6 +301,77 @@ def attach_dataset(env: Environment, cfg: Any, split: str = "train") -> DatasetS
         )
     env.tasks = source.tasks  # type: ignore[method-assign]
     return source
+
+
+# --- task files of an environment's own (dataset_path) ----------------------------------------
+
+TASK_FILE_FORMATS = (".jsonl", ".json", ".parquet")
+
+
+def _check_row(row: Any, where: str, required: Sequence[str]) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise DatasetError(
+            f"{where}: expected a JSON object with fields {', '.join(required)} "
+            f"(got {type(row).__name__})"
+        )
+    for key in required:
+        if key not in row or row[key] is None:
+            raise DatasetError(
+                f"{where}: missing field {key!r}; every row needs "
+                + ", ".join(f"{k!r}" for k in required)
+            )
+        if isinstance(row[key], str) and not row[key].strip():
+            raise DatasetError(f"{where}: field {key!r} is empty")
+        if isinstance(row[key], (dict, list)):
+            raise DatasetError(
+                f"{where}: field {key!r} must be a string or a number (got {type(row[key]).__name__})"
+            )
+    return row
+
+
+def _read_parquet(path: Path) -> list[tuple[str, Any]]:
+    pq = require("pyarrow.parquet", "datasets", f"{path}: reading parquet")
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as e:
+        raise DatasetError(f"{path}: not a readable parquet file ({e})") from e
+    return [(f"{path}: row {i + 1}", row) for i, row in enumerate(rows)]
+
+
+def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append((f"{path}:{lineno}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+    return out
+
+
+def load_task_file(
+    path: str | Path, required: Sequence[str] = ("question", "answer"), id_prefix: str = ""
+) -> list[dict[str, Any]]:
+    """Read tasks from a ``.jsonl`` or ``.parquet`` file; each gets an ``id`` (its own
+    ``id`` field if present, else ``<file stem>-<row>``) and a string ``answer``."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"{path}: no such task file")
+    suffix = path.suffix.lower()
+    if suffix not in TASK_FILE_FORMATS:
+        raise DatasetError(f"{path}: unsupported task file type {suffix!r}; use .jsonl or .parquet")
+    rows = _read_parquet(path) if suffix == ".parquet" else _read_jsonl(path)
+    if not rows:
+        raise DatasetError(f"{path}: the file holds no tasks")
+    tasks = []
+    for i, (where, row) in enumerate(rows):
+        task = dict(_check_row(row, where, required))
+        task["answer"] = str(task["answer"])
+        task["id"] = str(task.get("id") or f"{id_prefix or path.stem}-{i}")
+        tasks.append(task)
+    return tasks
 
 
 # --- the environment a dataset runs in by default -------------------------------------------

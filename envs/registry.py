@@ -15,14 +15,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from agentrl._suggest import suggest
 from agentrl.envs.base import Environment
 from agentrl.errors import PluginError, UnknownNameError
+from agentrl.registry import load_object
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 
@@ -51,57 +50,6 @@ class EnvInfo:
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def load_object(target: str, what: str = "environment") -> Any:
-    """Import ``package.module:attr`` (dots in `attr` walk attributes); errors name `what`."""
-    module_name, _, attr = target.rpartition(":")
-    if not module_name or not attr:
-        raise PluginError(
-            f"{what} path {target!r} must look like 'package.module:name' or 'file.py:name'"
-        )
-    try:
-        module = (
-            _import_file(Path(module_name))
-            if module_name.endswith(".py")
-            else importlib.import_module(module_name)
-        )
-    except ImportError as e:
-        raise PluginError(
-            f"cannot import module {module_name!r} for {what} {target!r}: {e}. "
-            "Check the module is on PYTHONPATH or installed"
-        ) from e
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            names = [n for n in dir(module) if not n.startswith("_")]
-            raise PluginError(
-                f"module {module_name!r} has no attribute {attr!r}{suggest(attr, names)}"
-            ) from None
-    return obj
-
-
-def _import_file(path: Path) -> Any:
-    """Import a Python file as a module (its folder goes on sys.path for its own imports)."""
-    if not path.is_file():
-        raise ImportError(f"no such file {str(path)!r} (relative to {Path.cwd()})")
-    name = f"agentrl_plugin_{path.stem}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {str(path)!r} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.resolve().parent))
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
 
 
 def load_class(target: str) -> type[Environment]:

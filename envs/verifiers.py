@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any, Protocol, runtime_checkable
 
+from agentrl.extras import require
+
 
 @runtime_checkable
 class Verifier(Protocol):
@@ -261,7 +263,8 @@ class ReasoningGymVerifier:
         self._numeric = MathVerifier()
 
     def score(self, answer_text: str, task: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        from reasoning_gym.dataset import ProceduralDataset
+        rg = require("reasoning_gym.dataset", "demo", "the reasoning-gym verifier")
+        ProceduralDataset = rg.ProceduralDataset
 
         dataset = self.datasets.get(task.get("generator", ""))
         if dataset is None or type(dataset).score_answer is ProceduralDataset.score_answer:

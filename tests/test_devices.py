@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentrl.components import build_sampler
 from agentrl.config import config_from_dict
 from agentrl.devices import (
     GiB,
@@ -18,7 +19,6 @@ from agentrl.devices import (
 )
 from agentrl.errors import ConfigError
 from agentrl.learner.precision import Precision
-from agentrl.runtime import build_sampler
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
 

@@ -17,8 +17,8 @@ from agentrl.events import (
     ProgressDisplay,
     RunFinished,
     step_metrics,
-    subscribers_for,
 )
+from agentrl.subscribers import subscribers_for
 
 
 def _line(metrics: dict[str, float]) -> str:

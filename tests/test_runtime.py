@@ -10,7 +10,8 @@ from agentrl.errors import ConfigError
 from agentrl.orchestrator import Orchestrator
 from agentrl.plotting import read_steps
 from agentrl.resources import ResourceScope, current_run_scope
-from agentrl.runtime import assemble, sampler_options
+from agentrl.runtime import assemble
+from agentrl.samplers import sampler_options
 from tests.orchestrator.test_train import BASE
 
 
@@ -28,15 +29,23 @@ def _openai_cfg(*overrides: str):
 # --- sampler settings: forwarded where honoured, rejected where not ---------------------------
 
 
-def test_hf_gets_batch_size_and_drains_without_partial_rollouts():
-    opts = sampler_options(_cfg("orchestrator.partial_rollouts=false"))
+def test_hf_gets_batch_size_and_drains_when_asked():
+    opts = sampler_options(_cfg("sampler.on_update=drain"))
     assert opts["max_batch_size"] == 16 and opts["on_update"] == "drain"
     assert sampler_options(_cfg())["on_update"] == "keep"
 
 
 def test_vllm_gets_dtype_batch_size_and_drain():
-    opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.drain_on_update=true"))
-    assert opts == {"max_batch_size": 16, "drain_on_update": True, "dtype": "float32"}
+    opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.on_update=drain"))
+    assert opts == {
+        "max_batch_size": 16,
+        "drain_on_update": True,
+        "dtype": "float32",
+        "learner_device": "auto",  # for the weight transport: CUDA IPC when colocated
+        "gpu_memory_fraction": None,  # vLLM's gpu_memory_utilization
+    }
+    opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.gpu_memory_fraction=0.4"))
+    assert opts["gpu_memory_fraction"] == 0.4
 
 
 def test_vllm_rejects_a_device_it_cannot_honour():
@@ -49,7 +58,6 @@ def test_vllm_rejects_a_device_it_cannot_honour():
     [
         ("model.dtype=bfloat16", "model.dtype"),
         ("sampler.device=cuda", "sampler.device"),
-        ("orchestrator.partial_rollouts=true", "orchestrator.partial_rollouts"),
     ],
 )
 def test_openai_rejects_settings_a_remote_server_decides(override, named):

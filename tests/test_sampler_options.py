@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.errors import ConfigError
-from agentrl.runtime import sampler_options
+from agentrl.samplers import sampler_options
 from tests.test_runtime import _cfg
 
 

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import LoggingConfig, WandbConfig, config_from_dict
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, MissingExtra
 from agentrl.events import (
     BatchTrained,
     EvalFinished,
     EventBus,
     RunFinished,
     RunStarted,
-    subscribers_for,
 )
+from agentrl.subscribers import subscribers_for
 
 pytest.importorskip("wandb")
 pytestmark = pytest.mark.timeout(120)  # a W&B service that waits for a network fails here
@@ -148,7 +148,9 @@ def test_wandb_config_shorthands():
 
 def test_missing_wandb_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
-    with pytest.raises(ConfigError, match=r"pip install 'agentrl\[wandb\]'"):
+    with pytest.raises(
+        MissingExtra, match=r"^logging.wandb needs wandb: pip install 'agentrl\[wandb\]'$"
+    ):
         subscribers_for(LoggingConfig(wandb=True), tmp_path, max_steps=1)
     # off: wandb is never imported
     subscribers = subscribers_for(LoggingConfig(progress=False), tmp_path, max_steps=1)

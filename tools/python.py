@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import InfraError
+from agentrl.sandbox import SandboxLimits, create_sandbox
 from agentrl.tools.base import Tool, ToolContext, ToolOutput
 
 RESTART_STATUSES = frozenset({"timeout", "memory", "output_limit", "killed"})
@@ -70,8 +71,6 @@ class PythonTool(Tool):
         if max_output_chars < 100:
             raise ValueError(f"max_output_chars must be >= 100 (got {max_output_chars})")
         if sandbox is None:  # bad limits are a config error now, not a failed call later
-            from agentrl.sandbox import SandboxLimits
-
             SandboxLimits.build(**sandbox_limits)
         elif sandbox_limits:
             raise ValueError(
@@ -89,8 +88,6 @@ class PythonTool(Tool):
             return self.sandbox
 
         async def open_sandbox(stack: AsyncExitStack) -> Any:
-            from agentrl.sandbox import create_sandbox
-
             sandbox = create_sandbox(backend="auto", **self.sandbox_limits)
             stack.push_async_callback(sandbox.close)
             return sandbox

@@ -27,6 +27,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import DatasetError, ToolError
+from agentrl.extras import require
 from agentrl.tools.base import Tool, ToolContext, ToolOutput
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -63,7 +64,7 @@ class LocalSearchIndex:
         snippet_chars: int = 300,
         title_boost: float = 1.0,
     ) -> None:
-        import tantivy
+        tantivy = require("tantivy", "demo", "the search index")
 
         self.snippet_chars = snippet_chars
         self.title_boost = title_boost
@@ -100,7 +101,7 @@ class LocalSearchIndex:
 
     def search_sync(self, query: str, k: int = 3) -> list[SearchHit]:
         """Blocking search (microseconds to milliseconds); :meth:`search` runs it in a thread."""
-        import tantivy
+        tantivy = require("tantivy", "demo", "the search index")
 
         if k < 1:
             raise ValueError(f"k must be >= 1 (got {k})")
@@ -131,7 +132,7 @@ class LocalSearchIndex:
 def _analyzer() -> Any:
     """Words, lowercased, accents folded, English stop words dropped ("the" in a title
     must not outrank a rare name), stemmed."""
-    import tantivy
+    tantivy = require("tantivy", "demo", "the search index")
 
     return (
         tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())

@@ -21,51 +21,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-from agentrl._suggest import suggest
-from agentrl.errors import UnknownNameError
+from agentrl.registry import Registry
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Registry(Generic[F]):
-    """A small registry of functions of one kind (advantage, policy loss, KL, ...)."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._fns: dict[str, F] = {}
-
-    def register(self, name: str, *, override: bool = False) -> Callable[[F], F]:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{self.kind} name must be a non-empty string (got {name!r})")
-
-        def deco(fn: F) -> F:
-            if name in self._fns and not override and self._fns[name] is not fn:
-                raise ValueError(
-                    f"{self.kind} '{name}' is already registered; pick another name "
-                    "or pass override=True to replace it"
-                )
-            self._fns[name] = fn
-            return fn
-
-        return deco
-
-    def get(self, name: str) -> F:
-        try:
-            return self._fns[name]
-        except (KeyError, TypeError):
-            hint = suggest(str(name), self._fns)
-            raise UnknownNameError(
-                f"unknown {self.kind} '{name}'{hint}; registered: {', '.join(self.names())}"
-                f" (add your own with @register_{self.kind.replace(' ', '_')}('{name}'))"
-            ) from None
-
-    def names(self) -> list[str]:
-        return sorted(self._fns)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._fns
 
 
 class AdvantageRegistry(Registry[Callable[..., Any]]):

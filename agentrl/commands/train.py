@@ -59,6 +59,7 @@ def _print_summary(run_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from agentrl.errors import MissingExtra
     from agentrl.plotting import learning_summary, plot_run, read_steps
 
     steps = read_steps(run_dir)
@@ -89,8 +90,10 @@ def _print_summary(run_dir: Path) -> None:
             f"{summary['last_k_reward']:.3f} (gain {summary['gain']:+.3f})"
         )
         (run_dir / "summary.json").write_text(json.dumps({**summary, "steps": steps}, indent=1))
-    png = plot_run(run_dir)
-    console.print(f"curves: {png}")
+    try:
+        console.print(f"curves: {plot_run(run_dir)}")
+    except MissingExtra as e:  # the run is fine; only the picture needs the plots extra
+        console.print(f"curves: not drawn ({e})", markup=False, soft_wrap=True)
 
 
 def _fmt(v: object) -> str:

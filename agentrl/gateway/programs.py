@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 
 from agentrl.errors import ConfigError, InfraError, PluginError
+from agentrl.registry import load_object
 
 KILL_WAIT_S = 5.0
 STDERR_TAIL = 2000
@@ -35,8 +36,6 @@ STDERR_TAIL = 2000
 
 def load_entrypoint(target: str) -> Any:
     """The ``async def run(client, task)`` that `target` names (ConfigError otherwise)."""
-    from agentrl.envs.registry import load_object
-
     try:
         fn = load_object(target, "agent entrypoint")
     except PluginError as e:

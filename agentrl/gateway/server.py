@@ -22,11 +22,17 @@ import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException
 
+from agentrl.extras import require
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
+except ModuleNotFoundError:
+    require("fastapi", "gateway", "the gateway server")  # MissingExtra when fastapi is absent
+    raise
 from agentrl.gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -125,7 +131,7 @@ def create_app(gateway: Gateway) -> Any:
 
 
 def _quiet_server(config: Any) -> Any:
-    import uvicorn
+    uvicorn = require("uvicorn", "gateway", "the gateway server")
 
     class _Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -145,8 +151,7 @@ class GatewayServer:
 
     async def start(self) -> str:
         """Listen (a free port when the settings say 0) and return the base URL."""
-        import uvicorn
-
+        uvicorn = require("uvicorn", "gateway", "the gateway server")
         s = self.gateway.settings
         sock = socket.socket(socket.AF_INET6 if ":" in s.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

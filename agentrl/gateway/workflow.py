@@ -17,6 +17,8 @@ from typing import Any
 
 from agentrl.envs.agent import AgentEnv
 from agentrl.errors import ConfigError, InfraError
+from agentrl.extras import require
+from agentrl.gateway.programs import load_entrypoint, run_command, run_entrypoint
 from agentrl.gateway.server import run_gateway
 from agentrl.gateway.service import Gateway, GatewaySettings
 from agentrl.resources import ResourceScope, current_run_scope
@@ -44,8 +46,6 @@ def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
     )
     entrypoint: Callable[..., Any] | None = None
     if options.entrypoint is not None:
-        from agentrl.gateway.programs import load_entrypoint
-
         entrypoint = load_entrypoint(options.entrypoint)  # a bad path fails the assembly
 
     async def run_agent(ctx: EpisodeContext) -> list[Trajectory]:
@@ -98,14 +98,11 @@ async def _run_program(
     ctx: EpisodeContext,
     scope: ResourceScope,
 ) -> Any:
-    from agentrl.gateway.programs import run_command, run_entrypoint
-
     url = gateway.session_url(session)
     model = gateway.settings.model_names[0]
     if entrypoint is None:
         return await run_command(env.config, ctx.task, url, session.key, model)
-    import openai
-
+    openai = require("openai", "gateway", "an agent entrypoint's OpenAI client")
     http = await scope.get_or_create(HTTP_KEY, _shared_http_client)
     client = openai.AsyncOpenAI(
         base_url=url,
@@ -120,7 +117,8 @@ async def _run_program(
 async def _shared_http_client(stack: contextlib.AsyncExitStack) -> Any:
     """One connection pool for every episode's client (clients are cheap; pools are not)."""
     import httpx
-    import openai
+
+    openai = require("openai", "gateway", "an agent entrypoint's OpenAI client")
 
     client = openai.DefaultAsyncHttpxClient(
         limits=httpx.Limits(max_connections=4096, max_keepalive_connections=1024)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.algos import chunked_logprobs_entropy
 from agentrl.algos.fused import Fused
 from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel, shift_values
@@ -223,8 +224,6 @@ def _predicted_logprobs(
     ``pred[:, j]`` is the decoder state that predicts ``input_ids[:, start + j]``; only the
     masked positions reach the LM head (chunked), the rest are 0.
     """
-    from agentrl.algos import chunked_logprobs_entropy
-
     sel = mask[:, start:] > 0
     lp_sel, ent_sel = chunked_logprobs_entropy(
         pred[sel],

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from agentrl.algos import loglinear_proximal_logprobs
-from agentrl.checkpoint import (
+from agentrl.checkpoint_files import (
     atomic_directory,
     capture_rng_state,
     resolve_checkpoint,
@@ -51,6 +51,7 @@ from agentrl.errors import CheckpointError
 from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.forward import PolicyForward
+from agentrl.learner.lora import load_policy, sampler_state, save_policy
 from agentrl.learner.metrics import WeightedMeans, batch_metrics
 from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
@@ -443,8 +444,6 @@ class Learner:
     def sampler_weights(self) -> dict[str, Tensor]:
         """The policy under the samplers' names on this learner's device: views of the live
         weights, or with LoRA each adapted layer merged (:mod:`agentrl.learner.lora`)."""
-        from agentrl.learner.lora import sampler_state
-
         return sampler_state(self.model)
 
     def state_dict_for_sampler(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
@@ -462,8 +461,6 @@ class Learner:
     def save_checkpoint(self, directory: str | Path) -> Path:
         """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically."""
         from safetensors.torch import save_model
-
-        from agentrl.learner.lora import save_policy
 
         directory = Path(directory)
         with atomic_directory(directory) as tmp:
@@ -500,7 +497,6 @@ class Learner:
                 f"checkpoint {directory} was saved with critic={meta.get('critic')} but this "
                 f"learner has critic={self.use_critic}; use the config the run was started with"
             )
-        from agentrl.learner.lora import load_policy
 
         load_policy(self.model, directory, self.device)
         if self.use_critic:

@@ -1,7 +1,7 @@
 """What the orchestrator needs of a learner, wherever it computes.
 
 :class:`~agentrl.learner.Learner` (in this process, driven from a worker thread) and
-:class:`~agentrl.learner.worker.LearnerProcess` (a child process) both satisfy it, so the
+:class:`~agentrl.placement.learner_process.LearnerProcess` (a child process) both satisfy it, so the
 code that drives training takes a :class:`LearnerLike` and never asks which it has.
 """
 
@@ -33,6 +33,12 @@ class LearnerLike(Protocol):
 
     def state_dict_for_sampler(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """Version :attr:`version`'s weights on CPU, to publish to the samplers."""
+        ...
+
+    def sampler_weights(self) -> dict[str, Tensor] | None:
+        """Version :attr:`version`'s live weights under the samplers' names, no copy made,
+        when the publish may read them in place (a learner in this process: it trains again
+        only once the publish has returned); None: publish :meth:`state_dict_for_sampler`."""
         ...
 
     def save_checkpoint(self, directory: str | Path) -> Path:

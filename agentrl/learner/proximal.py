@@ -29,6 +29,7 @@ import torch
 from agentrl.config import Config
 from agentrl.devices import resolve_device
 from agentrl.learner.precision import Precision
+from agentrl.models import load_dtype
 
 
 def sampler_dtype(cfg: Config) -> torch.dtype | None:
@@ -36,16 +37,10 @@ def sampler_dtype(cfg: Config) -> torch.dtype | None:
     backends, whose kernels are not the learner's whatever their dtype)."""
     if cfg.sampler.backend != "hf":
         return None
-    from agentrl.models import _ALIASES, cpu_dtype, resolve_dtype
-
-    alias = _ALIASES.get(cfg.model.name)
     device = resolve_device(cfg.sampler.device, "sampler.device")
-    dtype = resolve_dtype(
-        None if cfg.model.dtype == "auto" else cfg.model.dtype,
-        device,
-        exact=bool(alias and alias.random_init),
+    return load_dtype(
+        cfg.model.name, None if cfg.model.dtype == "auto" else cfg.model.dtype, device
     )
-    return cpu_dtype(dtype, device)  # bfloat16 computes in float32 on a CPU without it
 
 
 def _common_blockers(cfg: Config, pass_needed_for: str) -> list[str]:

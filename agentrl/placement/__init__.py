@@ -3,6 +3,7 @@ actors (sampler replicas, rollout workers that own their sandboxes, the learner)
 
 - :mod:`~agentrl.placement.assemble`: :func:`assemble_on_ray`, what ``runtime.assemble``
   returns for ray.
+- :mod:`~agentrl.placement.learner_process`: the learner in its own local process.
 - :mod:`~agentrl.placement.cluster`: connecting, resource checks, placement groups.
 - :mod:`~agentrl.placement.actors`: the thin actor shells.
 - :mod:`~agentrl.placement.driver`: the driver's handles (learner, weight bus, engine).
@@ -11,16 +12,3 @@ actors (sampler replicas, rollout workers that own their sandboxes, the learner)
 
 Ray is imported only when a Ray run starts.
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def assemble_on_ray(cfg: Any, role: str, **kwargs: Any) -> Any:
-    from agentrl.placement.assemble import assemble_on_ray as assemble
-
-    return assemble(cfg, role, **kwargs)
-
-
-__all__ = ["assemble_on_ray"]

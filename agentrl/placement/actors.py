@@ -1,7 +1,7 @@
 """Thin actor shells: each builds one of the ordinary classes and forwards calls to it.
 
-The classes (a Sampler from :func:`agentrl.runtime.build_sampler`, a RolloutEngine from
-:func:`agentrl.runtime.build_engine`, a Learner from :func:`agentrl.runtime.load_learner`)
+The classes (a Sampler from :func:`agentrl.components.build_sampler`, a RolloutEngine from
+:func:`agentrl.components.build_engine`, a Learner from :func:`agentrl.components.load_learner`)
 do not know Ray; these shells are what Ray places (``ray.remote(SamplerShell)``), and a
 test can construct any shell in-process without Ray. Every shell owns one
 :class:`~agentrl.resources.ResourceScope` closed by :meth:`close`, and applies the run's
@@ -19,17 +19,22 @@ from typing import Any
 
 import anyio
 
+from agentrl.components import build_engine, build_env, build_sampler, load_learner
 from agentrl.config import Config
+from agentrl.devices import resolve_device
+from agentrl.models import load_tokenizer
+from agentrl.placement.router import ReplicaRouter
+from agentrl.process_settings import apply_process_settings
 from agentrl.resources import ResourceScope
 from agentrl.samplers.base import Generation, SamplingParams
+from agentrl.weights import WeightBus
+from agentrl.weights.broadcast import BroadcastPayload, BroadcastReceiver, BroadcastTransport
 
 log = logging.getLogger("agentrl.placement")
 
 
 def _process_settings(cfg: Config, num_cpus: float) -> None:
     import torch
-
-    from agentrl.runtime import apply_process_settings
 
     apply_process_settings(cfg)
     threads = cfg.orchestrator.cpu_threads or max(1, int(num_cpus))
@@ -49,13 +54,15 @@ class SamplerShell:
     """One sampler replica."""
 
     def __init__(self, cfg: Config, index: int) -> None:
-        from agentrl.runtime import build_sampler, resolve_device
-
         _process_settings(cfg, cfg.ray.samplers.num_cpus)
         self.index = index
         self.sampler = build_sampler(cfg)
         self._incarnation = uuid.uuid4().hex  # new after every restart
-        self._device = resolve_device(cfg.sampler.device) if cfg.sampler.backend == "hf" else "cpu"
+        self._device = (
+            str(resolve_device(cfg.sampler.device, "sampler.device"))
+            if cfg.sampler.backend == "hf"
+            else "cpu"
+        )
         self._receiver: Any = None
 
     async def describe(self) -> dict[str, Any]:
@@ -83,7 +90,6 @@ class SamplerShell:
 
     async def update_weights(self, payload: Any, version: int) -> int:
         """Swap to `version` from whatever the transport sent; returns the version now held."""
-        from agentrl.weights.broadcast import BroadcastPayload
         from agentrl.weights.ray_object_store import ObjectStoreWeights
 
         if isinstance(payload, ObjectStoreWeights):
@@ -99,8 +105,6 @@ class SamplerShell:
         return self.sampler.version
 
     async def join_group(self, address: Any) -> None:
-        from agentrl.weights.broadcast import BroadcastReceiver
-
         device = "cuda" if address.backend == "nccl" else "cpu"
         if self._receiver is None or self._receiver.device != device:
             self._receiver = BroadcastReceiver(device)
@@ -119,10 +123,6 @@ class RolloutWorkerShell:
 
     def __init__(self, cfg: Config, index: int, replicas: list[Any]) -> None:
         import ray
-
-        from agentrl.models import load_tokenizer
-        from agentrl.placement.router import ReplicaRouter
-        from agentrl.runtime import build_engine, build_env
 
         _process_settings(cfg, cfg.ray.rollout_workers.num_cpus)
         self.index = index
@@ -180,8 +180,6 @@ class ReplicaClient:
         self.missed = 0
 
     async def update_weights(self, payload: Any, version: int) -> None:
-        from agentrl.placement.router import ReplicaRouter
-
         try:
             self.held = await self.handle.update_weights.remote(payload, version)
         except Exception as e:
@@ -205,8 +203,6 @@ class LearnerShell:
     checkpoints) hold the actor's loop, which is what they mean (one step at a time)."""
 
     def __init__(self, cfg: Config) -> None:
-        from agentrl.runtime import load_learner
-
         _process_settings(cfg, cfg.ray.learner.num_cpus)
         self.cfg = cfg
         self.learner = load_learner(cfg)
@@ -218,8 +214,6 @@ class LearnerShell:
         return {"node": _node(), "pid": os.getpid(), "version": self.learner.version}
 
     def connect_replicas(self, handles: list[Any]) -> None:
-        from agentrl.weights import WeightBus
-
         kind = self.cfg.ray.weight_transport
         transports: dict[str, Any] = {}
         if kind == "object_store":
@@ -227,8 +221,6 @@ class LearnerShell:
 
             name = "ray_object_store"
         else:
-            from agentrl.weights.broadcast import BroadcastTransport
-
             name = kind
             self._transport = BroadcastTransport(kind, lambda: self.replicas)
             transports[name] = self._transport

@@ -16,10 +16,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import agentrl.placement.cluster as cluster
+from agentrl.chat import ChatRenderer
+from agentrl.components import Run, build_env
 from agentrl.config import Config
 from agentrl.errors import ConfigError, PluginError
-from agentrl.placement import cluster
-from agentrl.placement.actors import LearnerShell, RolloutWorkerShell, SamplerShell
+from agentrl.models import load_tokenizer, prepare_files
+from agentrl.placement.actors import ActorReplica, LearnerShell, RolloutWorkerShell, SamplerShell
 from agentrl.placement.driver import (
     DriverSampler,
     RayWeightBus,
@@ -37,8 +40,6 @@ def _probe_env(cfg: Config) -> dict[str, str]:
     import os
 
     import ray
-
-    from agentrl.runtime import build_env
 
     build_env(cfg)
     return {"node": ray.get_runtime_context().get_node_id(), "pid": str(os.getpid())}
@@ -59,15 +60,11 @@ def _ready(ray: Any, refs: list[Any], what: str, timeout_s: float) -> list[Any]:
         raise PluginError(f"{what} failed to start: {type(cause).__name__}: {first}") from None
 
 
-def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Any:
-    from agentrl import runtime
-
-    if role != "train":  # rollout and eval are one process whatever the training placement
-        log.info("agentrl %s runs in this process (orchestrator.backend=ray places training)", role)
-        local = cfg.model_copy(deep=True)
-        local.orchestrator.backend = "local"
-        return runtime.assemble(local, role, **kwargs)
-
+def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Run:
+    """The training run's parts in Ray actors (rollout and eval run in one process: see
+    :func:`agentrl.runtime.assemble`)."""
+    if role != "train":
+        raise ValueError(f"assemble_on_ray places training runs (got role={role!r})")
     conn = cluster.connect(cfg)
     scope = ResourceScope("run")
     actors: list[Any] = []
@@ -94,8 +91,6 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Any:
             timeout,
         )
         # models load from here on
-        from agentrl.models import prepare_files
-
         prepare_files(cfg.model.name)  # a conversion the model needs happens once, here
 
         def options(section: Any, **extra: Any) -> dict[str, Any]:
@@ -143,9 +138,6 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Any:
         learner = RemoteLearner(ray, learner_handle)
         ray.get(learner_handle.connect_replicas.remote(samplers))
 
-        from agentrl.models import load_tokenizer
-        from agentrl.placement.actors import ActorReplica
-
         tokenizer = load_tokenizer(cfg.model.name)
         sampler = DriverSampler(
             [ActorReplica(s) for s in samplers],
@@ -155,9 +147,7 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Any:
             versions=[i["version"] for i in infos],
             sticky_slack=rc.sticky_slack,
         )
-        env = runtime.build_env(cfg)  # the driver's copy: the task list, never an episode
-        from agentrl.chat import ChatRenderer
-
+        env = build_env(cfg)  # the driver's copy: the task list, never an episode
         renderer = ChatRenderer(
             tokenizer, tools=env.tool_schemas(), template=cfg.model.chat_template
         )
@@ -171,9 +161,7 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Any:
         scope.push(close_actors)
         assert learner is not None
         scope.push(_closer(learner))
-        run = runtime.Run(
-            cfg=cfg, role="train", env=env, sampler=sampler, engine=engine, scope=scope
-        )
+        run = Run(cfg=cfg, role="train", env=env, sampler=sampler, engine=engine, scope=scope)
         run.learner = learner
         run.weight_bus = bus
         run.placement = placement  # type: ignore[attr-defined]

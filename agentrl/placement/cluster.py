@@ -7,6 +7,7 @@ the cluster does not have (GPUs on a CPU cluster, a custom resource no node offe
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -15,19 +16,14 @@ from typing import Any
 
 from agentrl.config import Config, RayRoleConfig
 from agentrl.errors import ConfigError
+from agentrl.extras import require
 
 MIN_RAY = (2, 9)
 ROLES = ("samplers", "rollout_workers", "learner")
 
 
 def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(
-            "orchestrator.backend=ray needs Ray: pip install 'agentrl[ray]' "
-            "(or set orchestrator.backend=local)"
-        ) from None
+    ray = require("ray", "ray", "orchestrator.backend=ray")
     version = tuple(int(p) for p in ray.__version__.split(".")[:2] if p.isdigit())
     if version < MIN_RAY:
         raise ConfigError(
@@ -111,7 +107,7 @@ def connect(cfg: Config) -> Connection:
         "configure_logging": True,
     }
     if address is None:
-        kwargs.update(include_dashboard=False, num_cpus=cfg.ray.num_cpus)
+        kwargs.update(include_dashboard=False, num_cpus=local_num_cpus(cfg))
         kwargs["num_gpus"] = _local_gpus()
     else:
         kwargs["address"] = address
@@ -182,6 +178,26 @@ def _local_gpus() -> int:
         return 0
 
 
+def local_num_cpus(cfg: Config) -> int:
+    """CPUs of a local instance this run starts: ``ray.num_cpus`` when set, else the larger of
+    the machine's cores and what the roles reserve in all. Ray's CPUs are scheduling tokens
+    (threads are set per actor), so the default roles start on a 2-core laptop."""
+    if cfg.ray.num_cpus is not None:
+        return cfg.ray.num_cpus
+    return max(os.cpu_count() or 1, math.ceil(total_demand(cfg).get("CPU", 0.0)))
+
+
+def total_demand(cfg: Config) -> dict[str, float]:
+    """What all roles reserve together (samplers + rollout workers + one learner)."""
+    needed: dict[str, float] = {}
+    for role in ROLES:
+        rc: RayRoleConfig = getattr(cfg.ray, role)
+        n = 1 if role == "learner" else rc.replicas
+        for k, v in demand(rc).items():
+            needed[k] = needed.get(k, 0.0) + v * n
+    return needed
+
+
 def demand(role: RayRoleConfig, replicas: int | None = None) -> dict[str, float]:
     """What one actor of `role` reserves, in Ray's resource names."""
     out = {"CPU": role.num_cpus, "GPU": role.num_gpus, **role.resources}
@@ -192,13 +208,11 @@ def check_resources(cfg: Config, ray: Any) -> None:
     """Every role fits the cluster: totals, and each actor on some node. One line if not."""
     total = ray.cluster_resources()
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    needed: dict[str, float] = {}
     for role in ROLES:
         rc: RayRoleConfig = getattr(cfg.ray, role)
         n = 1 if role == "learner" else rc.replicas
         one = demand(rc)
         for k, v in one.items():
-            needed[k] = needed.get(k, 0.0) + v * n
             if total.get(k, 0.0) < v * n:
                 setting = _setting_for(role, k)
                 have = total.get(k, 0.0)
@@ -216,7 +230,7 @@ def check_resources(cfg: Config, ray: Any) -> None:
                 f"ray.{role}: no node has {one} for one actor (nodes have "
                 f"{[_brief(n) for n in nodes]}); lower ray.{role}.num_cpus/num_gpus/resources"
             )
-    for k, v in needed.items():
+    for k, v in total_demand(cfg).items():
         if total.get(k, 0.0) < v:
             raise ConfigError(
                 f"the ray section asks for {v:g} {k} in all (samplers + rollout workers + "

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import InfraError
+from agentrl.placement.learner_process import LearnerError
 from agentrl.placement.router import ReplicaRouter
 
 log = logging.getLogger("agentrl.placement")
@@ -39,8 +40,6 @@ def learner_death(e: Exception, doing: str) -> Exception:
     for anything else."""
     if not ReplicaRouter.is_replica_failure(e):
         return e
-    from agentrl.learner.worker import LearnerError
-
     first = (str(e).strip().splitlines() or [""])[0]
     return LearnerError(
         f"the learner actor died while {doing} ({type(e).__name__}: {first}); the last "
@@ -70,6 +69,9 @@ class RemoteLearner:
             self.handle.step.remote(list(groups)), f"training step {self.step_count + 1}"
         )
         return metrics
+
+    def sampler_weights(self) -> None:
+        return None  # the weights live in the learner actor: publish state_dict_for_sampler
 
     def state_dict_for_sampler(self, dtype: Any = None) -> Any:
         return LearnerWeights(self.version)

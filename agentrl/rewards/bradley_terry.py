@@ -29,7 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.errors import DatasetError
+from agentrl.chat import load_template
+from agentrl.errors import DatasetError, ModelLoadError
+from agentrl.models import load_model, resolve_model_dir
 from agentrl.rewards.reward_model import encode_batch, ensure_pad_token, render_for_reward
 
 Message = dict[str, Any]
@@ -105,9 +107,6 @@ def read_pairs(path: str | Path) -> list[PreferencePair]:
 def base_model_folder(name: str, workdir: Path) -> str:
     """A folder (or hub id) ``from_pretrained`` reads for `name`: tiny-llama is written out
     once into `workdir`, aliases and .gguf files resolve as for the policy."""
-    from agentrl.errors import ModelLoadError
-    from agentrl.models import load_model, resolve_model_dir
-
     if name == "tiny-llama":
         model, tokenizer = load_model(name, dtype="float32")
         model.save_pretrained(workdir)
@@ -205,8 +204,6 @@ def train_reward_model(
         )
         ensure_pad_token(tokenizer, rm)
         if not getattr(tokenizer, "chat_template", None):  # scored as it is trained
-            from agentrl.chat import load_template
-
             tokenizer.chat_template = load_template("hermes_chatml")[1]
         rm.to(device)
         before = pairwise_accuracy(rm, tokenizer, held_out, max_length=max_length, device=device)

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 
 from agentrl.errors import ConfigError, InfraError, RewardError
+from agentrl.registry import load_object
 
 ARGUMENTS = ("task", "completion", "trajectory")
 
@@ -49,8 +50,6 @@ class RewardFunction:
         if callable(target):
             fn, label = target, getattr(target, "__qualname__", repr(target))
         else:
-            from agentrl.envs.registry import load_object
-
             fn, label = load_object(target, "reward function"), target
             if not callable(fn):
                 raise ConfigError(

@@ -20,7 +20,11 @@ import re
 import string
 from typing import Any
 
+from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError, InfraError, RewardError
+from agentrl.models import load_tokenizer
+from agentrl.samplers import create_sampler
+from agentrl.samplers.base import SamplingParams
 
 
 class JudgeUnparseable(InfraError):
@@ -60,8 +64,6 @@ class Judge:
     """Scores ``(task, completion)`` with a sampler and a prompt template."""
 
     def __init__(self, cfg: Any, sampler: Any, renderer: Any, *, owns_sampler: bool) -> None:
-        from agentrl.samplers.base import SamplingParams
-
         self.cfg = cfg
         self.sampler = sampler
         self.renderer = renderer
@@ -77,14 +79,9 @@ class Judge:
     def build(cls, cfg: Any, run_sampler: Any) -> Judge:
         """The judge `cfg` (a :class:`~agentrl.config.JudgeConfig`) describes: on its own
         sampler when it names a model, else on the run's."""
-        from agentrl.chat import ChatRenderer
-        from agentrl.samplers import create_sampler
-
         if cfg.model is None and cfg.base_url is None:
             sampler, owns = run_sampler, False
         elif cfg.base_url is not None:
-            from agentrl.models import load_tokenizer
-
             if cfg.model is None:
                 raise ConfigError("reward.judge.base_url needs reward.judge.model (its name)")
             sampler = create_sampler(

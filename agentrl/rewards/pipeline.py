@@ -13,8 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from agentrl.config import RewardFunctionConfig
+from agentrl.devices import resolve_device
 from agentrl.errors import ConfigError
 from agentrl.rewards.functions import RewardFunction, check_reward
+from agentrl.rewards.judge import Judge, check_judge
+from agentrl.rewards.reward_model import RewardModelScorer, check_reward_model_folder
 
 Message = dict[str, Any]
 
@@ -45,12 +49,8 @@ class RewardPipeline:
         rc = cfg.reward
         _functions(rc)
         if rc.model is not None:
-            from agentrl.rewards.reward_model import check_reward_model_folder
-
             check_reward_model_folder(rc.model)
         if rc.judge is not None:
-            from agentrl.rewards.judge import check_judge
-
             check_judge(rc.judge)
 
     @classmethod
@@ -63,18 +63,13 @@ class RewardPipeline:
         functions = _functions(rc)
         model = judge = None
         if rc.model is not None:
-            from agentrl.rewards.reward_model import RewardModelScorer
-            from agentrl.runtime import resolve_device
-
             model = RewardModelScorer(
                 rc.model,
-                device=resolve_device(rc.model_device, "reward.model_device"),
+                device=str(resolve_device(rc.model_device, "reward.model_device")),
                 batch_size=rc.model_batch_size,
                 max_length=rc.model_max_length,
             )
         if rc.judge is not None:
-            from agentrl.rewards.judge import Judge
-
             judge = Judge.build(rc.judge, sampler)
         return cls(
             functions,
@@ -117,8 +112,6 @@ class RewardPipeline:
 
 def _functions(rc: Any) -> list[RewardFunction]:
     """``reward.functions`` imported, with their weights (``weights`` wins over ``weight``)."""
-    from agentrl.config import RewardFunctionConfig
-
     weights = rc.weights or [None] * len(rc.functions)
     functions = []
     for spec, weight in zip(rc.functions, weights, strict=True):

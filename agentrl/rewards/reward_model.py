@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 
+from agentrl.chat import load_template
 from agentrl.errors import ConfigError, ModelLoadError
 
 Message = dict[str, Any]
@@ -60,8 +61,6 @@ def render_for_reward(tokenizer: Any, messages: Sequence[Message]) -> str:
     scored the same way), or agentrl's ChatML template when the tokenizer has none."""
     template = getattr(tokenizer, "chat_template", None)
     if not template:
-        from agentrl.chat import load_template
-
         template = load_template("hermes_chatml")[1]
     return tokenizer.apply_chat_template(
         list(messages), chat_template=template, tokenize=False, add_generation_prompt=False

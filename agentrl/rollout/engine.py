@@ -7,7 +7,7 @@
     engine.cursor.load_state_dict(ckpt["cursor"])                      # resume point
     tg.start_soon(engine.produce, None, send)                          # bounded, backpressured
 
-Tasks come from one :class:`~agentrl.tasks.TaskCursor` (the environment's `split`, one
+Tasks come from one :class:`~agentrl.rollout.tasks.TaskCursor` (the environment's `split`, one
 pass, unless `tasks` or a cursor is given). Each sample of a group is an episode of the
 built-in runner or of the configured workflow (``rollout.workflow``, see
 :mod:`agentrl.rollout.workflow`); ARPO trees grow in the built-in runner.
@@ -29,13 +29,14 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
 from agentrl.chat import Renderer, require_renderer
+from agentrl.config import SamplerConfig
 from agentrl.envs.base import Environment
 from agentrl.errors import ConfigError
 from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, new_id
 from agentrl.rollout.group import run_branching_group, run_group
+from agentrl.rollout.tasks import TaskCursor
 from agentrl.rollout.workflow import BUILTIN, Workflow, resolve_workflow
 from agentrl.samplers.base import Sampler, SamplingParams
-from agentrl.tasks import TaskCursor
 from agentrl.types import TrajectoryGroup
 
 GroupSink = Callable[[TrajectoryGroup], Awaitable[Any]] | MemoryObjectSendStream[TrajectoryGroup]
@@ -55,8 +56,6 @@ def sampling_params_from(sampler_cfg: Any, renderer: Renderer) -> SamplingParams
     """Per-turn sampling params from a :class:`agentrl.config.SamplerConfig` (or defaults),
     stopping at the renderer's end-of-turn tokens."""
     if sampler_cfg is None:
-        from agentrl.config import SamplerConfig
-
         sampler_cfg = SamplerConfig()
     return SamplingParams(
         temperature=sampler_cfg.temperature,

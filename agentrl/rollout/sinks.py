@@ -7,6 +7,7 @@ from typing import IO, Any
 
 import anyio
 
+from agentrl.errors import DatasetError
 from agentrl.types import TrajectoryGroup
 
 
@@ -46,8 +47,6 @@ class JsonlSink:
 
 def read_groups(path: str | Path) -> list[TrajectoryGroup]:
     """The groups in a ``trajectories.jsonl`` (or the run folder holding one), in order."""
-    from agentrl.errors import DatasetError
-
     path = Path(path)
     file = path / "trajectories.jsonl" if path.is_dir() else path
     if not file.is_file():

@@ -24,10 +24,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.algos.registry import Registry
 from agentrl.chat import ChatTranscript
 from agentrl.envs.base import Environment, Message
 from agentrl.errors import ConfigError
+from agentrl.registry import Registry, load_object
 from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, run_attempts, with_retries
 from agentrl.samplers.base import Sampler, SamplingParams
 from agentrl.types import Trajectory
@@ -83,8 +83,6 @@ def resolve_workflow(name: str) -> Workflow | None:
     if name == BUILTIN:
         return None
     if ":" in name:
-        from agentrl.envs.registry import load_object
-
         fn = load_object(name, "workflow")
         if not callable(fn):
             raise ConfigError(

@@ -4,19 +4,39 @@
     sampler = create_sampler("hf", model=(model, tokenizer))      # or an already-loaded pair
     gen = await sampler.generate(prompt_ids, SamplingParams(temperature=0.7))
 
-Backends are imported lazily, so ``vllm`` is only needed when it is asked for.
+    sampler = sampler_from_config(cfg)                            # what a run's config asks for
+
+Backends are imported when asked for (``vllm`` itself only when its engine starts). Each
+maps a run's config to its own options (``from_config``); a run has no per-backend code.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl._suggest import suggest
 from agentrl.errors import UnknownNameError
-from agentrl.samplers.base import Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.models import load_model
+from agentrl.samplers.base import Generation, Sampler, SamplingParams
+from agentrl.samplers.options import check_options, resolve_on_update
+from agentrl.types import WeightsLike
 
-__all__ = ["BACKENDS", "Generation", "Sampler", "SamplingParams", "WeightsLike", "create_sampler"]
+if TYPE_CHECKING:
+    from agentrl.config import Config
+
+__all__ = [
+    "BACKENDS",
+    "Generation",
+    "Sampler",
+    "SamplingParams",
+    "WeightsLike",
+    "backend_class",
+    "create_sampler",
+    "on_update_policy",
+    "sampler_from_config",
+    "sampler_options",
+]
 
 # backend name -> "module:Class"
 BACKENDS: dict[str, str] = {
@@ -26,7 +46,8 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def _backend_class(backend: str) -> type[Sampler]:
+def backend_class(backend: str) -> type[Sampler]:
+    """The class of sampler backend `backend` (imported now)."""
     if backend not in BACKENDS:
         raise UnknownNameError(
             f"unknown sampler backend {backend!r}; choose one of {', '.join(BACKENDS)}"
@@ -48,9 +69,9 @@ def create_sampler(
     takes (``max_batch_size``, ``max_context``, ``on_update``, ...). Other backends get
     `model` and `options` unchanged.
     """
-    cls = _backend_class(backend)
+    cls = backend_class(backend)
     if backend != "hf":
-        _check_options(cls, options)
+        check_options(cls, options)
         return cls(model=model, **options)
 
     dtype = options.pop("dtype", None)
@@ -64,26 +85,26 @@ def create_sampler(
             raise ValueError("model must be a name or a (model, tokenizer) pair")
         hf_model, tokenizer = model
     else:
-        from agentrl.models import load_model
-
         hf_model, tokenizer = load_model(
             model, dtype=dtype, device=device, seed=options.get("seed") or 0
         )
-    _check_options(cls, options)
+    check_options(cls, options)
     return cls(hf_model, tokenizer, **options)
 
 
-def _check_options(cls: type, options: dict[str, Any]) -> None:
-    import inspect
+def sampler_from_config(cfg: Config) -> Sampler:
+    """The sampler ``cfg.sampler.backend`` names, built by that backend from `cfg`
+    (blocking: ``hf`` loads its own copy of the model)."""
+    return backend_class(cfg.sampler.backend).from_config(cfg)
 
-    known = [
-        name
-        for name, p in inspect.signature(cls.__init__).parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    ]
-    for name in options:
-        if name not in known:
-            raise TypeError(
-                f"unknown option {name!r} for the {cls.backend} sampler; known: {', '.join(known)}"
-                + suggest(name, known)
-            )
+
+def sampler_options(cfg: Config) -> dict[str, Any]:
+    """The keyword options `cfg` gives its sampler backend (see
+    :mod:`agentrl.samplers.options`)."""
+    return backend_class(cfg.sampler.backend).options_from_config(cfg)
+
+
+def on_update_policy(cfg: Config) -> str:
+    """``sampler.on_update`` resolved for the run's backend: ``keep``, ``reprefill`` or
+    ``drain``."""
+    return resolve_on_update(cfg, backend_class(cfg.sampler.backend))

@@ -9,10 +9,14 @@ numerical only. With temperature 0 (greedy), logits are used unscaled.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from agentrl.types import WeightsLike
+
+if TYPE_CHECKING:
+    from agentrl.config import Config
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -61,17 +65,29 @@ class Generation:
         return len(self.token_ids)
 
 
-WeightsLike = Mapping[str, Any] | str | Path
-
-
 class Sampler(abc.ABC):
     """Produces tokens, their behaviour log-probs and the weight version of each token.
 
     Every backend declares ``version``, ``context_length`` and ``vocab_size``; the rollout
     reads them, it never probes for backend attributes. ``stats()`` is optional (empty).
+    Each backend maps a run's config to its own options (:meth:`from_config`), and declares
+    what ``sampler.on_update: auto`` means for it and the policies it cannot honour.
     """
 
     backend: str = "base"
+    weight_payload: str = "state_dict"  # what the WeightBus hands to update_weights
+    on_update_default: ClassVar[str] = "keep"  # sampler.on_update=auto, nothing drains
+    on_update_cannot: ClassVar[dict[str, str]] = {}  # policy -> why this backend cannot
+
+    @classmethod
+    def options_from_config(cls, cfg: Config) -> dict[str, Any]:
+        """The keyword options `cfg` gives this backend (see :mod:`agentrl.samplers.options`)."""
+        raise NotImplementedError(f"the {cls.backend} sampler has no options_from_config")
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Sampler:
+        """The sampler `cfg` asks for (blocking: may load a model)."""
+        raise NotImplementedError(f"the {cls.backend} sampler has no from_config")
 
     @property
     @abc.abstractmethod

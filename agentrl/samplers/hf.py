@@ -50,10 +50,13 @@ from typing import Any
 import anyio
 import torch
 
+from agentrl.config import Config
+from agentrl.devices import check_memory, resolve_device, sampler_bytes
 from agentrl.errors import PromptError, SamplerError, WeightUpdateError
-from agentrl.models import cache_kwargs, returned_cache
+from agentrl.models import cache_kwargs, load_model, returned_cache
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.kv_cache import KV_CACHES
+from agentrl.samplers.options import check_options, resolve_on_update, shared_options
 from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry
 from agentrl.samplers.sampling import sample_next
 from agentrl.weights.spec import WeightSpec
@@ -128,6 +131,30 @@ class HFSampler(Sampler):
 
     backend = "hf"
     weight_payload = "state_dict"  # what the WeightBus hands to update_weights
+
+    @classmethod
+    def options_from_config(cls, cfg: Config) -> dict[str, Any]:
+        options = shared_options(cfg)
+        policy = resolve_on_update(cfg, cls)
+        options.update(max_batch_size=cfg.sampler.max_batch_size, on_update=policy)
+        return options
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> HFSampler:
+        """Its own model copy on ``sampler.device`` in ``model.dtype`` (the learner keeps
+        float32 masters of its own); the memory it needs is checked before it decodes."""
+        options = cls.options_from_config(cfg)
+        device = resolve_device(cfg.sampler.device, "sampler.device")
+        model, tokenizer = load_model(
+            cfg.model.name,
+            dtype=None if cfg.model.dtype == "auto" else cfg.model.dtype,
+            device=device,
+            seed=cfg.model.seed,
+        )
+        need, what = sampler_bytes(model, cfg.sampler.max_batch_size, cfg.rollout.max_tokens)
+        check_memory(cfg, "sampler", need, device, what)
+        check_options(cls, options)
+        return cls(model, tokenizer, **options)
 
     def __init__(
         self,

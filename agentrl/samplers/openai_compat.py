@@ -29,20 +29,27 @@ import shutil
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import httpx
 
-from agentrl.errors import PromptError, SamplerError, WeightUpdateError
-from agentrl.models import DEFAULT_MODEL, resolve_model_dir
+from agentrl.config import Config
+from agentrl.errors import ConfigError, PromptError, SamplerError, WeightUpdateError
+from agentrl.models import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.samplers.options import check_options, resolve_on_update, shared_options, user_set
 from agentrl.samplers.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
 from agentrl.weights.files import shm_root
 from agentrl.weights.spec import WeightSpec
 
 _TOKEN_PREFIX = "token_id:"
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+_FINISHES_IN_FLIGHT = (
+    "the openai backend finishes in-flight requests before a weight reload, so use drain"
+)
 
 
 class OpenAISampler(Sampler):
@@ -58,6 +65,47 @@ class OpenAISampler(Sampler):
     """
 
     backend = "openai"
+    on_update_default = "drain"
+    on_update_cannot: ClassVar[dict[str, str]] = {
+        "keep": _FINISHES_IN_FLIGHT,
+        "reprefill": _FINISHES_IN_FLIGHT,
+    }
+
+    @classmethod
+    def options_from_config(cls, cfg: Config) -> dict[str, Any]:
+        """A server elsewhere decides its own placement, precision and batching."""
+        s = cfg.sampler
+        options = shared_options(cfg, remote=True)
+        resolve_on_update(cfg, cls)  # only drain is possible here
+        dtype = cfg.model.dtype
+        rejected = {
+            "model.dtype": user_set(cfg.model, "dtype") and dtype != "auto",
+            "sampler.device": user_set(s, "device") and s.device != "auto",
+        }
+        bad = [k for k, v in rejected.items() if v]
+        if bad:
+            why = {
+                "model.dtype": "the server's precision is set where it starts (vllm serve --dtype)",
+                "sampler.device": "the server places itself",
+            }[bad[0]]
+            raise ConfigError(
+                f"{bad[0]} cannot be honoured by sampler.backend=openai: {why}; remove it or "
+                "use sampler.backend=hf or vllm"
+            )
+        if user_set(s, "max_batch_size"):
+            options["max_concurrency"] = s.max_batch_size  # requests in flight to the server
+        if s.base_url:
+            options["base_url"] = s.base_url
+        if s.api_key:
+            options["api_key"] = s.api_key
+        return options
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> OpenAISampler:
+        options = cls.options_from_config(cfg)
+        options.setdefault("tokenizer", load_tokenizer(cfg.model.name))
+        check_options(cls, options)
+        return cls(model=cfg.model.name, **options)
 
     def __init__(
         self,

@@ -29,8 +29,9 @@ versions) and resumes; tokens carry exactly the version that produced them.
 Transports: CPU -> a safetensors folder in ``/dev/shm`` + ``collective_rpc`` of the worker
 extension's reload (:mod:`agentrl.samplers.vllm_worker`: vLLM's ``reload_weights``, then a tied
 LM head repacked, which vLLM 0.32 on CPU leaves on the initial weights);
-CUDA -> vLLM's NCCL weight-transfer engine (:mod:`agentrl.samplers.vllm_nccl`, UNTESTED
-here: no GPU). Updates are checked against the model folder's
+CUDA -> vLLM's weight-transfer engines (:mod:`agentrl.samplers.vllm_transfer`, not run here:
+no GPU with vLLM): CUDA IPC when the learner's weights sit on vLLM's GPU (colocated), NCCL
+across GPUs, each send under ``transfer_timeout_s``. Updates are checked against the model folder's
 :class:`~agentrl.weights.spec.WeightSpec` first.
 """
 
@@ -47,15 +48,17 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 
+from agentrl.config import Config
 from agentrl.errors import ConfigError, PromptError, SamplerError, WeightUpdateError
 from agentrl.models import DEFAULT_MODEL, resolve_model_dir
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.samplers.options import check_options, resolve_on_update, shared_options, user_set
 from agentrl.samplers.vllm_cpu import configure_cpu_env
-from agentrl.samplers.vllm_nccl import NcclWeightSender
+from agentrl.samplers.vllm_transfer import EngineWeightSender, pick_transport
 from agentrl.samplers.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
 from agentrl.weights.files import shm_root
 from agentrl.weights.spec import WeightSpec
@@ -86,14 +89,50 @@ class VLLMSampler(Sampler):
     - ``max_batch_size``: sequences decoded together (vLLM ``max_num_seqs``).
     - ``entropy_top_k``: top log-probs used to estimate entropy (default 20).
     - ``drain_on_update``: finish in-flight sequences on the old weights before a swap.
-    - ``weight_transport``: ``"auto"`` (NCCL on CUDA, shared memory otherwise), ``"shm"``,
-      ``"nccl"``.
+    - ``weight_transport``: ``"auto"`` (without CUDA shared-memory files; on CUDA, CUDA IPC
+      when ``learner_device`` is vLLM's GPU, else NCCL), ``"shm"``, ``"ipc"``, ``"nccl"``.
+    - ``learner_device``: where the published weights live (``learner.device``), for auto.
+    - ``gpu_memory_fraction``: vLLM's ``gpu_memory_utilization`` (its share of the GPU,
+      weights and KV cache); None = vLLM's default (0.9), too much beside a colocated learner.
+    - ``transfer_timeout_s``: a CUDA weight send that takes longer fails the publish.
     - ``ignore_eos``: keep generating past EOS (benchmarks: fixed-length outputs).
     - ``engine_kwargs``: extra ``vllm.AsyncEngineArgs`` fields, checked against vLLM's (one
       the sampler sets itself, e.g. ``max_num_seqs``, names the option to use instead).
     """
 
     backend = "vllm"
+    on_update_default = "reprefill"
+    on_update_cannot: ClassVar[dict[str, str]] = {
+        "keep": "vLLM preempts running sequences on a weight swap and recomputes their KV on "
+        "the new weights (reset_prefix_cache(reset_running_requests=True)), so use "
+        "reprefill (what it does) or drain",
+    }
+
+    @classmethod
+    def options_from_config(cls, cfg: Config) -> dict[str, Any]:
+        s = cfg.sampler
+        options = shared_options(cfg)
+        drain = resolve_on_update(cfg, cls) == "drain"
+        if user_set(s, "device") and s.device != "auto":
+            raise ConfigError(
+                f"sampler.device={s.device!r}: the vllm backend places itself (CUDA when the "
+                "vllm build has it); choose GPUs with CUDA_VISIBLE_DEVICES and leave "
+                "sampler.device at auto"
+            )
+        options.update(
+            max_batch_size=s.max_batch_size,
+            drain_on_update=drain,
+            dtype=cfg.model.dtype,
+            learner_device=cfg.learner.device,
+            gpu_memory_fraction=s.gpu_memory_fraction,
+        )
+        return options
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> VLLMSampler:
+        options = cls.options_from_config(cfg)
+        check_options(cls, options)
+        return cls(model=cfg.model.name, **options)
 
     def __init__(
         self,
@@ -105,15 +144,16 @@ class VLLMSampler(Sampler):
         entropy_top_k: int = 20,
         drain_on_update: bool = False,
         weight_transport: str = "auto",
+        learner_device: str | None = None,
+        gpu_memory_fraction: float | None = None,
+        transfer_timeout_s: float = 120.0,
         enforce_eager: bool | None = None,
         ignore_eos: bool = False,
         initial_version: int = 0,
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if weight_transport not in ("auto", "shm", "nccl"):
-            raise ValueError(
-                f"weight_transport must be 'auto', 'shm' or 'nccl' (got {weight_transport!r})"
-            )
+        if gpu_memory_fraction is not None and not 0 < gpu_memory_fraction <= 1:
+            raise ValueError(f"gpu_memory_fraction must be in (0, 1] (got {gpu_memory_fraction})")
         if not 1 <= entropy_top_k <= 20:
             raise ValueError(f"entropy_top_k must be in [1, 20] (got {entropy_top_k})")
         self.model_dir = resolve_model_dir(model)
@@ -123,10 +163,18 @@ class VLLMSampler(Sampler):
         self.max_batch_size = max_batch_size
         self.entropy_top_k = entropy_top_k
         self.drain_on_update = drain_on_update
-        self.weight_transport = weight_transport
+        self._engine_kwargs = check_engine_kwargs(engine_kwargs or {})
+        self.weight_transport = pick_transport(
+            weight_transport,
+            cuda=_cuda_available(),
+            learner_device=learner_device,
+            workers=int(self._engine_kwargs.get("tensor_parallel_size", 1))
+            * int(self._engine_kwargs.get("pipeline_parallel_size", 1)),
+        )
+        self.gpu_memory_fraction = gpu_memory_fraction
+        self.transfer_timeout_s = transfer_timeout_s
         self.enforce_eager = enforce_eager
         self.ignore_eos = ignore_eos
-        self._engine_kwargs = check_engine_kwargs(engine_kwargs or {})
         self._version = initial_version
         self._engine: Any = None
         self._tokenizer: Any = None
@@ -138,7 +186,7 @@ class VLLMSampler(Sampler):
         self._gate: anyio.Event | None = None  # set while draining for an update
         self._ids = itertools.count()
         self._shm_dir = shm_root() / f"agentrl-vllm-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._nccl: NcclWeightSender | None = None
+        self._sender: EngineWeightSender | None = None
         self.last_update_seconds: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -174,11 +222,6 @@ class VLLMSampler(Sampler):
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         return self._tokenizer
 
-    def _use_nccl(self) -> bool:
-        if self.weight_transport == "auto":
-            return _cuda_available()
-        return self.weight_transport == "nccl"
-
     def engine_args(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -195,8 +238,10 @@ class VLLMSampler(Sampler):
             "disable_log_stats": True,
             "seed": 0,
         }
-        if self._use_nccl():
-            kwargs["weight_transfer_config"] = {"backend": "nccl"}
+        if self.weight_transport in ("ipc", "nccl"):
+            kwargs["weight_transfer_config"] = {"backend": self.weight_transport}
+        if self.gpu_memory_fraction is not None:
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_fraction
         # reloads that also repack a tied LM head (agentrl.samplers.vllm_worker)
         kwargs["worker_extension_cls"] = WORKER_EXTENSION
         kwargs.update(self._engine_kwargs)
@@ -228,10 +273,10 @@ class VLLMSampler(Sampler):
 
     async def close(self) -> None:
         engine, self._engine = self._engine, None
-        if self._nccl is not None:
+        if self._sender is not None:
             with contextlib.suppress(Exception):
-                self._nccl.shutdown()
-            self._nccl = None
+                self._sender.shutdown()
+            self._sender = None
         if engine is not None:
             engine.shutdown()
         shutil.rmtree(self._shm_dir, ignore_errors=True)
@@ -370,11 +415,13 @@ class VLLMSampler(Sampler):
                     f"weight versions only go up: got {version}, sampler is at {self._version}"
                 )
             t0 = time.perf_counter()
-            if self._use_nccl():
+            if self.weight_transport in ("ipc", "nccl"):
                 if not isinstance(weights, Mapping):
-                    raise WeightUpdateError("the NCCL transport needs a state dict of tensors")
+                    raise WeightUpdateError(
+                        f"the {self.weight_transport} transport needs a state dict of tensors"
+                    )
                 tensors = self._spec.validate(weights, self._version)
-                await self._swap(version, lambda: self._nccl_send(tensors))
+                await self._swap(version, lambda: self._cuda_send(tensors))
             else:
                 # a state dict is checked and written to /dev/shm; a folder is checked
                 path = await anyio.to_thread.run_sync(
@@ -425,12 +472,21 @@ class VLLMSampler(Sampler):
     async def _reload_from(self, path: Path) -> None:
         await self._engine.collective_rpc(RELOAD_METHOD, kwargs={"weights_path": str(path)})
 
-    async def _nccl_send(self, weights: Mapping[str, Any]) -> None:
-        # UNTESTED: written against vLLM 0.32's NCCL weight-transfer engine; no GPU here.
-        if self._nccl is None:
-            self._nccl = NcclWeightSender(self._engine)
-            await anyio.to_thread.run_sync(self._nccl.init)
-        await anyio.to_thread.run_sync(self._nccl.send, weights)
+    async def _cuda_send(self, weights: Mapping[str, Any]) -> None:
+        # not run here (no GPU with vLLM): vLLM 0.32's IPC / NCCL weight-transfer engines
+        try:
+            with anyio.fail_after(self.transfer_timeout_s):
+                if self._sender is None:
+                    sender = EngineWeightSender(self._engine, self.weight_transport)
+                    await anyio.to_thread.run_sync(sender.init, abandon_on_cancel=True)
+                    self._sender = sender
+                await anyio.to_thread.run_sync(self._sender.send, weights, abandon_on_cancel=True)
+        except TimeoutError as e:
+            raise WeightUpdateError(
+                f"the {self.weight_transport} weight send to vLLM took over "
+                f"{self.transfer_timeout_s:.0f} s (sampler.options.transfer_timeout_s); a worker "
+                "is stuck or gone"
+            ) from e
 
 
 # engine settings the sampler owns: the option (or config key) that sets each
@@ -443,6 +499,7 @@ _OWNED_ENGINE_ARGS = {
     "logprobs_mode": "nothing: processed_logprobs is our log-prob definition (module doc)",
     "max_logprobs": "the entropy_top_k option",
     "weight_transfer_config": "the weight_transport option",
+    "gpu_memory_utilization": "sampler.gpu_memory_fraction",
     "worker_extension_cls": "nothing: agentrl.samplers.vllm_worker's reloads need it",
 }
 

@@ -148,6 +148,9 @@ class BroadcastTransport:
         self._incarnations: dict[int, str] = {}
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="broadcast")
         self._sending: concurrent.futures.Future[None] | None = None
+        self._buffers: dict[torch.dtype, torch.Tensor] = {}
+        self._slots: dict[str, Slot] | None = None
+        self._views: dict[str, torch.Tensor] = {}
         self.formed = 0  # groups formed so far (1 unless members restarted)
 
     async def _current(self) -> dict[int, str]:
@@ -198,9 +201,13 @@ class BroadcastTransport:
             await self._form(incarnations)
         assert self._group is not None
         sizes, slots = layout(dict(state))
-        device = "cuda" if self.backend == "nccl" else "cpu"
-        buffers = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in sizes.items()}
-        for name, view in views(buffers, slots).items():
+        # the bus awaits release() (the last send done) before it prepares the next version
+        if self._slots != slots:  # the first publish, or the model's layout changed
+            device = "cuda" if self.backend == "nccl" else "cpu"
+            self._buffers = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in sizes.items()}
+            self._slots, self._views = slots, views(self._buffers, slots)
+        buffers = self._buffers  # refreshed in place: no new copy of the weights per publish
+        for name, view in self._views.items():
             view.copy_(state[name])
         spec = BroadcastLayout(
             version=version,

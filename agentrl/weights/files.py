@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from agentrl.errors import WeightUpdateError
-from agentrl.samplers.base import WeightsLike
+from agentrl.types import WeightsLike
 
 
 def shm_root() -> Path:

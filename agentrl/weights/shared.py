@@ -1,6 +1,6 @@
 """A state dict in flat shared buffers, one per dtype, seen by several processes.
 
-The learner process (:mod:`agentrl.learner.worker`) owns a :class:`SharedWeights` and
+The learner process (:mod:`agentrl.placement.learner_process`) owns a :class:`SharedWeights` and
 refreshes it after every step; the parent maps the same files with :func:`map_file` and
 reads the weights through :func:`views` without a copy. Entries that share storage (tied
 embeddings) share one slot.
@@ -9,7 +9,7 @@ embeddings) share one slot.
     buffers = {dt: map_file(path, dt, n) for dt, (path, n) in shared.files.items()}
     weights = views(buffers, shared.slots)        # parent: name -> tensor view
 
-Two kinds, picked by :func:`sharing_kind` from ``learner.weight_sharing`` and the learner's
+Two kinds, picked by :func:`agentrl.devices.sharing_kind` from ``learner.weight_sharing`` and the learner's
 device, behind one pair of calls (:func:`share_weights` in the owner, :func:`attach` in
 the other process): ``shared_memory`` (the files above; a CUDA learner's weights go
 through host memory) and ``cuda_ipc`` (:class:`CudaSharedWeights`: the buffers stay on the
@@ -29,7 +29,7 @@ import torch
 import torch.multiprocessing  # registers the IPC pickling of CUDA tensors
 from torch import Tensor
 
-from agentrl.errors import ConfigError, WeightUpdateError
+from agentrl.errors import WeightUpdateError
 from agentrl.weights.files import shm_root
 
 # name -> (dtype, offset in that dtype's buffer, shape)
@@ -89,23 +89,6 @@ def _check_space(nbytes: int) -> None:
             "learner on CUDA use learner.weight_sharing=cuda_ipc (no files), or train in this "
             "process (orchestrator.learner_worker=thread)"
         )
-
-
-def sharing_kind(setting: str, device: torch.device) -> str:
-    """``learner.weight_sharing`` for a learner on `device`: ``cuda_ipc`` or
-    ``shared_memory`` (``auto`` = CUDA IPC exactly when the learner is on CUDA)."""
-    if setting == "auto":
-        return "cuda_ipc" if device.type == "cuda" else "shared_memory"
-    if setting == "cuda_ipc" and device.type != "cuda":
-        raise ConfigError(
-            f"learner.weight_sharing=cuda_ipc needs the learner on CUDA (it is on {device}); "
-            "set learner.weight_sharing=auto or shared_memory, or learner.device=cuda"
-        )
-    if setting not in ("cuda_ipc", "shared_memory"):
-        raise ConfigError(
-            f"learner.weight_sharing={setting!r}: use auto, cuda_ipc or shared_memory"
-        )
-    return setting
 
 
 class SharedWeights:
@@ -211,7 +194,7 @@ def adopt(model: torch.nn.Module, shared: SharedWeights | CudaSharedWeights) -> 
 def share_weights(
     state: Mapping[str, Tensor], kind: str, dtype: torch.dtype | None = None
 ) -> SharedWeights | CudaSharedWeights:
-    """The owner's side of `kind` (from :func:`sharing_kind`) for `state`, its floating-point
+    """The owner's side of `kind` (from :func:`agentrl.devices.sharing_kind`) for `state`, its floating-point
     entries in `dtype` when given."""
     if kind == "cuda_ipc":
         return CudaSharedWeights(state, dtype)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from agentrl.errors import WeightUpdateError
-from agentrl.samplers.base import WeightsLike
+from agentrl.types import WeightsLike
 from agentrl.weights.files import load_weights, read_shapes, write_safetensors_dir
 
 _STRIP_PREFIXES = ("module.", "_orig_mod.")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.envs.datasets import load_task_file
+from agentrl.envs.dataset import load_task_file
 from agentrl.errors import DatasetError
 
 

@@ -136,7 +136,7 @@ def _learner_child(pgid: int) -> int | None:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"agentrl.learner.worker" in cmd:
+        if b"agentrl.placement.learner_process" in cmd:
             return pid
     return None
 

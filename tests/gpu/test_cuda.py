@@ -13,9 +13,9 @@ import torch
 
 from agentrl.config import config_from_dict, load_config
 from agentrl.learner import Learner
-from agentrl.learner.worker import LearnerProcess
 from agentrl.models import load_model, tiny_llama
 from agentrl.orchestrator import Orchestrator
+from agentrl.placement.learner_process import LearnerProcess
 from agentrl.samplers import SamplingParams
 from agentrl.samplers.hf import HFSampler
 from agentrl.types import Segment, Trajectory, TrajectoryGroup

@@ -62,7 +62,7 @@ def test_published_weights_equal_peft_merge_and_unload():
 
 
 def test_the_kl_reference_of_a_lora_run_is_the_base_model_without_a_copy():
-    from agentrl.runtime import load_learner
+    from agentrl.components import load_learner
 
     cfg = config_from_dict(
         {
@@ -170,7 +170,7 @@ def test_a_checkpoint_resumes_only_with_the_same_lora_setting(tmp_path):
 
 
 def test_lora_trains_under_gradient_checkpointing():
-    from agentrl.runtime import load_learner
+    from agentrl.components import load_learner
 
     cfg = config_from_dict(
         {

@@ -16,8 +16,8 @@ import pytest
 from agentrl.checkpoint import latest_checkpoint
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
-from agentrl.learner.worker import LearnerProcess
 from agentrl.orchestrator import Orchestrator
+from agentrl.placement.learner_process import LearnerProcess
 from agentrl.plotting import read_steps
 from tests.procs import alive
 
@@ -71,7 +71,7 @@ def _learner_children(pid: int) -> list[int]:
             cmd = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid and b"agentrl.learner.worker" in cmd:
+        if ppid == pid and b"agentrl.placement.learner_process" in cmd:
             found.append(int(stat.parent.name))
     return found
 

@@ -283,3 +283,29 @@ def test_bad_placement_is_one_line_before_any_model_loads(tmp_path, monkeypatch)
     with pytest.raises(Exception, match=r"env.name='no_such_pkg.env:Env' on a rollout worker"):
         _orchestrator(tmp_path / "c", *SMALL, "env.name=no_such_pkg.env:Env")
     assert not ray.is_initialized()
+
+
+def test_a_local_instance_is_sized_for_the_default_roles_and_a_small_one_is_one_line():
+    from agentrl.errors import ConfigError
+    from agentrl.placement import cluster
+
+    # the defaults reserve 3 CPUs (sampler + rollout worker + learner): a local instance
+    # holds at least that many scheduling tokens, even on a 2-core machine
+    cfg = load_config(overrides=["orchestrator.backend=ray"])
+    assert cluster.total_demand(cfg) == {"CPU": 3.0}
+    assert cluster.local_num_cpus(cfg) == max(os.cpu_count() or 1, 3)
+    conn = cluster.connect(cfg)
+    try:
+        assert ray.cluster_resources()["CPU"] >= 3
+        cluster.check_resources(cfg, ray)
+    finally:
+        conn.close()
+    # a size the user chose is kept, and too small for the roles is one line
+    small = load_config(overrides=["orchestrator.backend=ray", "ray.num_cpus=2"])
+    assert cluster.local_num_cpus(small) == 2
+    conn = cluster.connect(small)
+    try:
+        with pytest.raises(ConfigError, match=r"asks for 3 CPU in all .* the cluster has 2"):
+            cluster.check_resources(small, ray)
+    finally:
+        conn.close()

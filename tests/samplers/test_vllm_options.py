@@ -54,3 +54,25 @@ def test_unknown_options_are_refused(model_dir, backend):
         TypeError, match=r"unknown option 'max_batch' for the .* sampler.*did you mean"
     ):
         create_sampler(backend, model=str(model_dir), max_batch=4, **extra)
+
+
+def test_gpu_memory_fraction_reaches_vllm_as_gpu_memory_utilization(model_dir):
+    # vLLM's default takes 90% of the GPU, leaving a colocated learner nothing
+    assert (
+        VLLMSampler(model_dir, gpu_memory_fraction=0.35).engine_args().gpu_memory_utilization
+        == 0.35
+    )
+    with pytest.raises(
+        ConfigError, match=r"engine_kwargs.gpu_memory_utilization is set by.*gpu_memory_fraction"
+    ):
+        VLLMSampler(model_dir, engine_kwargs={"gpu_memory_utilization": 0.5})
+    with pytest.raises(ValueError, match=r"gpu_memory_fraction must be in \(0, 1\]"):
+        VLLMSampler(model_dir, gpu_memory_fraction=1.5)
+
+
+def test_a_cuda_transport_is_what_the_engine_is_configured_for(model_dir):
+    args = VLLMSampler(model_dir, weight_transport="ipc").engine_args()
+    assert args.weight_transfer_config.backend == "ipc"
+    assert (
+        VLLMSampler(model_dir, weight_transport="shm").engine_args().weight_transfer_config is None
+    )

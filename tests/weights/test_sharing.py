@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from agentrl.config import config_from_dict
-from agentrl.devices import check_placement
+from agentrl.devices import check_placement, sharing_kind
 from agentrl.errors import ConfigError
 from agentrl.models import tiny_llama
-from agentrl.weights.shared import SharedWeights, attach, share_weights, sharing_kind
+from agentrl.weights.shared import SharedWeights, attach, share_weights
 
 
 def test_auto_picks_cuda_ipc_exactly_for_a_cuda_learner():

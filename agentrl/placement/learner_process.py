@@ -11,7 +11,7 @@ both slow down when they compute at the same time (``benchmarks/async_vs_sync.py
 measures the end-to-end effect).
 
 The child builds its :class:`~agentrl.learner.Learner` with the run assembly's
-:func:`agentrl.runtime.load_learner` (as a thread learner is built) after applying the
+:func:`agentrl.components.load_learner` (as a thread learner is built) after applying the
 run's process settings, and serves requests over a pipe, one at a
 time. Weights come back through shared buffers: one flat buffer per dtype, allocated once,
 refreshed after every step and every checkpoint load, and mapped into this process as
@@ -52,7 +52,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.algos.registry import plugin_modules
+from agentrl.components import load_learner
+from agentrl.cpu import learner_process_threads, release_freed_memory
+from agentrl.devices import limit_process_memory, sharing_kind
 from agentrl.errors import AgentRLError
+from agentrl.process_settings import apply_process_settings
 from agentrl.weights.shared import (
     CudaSharedWeights,
     SharedWeights,
@@ -109,11 +114,6 @@ def _serve(conn: Connection, lifeline: int) -> None:
 
         for module in plugins:  # algorithms the parent's plug-ins registered
             importlib.import_module(module)
-        from agentrl.cpu import learner_process_threads, release_freed_memory
-        from agentrl.devices import limit_process_memory
-        from agentrl.runtime import apply_process_settings, load_learner
-        from agentrl.weights.shared import sharing_kind
-
         apply_process_settings(cfg)
         learner_process_threads(cfg.orchestrator.cpu_threads, cfg.orchestrator.learner_cpu_threads)
         limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
@@ -163,7 +163,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
 
 
 def main() -> None:
-    """Entry of the child: ``python -m agentrl.learner.worker SOCKET_FD LIFELINE_FD``."""
+    """Entry of the child: ``python -m agentrl.placement.learner_process SOCKET_FD LIFELINE_FD``."""
     _serve(Connection(int(sys.argv[1])), int(sys.argv[2]))
 
 
@@ -206,7 +206,13 @@ class LearnerProcess:
         # benchmarks/async_vs_sync.py)
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrl.learner.worker", str(theirs.fileno()), str(lifeline_r)],
+            [
+                sys.executable,
+                "-m",
+                "agentrl.placement.learner_process",
+                str(theirs.fileno()),
+                str(lifeline_r),
+            ],
             pass_fds=[theirs.fileno(), lifeline_r],
             env=env,
         )
@@ -219,8 +225,6 @@ class LearnerProcess:
         self.version = 0
         self.step_count = 0
         self._weights: dict[str, Tensor] = {}
-        from agentrl.algos.registry import plugin_modules
-
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             # a child that died at once is reported by wait_ready, with its exit status
             self._conn.send((cfg, [p for p in sys.path if p], plugin_modules()))
@@ -308,6 +312,11 @@ class LearnerProcess:
         if dtype is None:
             return weights
         return {k: v.to(dtype) for k, v in weights.items()}
+
+    def sampler_weights(self) -> None:
+        """None: the publish reads :meth:`state_dict_for_sampler` (the views change when the
+        child steps)."""
+        return None
 
     def save_checkpoint(self, directory: str | Path) -> Path:
         return Path(self._call("save", str(directory), "saving a checkpoint"))

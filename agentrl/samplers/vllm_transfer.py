@@ -1,8 +1,12 @@
-"""Send weights to an in-process vLLM engine over NCCL (CUDA only).
+"""Send weights to an in-process vLLM engine on CUDA: CUDA IPC when colocated, else NCCL.
 
-UNTESTED in this repository's CI (no GPU): written against vLLM 0.32's NCCL
-weight-transfer engine (``vllm.distributed.weight_transfer.nccl_engine``). The vllm
-sampler uses it when ``weight_transport`` is ``"nccl"`` (or ``"auto"`` on CUDA).
+Written against vLLM 0.32's weight-transfer engines
+(``vllm.distributed.weight_transfer.ipc_engine`` / ``nccl_engine``); not run in this
+repository's CI (no GPU with vLLM there). The vllm sampler picks the backend
+(:func:`pick_transport`): ``ipc`` when the weights it is handed live on the GPU its one
+worker runs on (the learner and vLLM colocated, the common single-node case: NCCL refuses
+two ranks on one device, and IPC maps the learner's memory without a copy), ``nccl`` when
+they are on another GPU or the engine has several workers.
 """
 
 from __future__ import annotations
@@ -12,22 +16,56 @@ import socket
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+TRANSPORTS = ("auto", "shm", "nccl", "ipc")
 
-class NcclWeightSender:
-    """Trainer side of vLLM's NCCL weight-transfer engine, driven from this process.
 
-    UNTESTED in this repository's CI (no GPU). This process is NCCL rank 0 (the sender) and
-    the engine's worker(s) join as ranks 1..N; ``send`` broadcasts a state dict of CUDA
-    tensors. Runs in a worker thread; calls back into the event loop for the engine RPCs.
+def pick_transport(requested: str, *, cuda: bool, learner_device: str | None, workers: int) -> str:
+    """The transport for `requested` (one of :data:`TRANSPORTS`): ``auto`` is shared-memory
+    files without CUDA, CUDA IPC when the learner's weights sit on the GPU of vLLM's single
+    worker (this process's first visible GPU), else NCCL."""
+    if requested not in TRANSPORTS:
+        raise ValueError(
+            f"weight_transport must be one of {', '.join(TRANSPORTS)} (got {requested!r})"
+        )
+    if requested != "auto":
+        return requested
+    if not cuda:
+        return "shm"
+    if learner_device in (None, "auto", "cuda", "cuda:0") and workers == 1:
+        return "ipc"
+    return "nccl"
+
+
+class EngineWeightSender:
+    """Trainer side of one of vLLM's weight-transfer engines, driven from this process.
+
+    This process is the sender (rank 0); the engine's worker(s) receive. ``send`` ships a
+    state dict of CUDA tensors as they are (IPC: handles to their memory; NCCL: one
+    broadcast group formed at ``init``). Runs in a worker thread; the engine RPCs hop back
+    onto the event loop.
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, backend: str) -> None:
+        if backend not in ("ipc", "nccl"):
+            raise ValueError(f"vLLM weight transfer backend must be ipc or nccl (got {backend!r})")
         self.engine = engine
+        self.backend = backend
         self.loop = asyncio.get_running_loop()
         self.trainer: Any = None
         self.source = _DictSource()
 
     def init(self) -> None:
+        client = _LoopClient(self.engine, self.loop)
+        if self.backend == "ipc":
+            from vllm.distributed.weight_transfer.ipc_engine import (
+                IPCTrainerInitInfo,
+                IPCTrainerWeightTransferEngine,
+            )
+
+            self.trainer = IPCTrainerWeightTransferEngine.trainer_init(
+                IPCTrainerInitInfo(rank=0), client=client, source=self.source
+            )
+            return
         from vllm.distributed.weight_transfer.nccl_engine import (
             NCCLTrainerInitInfo,
             NCCLTrainerWeightTransferEngine,
@@ -38,12 +76,15 @@ class NcclWeightSender:
             master_address="127.0.0.1", master_port=_free_port(), world_size=world, rank=0
         )
         self.trainer = NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=_LoopClient(self.engine, self.loop), source=self.source
+            info, client=client, source=self.source
         )
 
     def send(self, tensors: Mapping[str, Any]) -> None:
         self.source.tensors = tensors
-        self.trainer.send_weights()
+        try:
+            self.trainer.send_weights()
+        finally:
+            self.source.tensors = {}  # no reference to the learner's weights kept
 
     def shutdown(self) -> None:
         if self.trainer is not None:

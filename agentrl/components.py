@@ -1,0 +1,165 @@
+"""The components of one run (:class:`Run`), and each built from its config: environment,
+sampler, rollout engine, reward pipeline, learner.
+
+The run assembly (:mod:`agentrl.runtime`), the learner process and the Ray actor shells
+(:mod:`agentrl.placement`) all build through here, so a config key means the same thing
+wherever a component runs. Each sampler backend maps the config to its own options
+(``from_config``, :mod:`agentrl.samplers`); a setting a backend cannot honour is an error
+naming it, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentrl.chat import ChatRenderer
+from agentrl.config import Config
+from agentrl.devices import check_memory, learner_bytes, resolve_device
+from agentrl.envs import Environment, make_env
+from agentrl.envs.dataset import attach_dataset
+from agentrl.errors import ConfigError
+from agentrl.learner import Learner
+from agentrl.learner.lora import AdaptersOff, apply_lora
+from agentrl.models import load_model
+from agentrl.resources import ResourceScope
+from agentrl.rewards import RewardPipeline
+from agentrl.rollout import RolloutEngine
+from agentrl.samplers import Sampler, sampler_from_config
+
+Role = Literal["train", "rollout", "eval"]
+
+
+def build_env(cfg: Config, split: str = "train") -> Environment:
+    """The environment ``env`` names, with ``env.eval_options`` on top for ``eval``; with
+    ``data.path`` its tasks come from that file (columns checked now, before any model
+    loads)."""
+    options = dict(cfg.env.options)
+    if split == "eval":
+        options.update(cfg.env.eval_options)
+    env = make_env(cfg.env.name, **options)
+    if cfg.data.path is not None:
+        attach_dataset(env, cfg.data, split)
+    return env
+
+
+def build_sampler(cfg: Config) -> Sampler:
+    """The sampler `cfg` asks for; ``hf`` loads its own model copy on ``sampler.device`` in
+    ``model.dtype`` (the learner keeps float32 masters of its own)."""
+    return sampler_from_config(cfg)
+
+
+def episode_workflow(cfg: Config, env: Environment) -> Any:
+    """Who runs `env`'s episodes: None for ``rollout.workflow`` (the built-in episode runner
+    unless set); an environment driven from outside runs as an agent program behind the
+    run's gateway."""
+    if not env.driven_from_outside:
+        return None
+    from agentrl.gateway.workflow import agent_workflow  # the [gateway] extra (fastapi)
+
+    return agent_workflow(env, cfg)
+
+
+def build_engine(
+    cfg: Config,
+    env: Environment,
+    sampler: Sampler,
+    *,
+    split: str = "train",
+    group_size: int | None = None,
+) -> RolloutEngine:
+    """The rollout engine (renderer from the sampler's tokenizer and the env's tools)."""
+    rollout_cfg = cfg.rollout
+    if group_size is not None:  # evaluation: k plain samples per task, no branching
+        rollout_cfg = rollout_cfg.model_copy(update={"group_size": group_size})
+        rollout_cfg.branching = rollout_cfg.branching.model_copy(update={"enabled": False})
+    renderer = ChatRenderer(
+        sampler.tokenizer, tools=env.tool_schemas(), template=cfg.model.chat_template
+    )
+    return RolloutEngine(
+        env,
+        sampler,
+        renderer,
+        rollout_cfg,
+        sampler_cfg=cfg.sampler,
+        seed=cfg.orchestrator.seed,
+        split=split,
+        workflow=episode_workflow(cfg, env),
+    )
+
+
+def attach_rewards(cfg: Config, engine: Any, sampler: Any, scope: ResourceScope) -> None:
+    """``reward.functions`` / ``model`` / ``judge`` scoring the engine's episodes (see
+    :mod:`agentrl.rewards`), closed with the run's scope."""
+    if not cfg.reward.enabled:
+        return
+    if engine.workflow is not None:
+        raise ConfigError(
+            "reward.functions / model / judge score the built-in episode runner's episodes; "
+            f"a workflow ({cfg.rollout.workflow!r}, or an agent program) returns its own "
+            "reward: score inside it, or use rollout.workflow=episode"
+        )
+    pipeline = RewardPipeline.from_config(cfg, sampler)
+    engine.runner.rewards = pipeline
+    scope.push(pipeline.aclose)
+
+
+def load_learner(cfg: Config) -> Learner:
+    """A :class:`~agentrl.learner.Learner` in this process, its kernels compiled (the thread
+    learner, the learner process and the Ray learner actor all start here)."""
+    device = resolve_device(cfg.learner.device, "learner.device")
+    policy, tokenizer = load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)
+    if cfg.model.lora is not None:
+        policy = apply_lora(policy, cfg.model.lora, cfg.model.gradient_checkpointing)
+    n_params = sum(p.numel() for p in policy.parameters())
+    n_trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    reference = bool(cfg.algorithm.kl) and cfg.algorithm.kl_coef > 0  # Objective.use_kl
+    lora = cfg.model.lora is not None  # its reference is the policy with adapters off
+    check_memory(
+        cfg,
+        "learner",
+        learner_bytes(n_params, n_trained, reference=reference and not lora),
+        device,
+        f"float32 weights of {n_params / 1e6:.0f}M parameters, gradients and AdamW state of "
+        f"{n_trained / 1e6:.0f}M{', a reference copy' if reference and not lora else ''}",
+    )
+    ref_model = None
+    if cfg.model.lora is not None and reference:  # the base weights, not a second copy
+        ref_model = AdaptersOff(policy)
+    learner = Learner(policy, tokenizer, cfg, ref_model=ref_model)
+    learner.warmup()
+    return learner
+
+
+@dataclass
+class Run:
+    """The components of one run, owned by one resource scope."""
+
+    cfg: Config
+    role: Role
+    env: Any
+    sampler: Any
+    engine: Any
+    scope: ResourceScope = field(default_factory=lambda: ResourceScope("run"))
+    learner: Any = None
+    weight_bus: Any = None
+    _activation: Any = None
+
+    @property
+    def renderer(self) -> Any:
+        return self.engine.runner.renderer
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.sampler.tokenizer
+
+    async def __aenter__(self) -> Run:
+        self._activation = self.scope.active()
+        self._activation.__enter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.scope.aclose()
+        finally:
+            self._activation.__exit__(None, None, None)

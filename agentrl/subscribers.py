@@ -1,0 +1,50 @@
+"""The subscribers a ``logging`` config asks for (the writers are in :mod:`agentrl.events`
+and :mod:`agentrl.wandb_writer`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrl.config import LoggingConfig
+from agentrl.events import (
+    EveryNSteps,
+    JsonlMetrics,
+    ProgressDisplay,
+    Subscriber,
+    TensorBoardWriter,
+    TraceWriter,
+)
+from agentrl.wandb_writer import WandbWriter
+
+
+def subscribers_for(logging_cfg: LoggingConfig, run_dir: Path, max_steps: int) -> list[Subscriber]:
+    """Every subscriber a ``logging`` config asks for, writing into `run_dir`.
+
+    ``metrics.jsonl`` always; the trace, TensorBoard, W&B and the progress line when on.
+    Metric writers see a trained step every ``log_every`` steps (and the last); the trace
+    and the progress line see every event.
+    """
+    run_dir = Path(run_dir)
+    every = logging_cfg.log_every
+
+    def thinned(writer: Subscriber) -> Subscriber:
+        return writer if every == 1 else EveryNSteps(writer, every, max_steps)
+
+    subscribers: list[Subscriber] = []
+    try:
+        subscribers.append(thinned(JsonlMetrics(run_dir / "metrics.jsonl")))
+        if logging_cfg.trace:
+            subscribers.append(TraceWriter(run_dir / "trajectories.jsonl"))
+        if logging_cfg.tensorboard:
+            subscribers.append(thinned(TensorBoardWriter(run_dir / "tensorboard")))
+        if logging_cfg.wandb.enabled:
+            subscribers.append(thinned(WandbWriter(logging_cfg.wandb, run_dir)))
+        if logging_cfg.progress:
+            subscribers.append(ProgressDisplay(max_steps))
+    except BaseException:  # e.g. an extra not installed: no file stays open
+        for fn in subscribers:
+            close = getattr(fn, "close", None)
+            if close is not None:
+                close()
+        raise
+    return subscribers
