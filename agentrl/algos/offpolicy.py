@@ -16,10 +16,13 @@ Where two names compute the same thing (see docs/off_policy.md): ``mode="mask"``
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from agentrl.algos.registry import OFF_POLICY_MASKS, register_off_policy_mask
+from agentrl.algos.stats import masked_max, masked_mean
 
 _LOG_RATIO_CLAMP = 20.0
 IS_MODES = ("truncate", "mask")
@@ -163,27 +166,20 @@ def correction_weights(
     reject: str | None = None,
     low: float = 0.5,
     high: float = 2.0,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Any]]:
     """The per-token weight ``[B, T]`` the policy loss is multiplied by (importance weight
     times rejection mask) and its metrics."""
     w = importance_weights(old_logprobs, behavior_logprobs, mask, cap=cap, mode=mode, level=level)
-    m = mask.to(torch.float32)
-    n = float(m.sum())
-
-    def mean(x: Tensor) -> float:
-        return float((x.to(torch.float32) * m).sum() / n) if n > 0 else 0.0
-
-    sel = w[mask > 0]
     metrics = {
-        "is_weight_mean": mean(w),
-        "is_weight_max": float(sel.max()) if sel.numel() else 0.0,
+        "is_weight_mean": masked_mean(w, mask),
+        "is_weight_max": masked_max(w, mask),
     }
     raw = importance_weights(
         old_logprobs, behavior_logprobs, mask, cap=float("inf"), mode="truncate", level=level
     )
-    metrics["is_capped_frac"] = mean(raw > cap)
+    metrics["is_capped_frac"] = masked_mean(raw > cap, mask)
     if reject is not None:
         keep = rejection_mask(reject, old_logprobs, behavior_logprobs, mask, low=low, high=high)
         w = w * keep.to(w.dtype)
-        metrics["is_rejected_frac"] = mean(1.0 - keep)
+        metrics["is_rejected_frac"] = masked_mean(1.0 - keep.to(torch.float32), mask)
     return w, metrics

@@ -5,7 +5,8 @@ log-probs the ratio is taken against (pi_old; the proximal policy under ``decoup
 ``behavior_logprobs`` are the sampler's. All per-token tensors are ``[B, T]`` and aligned;
 ``advantages`` may be ``[B]`` (broadcast over tokens) or ``[B, T]``. A registered loss
 returns a per-token loss ``[B, T]`` plus metrics; :func:`policy_loss` then applies the
-off-policy weight and aggregates. Metrics are plain floats.
+off-policy weight and aggregates. Metrics are floats or 0-dim tensors (left on the
+device: :mod:`agentrl.algos.stats`; the learner reads them once a step).
 """
 
 from __future__ import annotations
@@ -19,26 +20,11 @@ from agentrl._suggest import suggest
 from agentrl.algos.aggregation import aggregate
 from agentrl.algos.offpolicy import correction_weights
 from agentrl.algos.registry import POLICY_LOSSES, keyword_parameters, register_policy_loss
+from agentrl.algos.stats import masked_max, masked_mean, masked_min
 from agentrl.errors import UnknownNameError
 
 _LOG_RATIO_CLAMP = 20.0
 CORRECTIONS = ("none", "tis", "decoupled")
-
-
-def _masked_mean(x: Tensor, mask: Tensor) -> float:
-    m = mask.to(torch.float32)
-    n = m.sum()
-    return float((x.detach().to(torch.float32) * m).sum() / n) if n > 0 else 0.0
-
-
-def _masked_max(x: Tensor, mask: Tensor) -> float:
-    sel = x.detach()[mask > 0]
-    return float(sel.max()) if sel.numel() else 0.0
-
-
-def _masked_min(x: Tensor, mask: Tensor) -> float:
-    sel = x.detach()[mask > 0]
-    return float(sel.min()) if sel.numel() else 0.0
 
 
 def _clip_objective(
@@ -85,19 +71,19 @@ def ppo_loss(
     eps_low: float = 0.2,
     eps_high: float | None = None,
     dual_clip_c: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Any]]:
     eps_low, eps_high = _check_eps(eps_low, eps_high)
     log_ratio = (logprobs - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     loss, clipped, dual = _clip_objective(ratio, advantages, eps_low, eps_high, dual_clip_c)
     metrics = {
-        "clip_frac": _masked_mean(clipped, mask),
-        "clip_frac_high": _masked_mean(clipped & (advantages > 0), mask),
-        "clip_frac_low": _masked_mean(clipped & (advantages < 0), mask),
-        "dual_clip_frac": _masked_mean(dual, mask),
-        "ratio_mean": _masked_mean(ratio, mask),
-        "ratio_max": _masked_max(ratio, mask),
-        "ratio_min": _masked_min(ratio, mask),
+        "clip_frac": masked_mean(clipped, mask),
+        "clip_frac_high": masked_mean(clipped & (advantages > 0), mask),
+        "clip_frac_low": masked_mean(clipped & (advantages < 0), mask),
+        "dual_clip_frac": masked_mean(dual, mask),
+        "ratio_mean": masked_mean(ratio, mask),
+        "ratio_max": masked_max(ratio, mask),
+        "ratio_min": masked_min(ratio, mask),
     }
     return loss, metrics
 
@@ -126,7 +112,7 @@ def gspo_loss(
     eps_low: float = 3e-4,
     eps_high: float | None = 4e-4,
     dual_clip_c: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Any]]:
     eps_low, eps_high = _check_eps(eps_low, eps_high)
     seq_log_ratio = _seq_log_ratio(logprobs, old_logprobs, mask)
     s = torch.exp(seq_log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
@@ -135,12 +121,12 @@ def gspo_loss(
     has = mask.sum(dim=-1) > 0
     loss = seq_loss[:, None].expand_as(logprobs)
     metrics = {
-        "clip_frac": _masked_mean(clipped[:, None].expand_as(mask), mask),
-        "seq_clip_frac": _masked_mean(clipped, has),
-        "dual_clip_frac": _masked_mean(dual, has),
-        "ratio_mean": _masked_mean(s, has),
-        "ratio_max": _masked_max(s, has),
-        "ratio_min": _masked_min(s, has),
+        "clip_frac": masked_mean(clipped[:, None].expand_as(mask), mask),
+        "seq_clip_frac": masked_mean(clipped, has),
+        "dual_clip_frac": masked_mean(dual, has),
+        "ratio_mean": masked_mean(s, has),
+        "ratio_max": masked_max(s, has),
+        "ratio_min": masked_min(s, has),
     }
     return loss, metrics
 
@@ -157,18 +143,18 @@ def gspo_token_loss(
     eps_low: float = 3e-4,
     eps_high: float | None = 4e-4,
     dual_clip_c: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Any]]:
     eps_low, eps_high = _check_eps(eps_low, eps_high)
     seq_log_ratio = _seq_log_ratio(logprobs, old_logprobs, mask).detach()
     log_s_tok = seq_log_ratio[:, None] + logprobs - logprobs.detach()
     s_tok = torch.exp(log_s_tok.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
     loss, clipped, dual = _clip_objective(s_tok, advantages, eps_low, eps_high, dual_clip_c)
     metrics = {
-        "clip_frac": _masked_mean(clipped, mask),
-        "dual_clip_frac": _masked_mean(dual, mask),
-        "ratio_mean": _masked_mean(s_tok, mask),
-        "ratio_max": _masked_max(s_tok, mask),
-        "ratio_min": _masked_min(s_tok, mask),
+        "clip_frac": masked_mean(clipped, mask),
+        "dual_clip_frac": masked_mean(dual, mask),
+        "ratio_mean": masked_mean(s_tok, mask),
+        "ratio_max": masked_max(s_tok, mask),
+        "ratio_min": masked_min(s_tok, mask),
     }
     return loss, metrics
 
@@ -208,7 +194,7 @@ def policy_loss(
     is_mask_low: float = 0.5,
     is_mask_high: float = 2.0,
     **kw: Any,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Any]]:
     """Aggregated policy loss (to minimise) and metrics, with an optional off-policy correction.
 
     ``correction``:
@@ -253,8 +239,8 @@ def policy_loss(
 
     if behavior_logprobs is not None:
         gap = (old_logprobs - behavior_logprobs).abs()
-        metrics["behavior_gap_mean"] = _masked_mean(gap, mask)
-        metrics["behavior_gap_max"] = _masked_max(gap, mask)
+        metrics["behavior_gap_mean"] = masked_mean(gap, mask)
+        metrics["behavior_gap_max"] = masked_max(gap, mask)
     if correction != "none":
         if behavior_logprobs is None:
             raise ValueError(
@@ -282,9 +268,9 @@ def policy_loss(
 
     log_ratio = (logprobs.detach() - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     # k3 estimate of KL(pi_old || pi_theta) on the trained tokens
-    metrics["approx_kl"] = _masked_mean(torch.exp(-log_ratio) + log_ratio - 1.0, mask)
+    metrics["approx_kl"] = masked_mean(torch.exp(-log_ratio) + log_ratio - 1.0, mask)
     loss = aggregate(agg, tok_loss, mask, norm_length=norm_length, denominator=denominator)
-    metrics["pg_loss"] = float(loss.detach())
+    metrics["pg_loss"] = loss.detach()
     return loss, metrics
 
 
@@ -300,7 +286,7 @@ def value_loss(
     *,
     norm_length: int | None = None,
     denominator: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Any]]:
     """Clipped value loss (``clip=None`` disables clipping) -> (scalar, metrics)."""
     returns = returns.detach()
     old_values = old_values.detach()
@@ -314,13 +300,13 @@ def value_loss(
         v_clipped = old_values + (values - old_values).clamp(-clip, clip)
         clipped = (v_clipped - returns) ** 2
         per_tok = 0.5 * torch.maximum(unclipped, clipped)
-        clip_frac = _masked_mean(clipped > unclipped, mask)
+        clip_frac = masked_mean(clipped > unclipped, mask)
     loss = aggregate(agg, per_tok, mask, norm_length=norm_length, denominator=denominator)
     metrics = {
-        "vf_loss": float(loss.detach()),
+        "vf_loss": loss.detach(),
         "vf_clip_frac": clip_frac,
-        "value_mean": _masked_mean(values, mask),
-        "return_mean": _masked_mean(returns, mask),
+        "value_mean": masked_mean(values, mask),
+        "return_mean": masked_mean(returns, mask),
     }
     return loss, metrics
 

@@ -52,7 +52,7 @@ from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.forward import PolicyForward
 from agentrl.learner.lora import load_policy, sampler_state, save_policy
-from agentrl.learner.metrics import WeightedMeans, batch_metrics
+from agentrl.learner.metrics import WeightedMeans, as_floats, batch_metrics
 from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
 from agentrl.learner.proximal import bypass_blockers, current_blockers
@@ -340,7 +340,8 @@ class Learner:
                     continue
                 denominator = objective.denominator(loss_mask[mb_rows])
                 self.optimizer.zero_grad(set_to_none=True)
-                step_loss = 0.0
+                step_loss: Tensor | float = 0.0
+                to_host: list[tuple[Tensor, Tensor, int, Tensor]] = []
                 for idx, L, P in layout.micro_batches(mb_rows):
                     m = loss_mask[idx, :L].to(dev)
                     lp, ent, values = self.forward(
@@ -365,8 +366,8 @@ class Learner:
                         )
                     else:
                         old = old_lp[idx, :L].to(dev)
-                    if epoch == 0:
-                        used_old_lp[idx, :L] = old.detach().float().cpu() * m.cpu()
+                    if epoch == 0:  # read to the host after the minibatch (no sync here)
+                        to_host.append((used_old_lp, idx, L, old.detach().float() * m))
                     loss, mb_metrics = objective.loss(
                         lp,
                         ent,
@@ -380,21 +381,22 @@ class Learner:
                         returns=_rows(returns, idx, L, dev),
                         denominator=denominator,
                     )
-                    if not torch.isfinite(loss):
-                        nonfinite += 1
-                        continue
+                    # a non-finite loss shows as a non-finite gradient norm below, checked
+                    # once per update: no host synchronisation per micro-batch
                     self.scaler.scale(loss).backward()  # scaled up under fp16 only
-                    step_loss += float(loss.detach())
+                    step_loss = step_loss + loss.detach()
                     means.add(mb_metrics, float(loss_mask[idx, :L].sum()))
                     if first_pass_lp is not None and epoch == 0:
-                        first_pass_lp[idx, :L] = lp.detach().cpu()
+                        to_host.append((first_pass_lp, idx, L, lp.detach()))
                 updates += 1
                 params = self.trained_parameters()
                 scaled = self.scaler.is_enabled() and any(p.grad is not None for p in params)
                 if scaled:
                     self.scaler.unscale_(self.optimizer)  # clip the true gradients
                 gn = torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip)
-                if torch.isfinite(gn):
+                for target, idx, L, values in to_host:
+                    target[idx, :L] = values.cpu()
+                if torch.isfinite(gn):  # one synchronisation per optimizer update
                     if scaled:  # skipped by the scaler when a gradient overflowed
                         self.scaler.step(self.optimizer)
                     else:
@@ -437,7 +439,7 @@ class Learner:
         metrics["version"] = float(self.version)
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["tokens_per_s"] = metrics["tokens/total"] / max(metrics["time/step_s"], 1e-9)
-        return metrics
+        return as_floats(metrics)  # the step's device-side metrics read in one transfer
 
     # --- weights and checkpoints -----------------------------------------------------
 

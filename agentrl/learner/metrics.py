@@ -7,6 +7,7 @@ sampler's and the learner's log-probs (by staleness), as flat float metrics.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,32 +21,39 @@ def valid_mean(x: Tensor, valid: Tensor) -> float:
     return float((x.float() * valid).sum() / n) if n > 0 else 0.0
 
 
-def masked_mean(x: Tensor, mask: Tensor) -> float:
-    """Mean of ``x`` where ``mask`` is set (0 when it is nowhere)."""
-    n = mask.sum()
-    return float((x.detach().float() * mask).sum() / n) if n > 0 else 0.0
-
-
-def unscaled(term: Tensor, mask: Tensor, denominator: float, agg: str) -> float:
-    """A micro-batch term divided by the minibatch's count -> its own local mean."""
-    local = float(mask.sum()) if agg == "token-mean" else float((mask.sum(dim=1) > 0).sum())
-    return float(term.detach()) * denominator / max(local, 1e-12)
+def unscaled(term: Tensor, mask: Tensor, denominator: float, agg: str) -> Tensor:
+    """A micro-batch term divided by the minibatch's count -> its own local mean (a 0-dim
+    tensor on the term's device: no host synchronisation)."""
+    local = mask.sum() if agg == "token-mean" else (mask.sum(dim=1) > 0).sum()
+    return term.detach().float() * denominator / local.float().clamp(min=1e-12)
 
 
 class WeightedMeans:
-    """Running weighted means of named metrics (micro-batches weighted by their tokens)."""
+    """Running weighted means of named metrics (micro-batches weighted by their tokens).
+    Values may be 0-dim tensors on the learner's device; they stay there until
+    :meth:`means`, which reads them all at once."""
 
     def __init__(self) -> None:
-        self._sums: dict[str, float] = defaultdict(float)
+        self._sums: dict[str, Any] = defaultdict(float)
         self._weights: dict[str, float] = defaultdict(float)
 
-    def add(self, metrics: dict[str, float], weight: float) -> None:
+    def add(self, metrics: dict[str, Any], weight: float) -> None:
         for k, v in metrics.items():
-            self._sums[k] += v * weight
+            self._sums[k] = self._sums[k] + v * weight
             self._weights[k] += weight
 
     def means(self) -> dict[str, float]:
-        return {k: v / max(self._weights[k], 1e-12) for k, v in self._sums.items()}
+        return as_floats({k: v / max(self._weights[k], 1e-12) for k, v in self._sums.items()})
+
+
+def as_floats(metrics: dict[str, Any]) -> dict[str, float]:
+    """`metrics` with its tensor values read to the host in one transfer."""
+    keys = [k for k, v in metrics.items() if isinstance(v, Tensor)]
+    out = {k: float(v) for k, v in metrics.items() if k not in keys}
+    if keys:
+        values = torch.stack([metrics[k].detach().float().reshape(()) for k in keys])
+        out.update(zip(keys, values.tolist(), strict=True))
+    return out
 
 
 def batch_metrics(

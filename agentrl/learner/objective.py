@@ -43,10 +43,11 @@ from agentrl.algos.registry import (
     TREE_ATTRIBUTIONS,
     keyword_parameters,
 )
+from agentrl.algos.stats import masked_mean
 from agentrl.algos.tree_grpo import tree_roots
 from agentrl.config import AlgorithmConfig
 from agentrl.errors import ConfigError
-from agentrl.learner.metrics import masked_mean, unscaled, valid_mean
+from agentrl.learner.metrics import unscaled, valid_mean
 from agentrl.types import Batch, Trajectory
 
 # the clip settings of algorithm.* that go to a policy loss naming them as parameters
@@ -382,7 +383,7 @@ class Objective:
     def entropy_metrics(self, entropy: Tensor, loss_mask: Tensor) -> dict[str, float]:
         """Entropy of the policy at the start of the step, over the trained tokens."""
         term = aggregate(self.alg.agg, entropy, loss_mask, norm_length=self.norm_length)
-        return {"entropy": masked_mean(entropy, loss_mask), "loss/entropy": float(term)}
+        return {"entropy": masked_mean(entropy, loss_mask), "loss/entropy": term.detach()}
 
 
 def _is_truncated(traj: Trajectory) -> bool:

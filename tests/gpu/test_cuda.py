@@ -183,3 +183,55 @@ def test_a_swap_from_cuda_weights_copies_device_to_device_only():
     assert not [n for n in names if "HtoD" in n or "DtoH" in n], sorted(set(names))[:10]
     for name, t in sampler.model.state_dict().items():
         torch.testing.assert_close(t, new[name].to(t.dtype))
+
+
+def test_host_synchronisations_do_not_grow_with_micro_batches():
+    """The micro-batch loop leaves its metrics and log-probs on the device (issue 38): a step
+    of 8 micro-batches synchronises with the host as often as one of 2."""
+    import warnings
+
+    from agentrl.models import load_tokenizer
+
+    def groups(n):
+        return [
+            TrajectoryGroup(
+                task_id=str(g),
+                group_id=str(g),
+                trajectories=[
+                    Trajectory(
+                        segments=[
+                            Segment("prompt", [5 + g, 6, 7]),
+                            Segment("model", [8, 9, 10], logprobs=[-1.0] * 3, versions=[0] * 3),
+                        ],
+                        reward=float(i % 2),
+                        traj_id=f"{g}-{i}",
+                    )
+                    for i in range(2)
+                ],
+            )
+            for g in range(n)
+        ]
+
+    def syncs(micro_batch_size):
+        cfg = config_from_dict(
+            {
+                "learner": {
+                    "device": "cuda",
+                    "micro_batch_size": micro_batch_size,
+                    "share_prompt": False,
+                }
+            }
+        )
+        learner = Learner(tiny_llama(0), load_tokenizer("tiny-llama"), cfg)
+        learner.step(groups(4))  # warm-up
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                learner.step(groups(4))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    assert syncs(1) <= syncs(4), "host synchronisations grew with the number of micro-batches"

@@ -575,3 +575,17 @@ def test_gradient_checkpointing_recomputes_under_bf16_autocast(
     assert m_recomputed["grad_norm"] == pytest.approx(m_kept["grad_norm"], rel=1e-4)
     for a, b in zip(kept.model.parameters(), recomputed.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_a_non_finite_loss_skips_the_update_and_is_counted(
+    fresh_model: Callable[[], torch.nn.Module], base_model: torch.nn.Module
+) -> None:
+    """Finiteness is checked once per update, on the gradient norm (no host sync per
+    micro-batch): a NaN reaching the loss leaves the weights as they were."""
+    groups = make_groups(base_model, n_groups=2, seed=7)
+    groups[1].trajectories[0].reward = float("nan")
+    learner = Learner(fresh_model(), None, make_cfg(learner={"micro_batch_size": 2}))
+    before = _flat(learner.model).clone()
+    metrics = learner.step(groups)
+    assert metrics["nonfinite_skipped"] == 1 and metrics["optimizer_steps"] == 0
+    torch.testing.assert_close(_flat(learner.model), before, atol=0, rtol=0)
