@@ -39,7 +39,7 @@ def test_vllm_gets_dtype_batch_size_and_drain():
     opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.on_update=drain"))
     assert opts == {
         "max_batch_size": 16,
-        "drain_on_update": True,
+        "on_update": "drain",
         "dtype": "float32",
         "learner_device": "auto",  # for the weight transport: CUDA IPC when colocated
         "gpu_memory_fraction": None,  # vLLM's gpu_memory_utilization

@@ -8,7 +8,7 @@
 :mod:`agentrl.gateway.server` puts this behind FastAPI. Sampling goes through the run's
 sampler as for built-in episodes, so a weight update while an agent is mid-call follows
 the sampler's rules (partial rollouts: the call continues on the new weights and its
-tokens carry both versions; ``drain_on_update``: it finishes on the old ones). The call
+tokens carry both versions; ``on_update: drain``: it finishes on the old ones). The call
 waits for the swap; it never fails because of it.
 """
 

@@ -120,7 +120,7 @@ class HFSampler(Sampler):
     Options: ``max_batch_size`` (rows decoded together), ``max_context`` (default: the
     model's ``max_position_embeddings``), ``on_update`` (``keep``, ``reprefill`` or
     ``drain``: what in-flight rows do when new weights arrive, see the module doc),
-    ``drain_on_update`` (the older spelling of ``on_update="drain"``), ``default_stop_token_ids``
+    ``default_stop_token_ids``
     (default: the tokenizer's eos and ``<|im_end|>``; per-request ``stop_token_ids`` are
     added to them), ``prefill_tokens`` (token budget of one batched prefill), ``version``,
     ``prefix_cache_tokens`` (KV of earlier prompts and finished sequences kept for reuse, see
@@ -164,7 +164,6 @@ class HFSampler(Sampler):
         max_batch_size: int = 32,
         max_context: int | None = None,
         on_update: str = "keep",
-        drain_on_update: bool = False,
         default_stop_token_ids: Sequence[int] | None = None,
         prefill_tokens: int = 4096,
         version: int = 0,
@@ -178,12 +177,6 @@ class HFSampler(Sampler):
             raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)} (got {kv_cache!r})")
         if on_update not in ON_UPDATE:
             raise ValueError(f"on_update must be one of {', '.join(ON_UPDATE)} (got {on_update!r})")
-        if drain_on_update and on_update != "drain":
-            if on_update != "keep":  # keep is the default: drain_on_update=True says drain
-                raise ValueError(
-                    f"drain_on_update=True contradicts on_update={on_update!r}: pass one of them"
-                )
-            on_update = "drain"
         self.on_update = on_update
         self._new_cache = KV_CACHES[kv_cache]
         self._model = model.eval()
@@ -225,10 +218,6 @@ class HFSampler(Sampler):
         self._reprefill_s = 0.0  # time spent re-prefilling
 
     # --- public surface -------------------------------------------------------------
-
-    @property
-    def drain_on_update(self) -> bool:
-        return self.on_update == "drain"
 
     @property
     def version(self) -> int:
@@ -515,7 +504,7 @@ class HFSampler(Sampler):
 
     def _admit(self) -> list[_Request]:
         with self._cond:
-            if self.drain_on_update and self._updates:
+            if self.on_update == "drain" and self._updates:
                 return []  # strictly on-policy: new requests wait for the new weights
             free = self.max_batch_size - len(self._active)
             admitted = []

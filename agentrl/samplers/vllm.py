@@ -88,7 +88,8 @@ class VLLMSampler(Sampler):
     - ``max_model_len``: context length (default: min(model's, 4096)).
     - ``max_batch_size``: sequences decoded together (vLLM ``max_num_seqs``).
     - ``entropy_top_k``: top log-probs used to estimate entropy (default 20).
-    - ``drain_on_update``: finish in-flight sequences on the old weights before a swap.
+    - ``on_update``: ``"reprefill"`` (running sequences recompute their KV on the new
+      weights) or ``"drain"`` (they finish on the old weights before the swap).
     - ``weight_transport``: ``"auto"`` (without CUDA shared-memory files; on CUDA, CUDA IPC
       when ``learner_device`` is vLLM's GPU, else NCCL), ``"shm"``, ``"ipc"``, ``"nccl"``.
     - ``learner_device``: where the published weights live (``learner.device``), for auto.
@@ -112,7 +113,7 @@ class VLLMSampler(Sampler):
     def options_from_config(cls, cfg: Config) -> dict[str, Any]:
         s = cfg.sampler
         options = shared_options(cfg)
-        drain = resolve_on_update(cfg, cls) == "drain"
+        policy = resolve_on_update(cfg, cls)
         if user_set(s, "device") and s.device != "auto":
             raise ConfigError(
                 f"sampler.device={s.device!r}: the vllm backend places itself (CUDA when the "
@@ -121,7 +122,7 @@ class VLLMSampler(Sampler):
             )
         options.update(
             max_batch_size=s.max_batch_size,
-            drain_on_update=drain,
+            on_update=policy,
             dtype=cfg.model.dtype,
             learner_device=cfg.learner.device,
             gpu_memory_fraction=s.gpu_memory_fraction,
@@ -142,7 +143,7 @@ class VLLMSampler(Sampler):
         max_model_len: int | None = None,
         max_batch_size: int = 64,
         entropy_top_k: int = 20,
-        drain_on_update: bool = False,
+        on_update: str = "reprefill",
         weight_transport: str = "auto",
         learner_device: str | None = None,
         gpu_memory_fraction: float | None = None,
@@ -156,13 +157,16 @@ class VLLMSampler(Sampler):
             raise ValueError(f"gpu_memory_fraction must be in (0, 1] (got {gpu_memory_fraction})")
         if not 1 <= entropy_top_k <= 20:
             raise ValueError(f"entropy_top_k must be in [1, 20] (got {entropy_top_k})")
+        if on_update not in ("reprefill", "drain"):
+            why = self.on_update_cannot.get(on_update, "use reprefill or drain")
+            raise ValueError(f"on_update={on_update!r} is not possible with vLLM: {why}")
         self.model_dir = resolve_model_dir(model)
         self._spec = WeightSpec.from_folder(self.model_dir)
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.max_batch_size = max_batch_size
         self.entropy_top_k = entropy_top_k
-        self.drain_on_update = drain_on_update
+        self.on_update = on_update
         self._engine_kwargs = check_engine_kwargs(engine_kwargs or {})
         self.weight_transport = pick_transport(
             weight_transport,
@@ -400,7 +404,7 @@ class VLLMSampler(Sampler):
                 "stop_reason": out.stop_reason,
                 # a swap preempts running sequences; they recompute their KV on the new
                 # weights (reset_prefix_cache(reset_running_requests=True), see _swap)
-                "on_update": "drain" if self.drain_on_update else "reprefill",
+                "on_update": self.on_update,
             },
         )
 
@@ -441,10 +445,10 @@ class VLLMSampler(Sampler):
     async def _swap(self, version: int, load: Any) -> None:
         """Pause (or drain), load, relabel, reset caches, resume."""
         engine = self._engine
-        if self.drain_on_update:
+        if self.on_update == "drain":
             self._gate = anyio.Event()
         try:
-            if self.drain_on_update:
+            if self.on_update == "drain":
                 await self._idle.wait()
             await engine.pause_generation(mode="keep", clear_cache=False)
             try:

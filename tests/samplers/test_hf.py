@@ -218,9 +218,9 @@ async def test_tokens_across_an_update_carry_both_versions_in_order():
     await sampler.close()
 
 
-async def test_drain_on_update_finishes_in_flight_on_old_weights():
+async def test_on_update_drain_finishes_in_flight_on_old_weights():
     model, tokenizer = load_model("tiny-llama")
-    sampler = HFSampler(model, tokenizer, drain_on_update=True, default_stop_token_ids=())
+    sampler = HFSampler(model, tokenizer, on_update="drain", default_stop_token_ids=())
     prompt = prompts(1, tokenizer)[0]
     result = {}
 

@@ -160,13 +160,10 @@ async def test_a_failing_reprefill_fails_its_rows_and_the_sampler_serves_on():
     assert len(after.token_ids) == 8 and after.versions == [1] * 8
 
 
-def test_hf_sampler_refuses_contradicting_options():
+def test_hf_sampler_refuses_an_unknown_on_update():
     model, tokenizer = load_model("tiny-llama", dtype="float32")
     with pytest.raises(ValueError, match="on_update must be one of keep, reprefill, drain"):
         HFSampler(model, tokenizer, on_update="restart")
-    with pytest.raises(ValueError, match="drain_on_update=True contradicts on_update='reprefill'"):
-        HFSampler(model, tokenizer, on_update="reprefill", drain_on_update=True)
-    assert HFSampler(model, tokenizer, drain_on_update=True).on_update == "drain"
 
 
 # --- the config key ------------------------------------------------------------------------
@@ -200,7 +197,7 @@ def test_the_removed_drain_keys_name_their_replacement(override, replacement):
 def test_vllm_reprefills_and_refuses_keep():
     assert on_update_policy(_cfg("sampler.backend=vllm")) == "reprefill"
     opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.on_update=drain"))
-    assert opts["drain_on_update"] is True
+    assert opts["on_update"] == "drain"
     with pytest.raises(
         ConfigError, match=r"sampler.on_update=keep cannot be honoured by sampler.backend=vllm"
     ):

@@ -76,3 +76,11 @@ def test_a_cuda_transport_is_what_the_engine_is_configured_for(model_dir):
     assert (
         VLLMSampler(model_dir, weight_transport="shm").engine_args().weight_transfer_config is None
     )
+
+
+def test_on_update_keep_is_refused_with_the_reason(model_dir):
+    with pytest.raises(
+        ValueError, match=r"on_update='keep' is not possible with vLLM: vLLM preempts"
+    ):
+        VLLMSampler(model_dir, on_update="keep")
+    assert VLLMSampler(model_dir, on_update="drain").on_update == "drain"
