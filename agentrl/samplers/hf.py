@@ -314,16 +314,6 @@ class HFSampler(Sampler):
         if thread is not None:
             await anyio.to_thread.run_sync(thread.join)
 
-    def _decode_attention(self) -> contextlib.AbstractContextManager[Any]:
-        """SDPA's kernel for one-token decode steps: on CPU the math one (a few rows of one
-        query each: the flash kernel's tiling costs more than it saves there), else torch's
-        choice."""
-        if self._device.type != "cpu":
-            return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel(SDPBackend.MATH)
-
     # --- input checks ---------------------------------------------------------------
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
@@ -651,7 +641,7 @@ class HFSampler(Sampler):
         ids = torch.tensor(self._pending, device=self._device)
         positions = torch.tensor([self._cache_len - p for p in self._pads], device=self._device)
         mask = _mask(self._pads, self._cache_len + 1, self._device) if any(self._pads) else None
-        with torch.inference_mode(), self._decode_attention():
+        with torch.inference_mode():
             out = self._model(
                 input_ids=ids.unsqueeze(-1),
                 attention_mask=mask,
