@@ -13,7 +13,7 @@
 # and .ci/run; about a minute on 2 cores.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="${VENV:-$REPO/.venv}"
+VENV="$(cd "${VENV:-$REPO/.venv}" && pwd)"  # absolute: the checks below run from elsewhere
 PY="$VENV/bin/python"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/agentrl-wheel.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
