@@ -199,3 +199,23 @@ def limit_process_memory(cfg: Any, roles: Iterable[str]) -> None:
     for device, fraction in sums.items():
         if device not in uncapped:
             torch.cuda.set_per_process_memory_fraction(min(fraction, 1.0), device)
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`x` on `device`; a host tensor goes to a CUDA device through pinned memory without
+    the host waiting for it (a copy from ordinary host memory synchronises: the learner
+    makes several per micro-batch). Elsewhere a plain ``.to``."""
+    if x.device.type == "cpu" and device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
+def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Device tensors read to the host in one transfer (one synchronisation for all)."""
+    if not tensors:
+        return []
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors]).cpu()
+    return [
+        part.reshape(t.shape)
+        for part, t in zip(flat.split([t.numel() for t in tensors]), tensors, strict=True)
+    ]

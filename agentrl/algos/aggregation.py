@@ -9,17 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from agentrl.algos.registry import AGGREGATIONS, register_aggregation
 
 
-def _count(mask: Tensor, denominator: float | None, what: Tensor) -> Tensor:
+def _count(mask: Tensor, denominator: float | None, what: Tensor) -> Tensor | float:
     if denominator is not None:
         if denominator <= 0:
             raise ValueError(f"denominator must be > 0 (got {denominator})")
-        return torch.as_tensor(float(denominator), device=mask.device)
+        return float(denominator)  # a host scalar: no copy to (and wait on) the device
     return what.clamp(min=1.0)
 
 

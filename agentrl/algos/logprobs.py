@@ -196,7 +196,9 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         n0 = min(chunk, N)
         z_buf = torch.empty(n0, V, dtype=mm_dtype, device=hidden.device)
         compiled = fused_kernels.wanted(fused, hidden.device, dt)
-        inv_t_t = torch.tensor(inv_t, dtype=dt, device=hidden.device)
+        # the compiled passes take the temperature as a tensor (made only for them: a host
+        # scalar copied to a CUDA device would synchronise)
+        inv_t_t = torch.tensor(inv_t, dtype=dt, device=hidden.device) if compiled else None
         y_buf = e_buf = None  # the eager passes' workspace, made when first needed
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
@@ -294,7 +296,9 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         )
         fused: Fused = ctx.fused  # type: ignore[attr-defined]
         compiled = fused_kernels.wanted(fused, hidden.device, dt)
-        inv_t_t = torch.tensor(inv_t, dtype=dt, device=hidden.device)
+        # the compiled passes take the temperature as a tensor (made only for them: a host
+        # scalar copied to a CUDA device would synchronise)
+        inv_t_t = torch.tensor(inv_t, dtype=dt, device=hidden.device) if compiled else None
         y_buf = p_buf = rows = None  # the eager passes' workspace, made when first needed
         safe = labels.clamp(min=0)
         for s in range(0, N, chunk):

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from agentrl.algos import chunked_logprobs_entropy
 from agentrl.algos.fused import Fused
+from agentrl.devices import to_device, to_host
 from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel, shift_values
 from agentrl.learner.precision import Precision
@@ -82,6 +83,7 @@ class Packing:
     dst: Tensor  # [N] into rows * width
     positions: Tensor  # [rows, width]
     shape: tuple[int, int]  # (b, L)
+    host: Packing | None = None  # the same packing on the host (packs host-side masks)
 
     @classmethod
     def of(
@@ -108,11 +110,15 @@ class Packing:
             positions[row, offset : offset + lens[i]] = torch.arange(lens[i])
         for row, f in enumerate(free):  # the padding tail: a sequence of its own
             positions[row, width - f :] = torch.arange(f)
+        host = cls(torch.cat(src), torch.cat(dst), positions, (len(lens), length))
+        if device.type == "cpu":
+            return host
         return cls(
-            torch.cat(src).to(device),
-            torch.cat(dst).to(device),
-            positions.to(device),
-            (len(lens), length),
+            to_device(host.src, device),
+            to_device(host.dst, device),
+            to_device(host.positions, device),
+            host.shape,
+            host,
         )
 
     @property
@@ -164,7 +170,8 @@ def packed_logprobs(
         packing = Packing.of(lengths, input_ids.shape[1], input_ids.device)
     ids = packing.pack(input_ids)
     # a sequence's first token has no context: never predicted (from the previous sequence)
-    m = packing.pack(mask) * (packing.positions > 0)
+    on_mask = packing.host if packing.host is not None and mask.device.type == "cpu" else packing
+    m = on_mask.pack(mask) * (on_mask.positions > 0)
     hidden = decoder_hidden(model, ids, packing.positions)  # [rows, width, H]
     lp, ent = _predicted_logprobs(
         model, hidden[:, :-1], ids, m, 1, temperature, chunk, with_entropy, fused
@@ -224,22 +231,33 @@ def _predicted_logprobs(
     ``pred[:, j]`` is the decoder state that predicts ``input_ids[:, start + j]``; only the
     masked positions reach the LM head (chunked), the rest are 0.
     """
-    sel = mask[:, start:] > 0
+    shape = (pred.shape[0], pred.shape[1])
+    at = selected_positions(mask[:, start:], pred.device)  # [N] into the flattened rows
     lp_sel, ent_sel = chunked_logprobs_entropy(
-        pred[sel],
+        pred.reshape(-1, pred.shape[-1]).index_select(0, at),
         lm_head_weight(model),
-        input_ids[:, start:][sel],
+        input_ids[:, start:].reshape(-1).index_select(0, at),
         temperature=temperature,
         chunk=chunk,
         with_entropy=with_entropy,
         fused=fused,
     )
-    zeros = torch.zeros(sel.shape, dtype=lp_sel.dtype, device=lp_sel.device)
-    lp = torch.nn.functional.pad(zeros.masked_scatter(sel, lp_sel), (start, 0))
-    ent = None
-    if ent_sel is not None:
-        ent = torch.nn.functional.pad(zeros.masked_scatter(sel, ent_sel), (start, 0))
-    return lp, ent
+
+    def place(values: Tensor) -> Tensor:
+        zeros = values.new_zeros(shape[0] * shape[1])
+        return torch.nn.functional.pad(zeros.index_copy(0, at, values).reshape(shape), (start, 0))
+
+    return place(lp_sel), place(ent_sel) if ent_sel is not None else None
+
+
+def selected_positions(mask: Tensor, device: torch.device) -> Tensor:
+    """Flat indices of the set positions of ``mask [B, T]``, on `device`.
+
+    A mask on the host (as the learner passes it) is searched there, so the number of
+    positions is known without waiting on the device; a mask already on a CUDA device
+    costs one synchronisation here."""
+    at = torch.nonzero(mask.reshape(-1) > 0).squeeze(1)
+    return to_device(at, device)
 
 
 def shared_prefix_logprobs(
@@ -383,21 +401,22 @@ class PolicyForward:
         ent = torch.zeros(B, T) if with_entropy else None
         values = torch.zeros(B, T) if with_values else None
         device = self.precision.device
+        pending: list[tuple[Tensor, Tensor, int, Tensor]] = []
         for idx, L, P in layout.micro_batches(rows):
-            ids = batch.input_ids[idx, :L].to(device)
-            m = batch.loss_mask[idx, :L].to(device)
+            ids = to_device(batch.input_ids[idx, :L], device)
             lp_mb, ent_mb, v_mb = self(
                 model,
                 ids,
-                m,
+                batch.loss_mask[idx, :L],  # on the host: see selected_positions
                 with_entropy=with_entropy,
                 with_values=with_values,
                 prefix_len=P,
                 lengths=layout.lengths[idx],
             )
-            lp[idx, :L] = lp_mb.cpu()
-            if ent is not None and ent_mb is not None:
-                ent[idx, :L] = ent_mb.cpu()
-            if values is not None and v_mb is not None:
-                values[idx, :L] = v_mb.cpu()
+            for target, out in ((lp, lp_mb), (ent, ent_mb), (values, v_mb)):
+                if target is not None and out is not None:
+                    pending.append((target, idx, L, out))
+        # read to the host once, after every micro-batch was queued (no wait in between)
+        for (target, idx, L, _), out in zip(pending, to_host([p[3] for p in pending]), strict=True):
+            target[idx, :L] = out
         return lp, ent, values

@@ -47,6 +47,7 @@ from agentrl.checkpoint_files import (
     restore_rng_state,
 )
 from agentrl.config import AlgorithmConfig, Config, LearnerConfig
+from agentrl.devices import to_device, to_host
 from agentrl.errors import CheckpointError
 from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel
@@ -331,6 +332,8 @@ class Learner:
         skipped = 0  # fp16 updates the gradient scaler skipped (a gradient overflowed)
         dev = self.device
         updates = 0  # optimizer updates taken so far in this step
+        # (host target [B, T], rows, length, device values): read in one transfer at the end
+        pending: list[tuple[Tensor, Tensor, int, Tensor]] = []
         for epoch in range(lcfg.ppo_epochs):
             perm = trained_rows[torch.randperm(len(trained_rows), generator=self.generator)]
             # entropy through the graph only when it is in the loss or not yet measured
@@ -341,33 +344,34 @@ class Learner:
                 denominator = objective.denominator(loss_mask[mb_rows])
                 self.optimizer.zero_grad(set_to_none=True)
                 step_loss: Tensor | float = 0.0
-                to_host: list[tuple[Tensor, Tensor, int, Tensor]] = []
                 for idx, L, P in layout.micro_batches(mb_rows):
-                    m = loss_mask[idx, :L].to(dev)
+                    # host -> device without waiting (pinned); the forward finds the loss
+                    # positions in the host-side mask, so nothing here reads the device
+                    m = to_device(loss_mask[idx, :L], dev)
                     lp, ent, values = self.forward(
                         self.model,
-                        batch.input_ids[idx, :L].to(dev),
-                        m,
+                        to_device(batch.input_ids[idx, :L], dev),
+                        loss_mask[idx, :L],
                         with_entropy=with_entropy,
                         with_values=self.use_critic,
                         prefix_len=P,
                         lengths=layout.lengths[idx],
                     )
-                    behavior = batch.behavior_logprobs[idx, :L].to(dev)
+                    behavior = to_device(batch.behavior_logprobs[idx, :L], dev)
                     if current:  # the weights this one update differentiates
                         old = lp.detach()
                     elif loglinear:  # pi_prox interpolated by version, no forward pass
                         old = loglinear_proximal_logprobs(
                             behavior,
                             lp,
-                            batch.versions[idx, :L].to(dev),
+                            to_device(batch.versions[idx, :L], dev),
                             self.version,
                             theta_version=self.version + updates / n_updates,
                         )
                     else:
-                        old = old_lp[idx, :L].to(dev)
-                    if epoch == 0:  # read to the host after the minibatch (no sync here)
-                        to_host.append((used_old_lp, idx, L, old.detach().float() * m))
+                        old = to_device(old_lp[idx, :L], dev)
+                    if epoch == 0:  # read to the host at the end of the step (no wait here)
+                        pending.append((used_old_lp, idx, L, old.detach().float() * m))
                     loss, mb_metrics = objective.loss(
                         lp,
                         ent,
@@ -375,7 +379,7 @@ class Learner:
                         mask=m,
                         old_logprobs=old,
                         behavior_logprobs=behavior,
-                        advantages=advantages[idx, :L].to(dev),
+                        advantages=to_device(advantages[idx, :L], dev),
                         ref_logprobs=_rows(ref_lp, idx, L, dev),
                         old_values=_rows(old_values, idx, L, dev),
                         returns=_rows(returns, idx, L, dev),
@@ -387,15 +391,13 @@ class Learner:
                     step_loss = step_loss + loss.detach()
                     means.add(mb_metrics, float(loss_mask[idx, :L].sum()))
                     if first_pass_lp is not None and epoch == 0:
-                        to_host.append((first_pass_lp, idx, L, lp.detach()))
+                        pending.append((first_pass_lp, idx, L, lp.detach()))
                 updates += 1
                 params = self.trained_parameters()
                 scaled = self.scaler.is_enabled() and any(p.grad is not None for p in params)
                 if scaled:
                     self.scaler.unscale_(self.optimizer)  # clip the true gradients
                 gn = torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip)
-                for target, idx, L, values in to_host:
-                    target[idx, :L] = values.cpu()
                 if torch.isfinite(gn):  # one synchronisation per optimizer update
                     if scaled:  # skipped by the scaler when a gradient overflowed
                         self.scaler.step(self.optimizer)
@@ -411,6 +413,10 @@ class Learner:
                     skipped += int(overflowed)
                 self.optimizer.zero_grad(set_to_none=True)
                 means.add({"loss/total": step_loss}, 1.0)
+        for (target, idx, L, _), values in zip(
+            pending, to_host([p[3] for p in pending]), strict=True
+        ):
+            target[idx, :L] = values
         with warnings.catch_warnings():
             # a step with nothing to train skips optimizer.step(); the schedule still advances
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
@@ -539,4 +545,4 @@ def enable_checkpointing(model: Any) -> None:
 
 def _rows(x: Tensor | None, rows: Tensor, length: int, device: torch.device) -> Tensor | None:
     """``x[rows, :length]`` on `device`, or None."""
-    return None if x is None else x[rows, :length].to(device)
+    return None if x is None else to_device(x[rows, :length], device)
