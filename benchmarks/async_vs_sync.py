@@ -118,6 +118,11 @@ def run_mode(args: argparse.Namespace, staleness: int, run_dir: Path) -> dict[st
     wall = anyio.run(main)
     cpu = _cpu_seconds() - cpu0 - startup  # the learner process has ended and been waited for
     steps = read_steps(run_dir)
+    if len(steps) < 2 or len(trained_at) < 3:  # a signal (a time limit) stopped the run early
+        raise RuntimeError(
+            f"the staleness-{staleness} run ended after {len(steps)} of {args.steps} steps "
+            "(stopped by a signal?): no steady-state rate to report"
+        )
     trajs = sum(s["samples"] for s in steps)
     wait = sum(s["learner_wait_seconds"] for s in steps)
     train = sum(s["train_seconds"] for s in steps)
