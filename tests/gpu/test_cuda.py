@@ -191,8 +191,8 @@ def test_host_synchronisations_do_not_grow_with_micro_batches():
 
     Each synchronisation torch reports (``set_sync_debug_mode("warn")``) is attributed by
     the Python stack it was raised from: inside transformers' forward or autograd's backward
-    it is the model's (transformers' packed-sequence check reads the device once a forward;
-    CUDA's embedding backward counts its segments), else agentrl's."""
+    it is the model's (transformers' packed-sequence check reads the device once a
+    forward), else agentrl's."""
     import traceback
     import warnings
     from collections import Counter
