@@ -22,7 +22,9 @@ Labels < 0 (e.g. -100 padding) get log-prob 0 and entropy 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -30,6 +32,46 @@ from torch.utils.checkpoint import checkpoint
 
 from agentrl.algos import fused as fused_kernels
 from agentrl.algos.fused import Fused
+
+# (data_ptr, version, dtype) -> the weight cast to dtype, while a cast_once() region is open
+_casts: dict[tuple[int, int, torch.dtype], Tensor] | None = None
+_casts_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def cast_once() -> Iterator[None]:
+    """While open, the LM head weight's cast to the matmul dtype is made once and reused
+    by every forward and backward of :func:`chunked_logprobs_entropy` (an optimizer
+    update's micro-batches: ``Precision.casts_once``). A weight changed in place (a new
+    version) is cast again. Process-wide, not per thread: CUDA runs backward on a thread
+    of its own."""
+    global _casts
+    with _casts_lock:
+        outer = _casts is None
+        if outer:
+            _casts = {}
+    try:
+        yield
+    finally:
+        if outer:
+            with _casts_lock:
+                _casts = None
+
+
+def _cast(weight: Tensor, dtype: torch.dtype) -> Tensor:
+    if weight.dtype == dtype:
+        return weight
+    casts = _casts
+    if casts is None:
+        return weight.to(dtype)
+    key = (weight.data_ptr(), weight._version, dtype)
+    with _casts_lock:
+        hit = casts.get(key)
+    if hit is None:
+        hit = weight.detach().to(dtype)
+        with _casts_lock:
+            casts[key] = hit
+    return hit
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -187,7 +229,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         N, V = hidden.shape[0], weight.shape[0]
         dt = _compute_dtype(hidden)
-        w = weight.to(mm_dtype)
+        w = _cast(weight, mm_dtype)
         lp = torch.zeros(N, dtype=dt, device=hidden.device)
         ent = torch.zeros_like(lp)
         lse = torch.zeros_like(lp)
@@ -278,7 +320,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             a = g_ent * valid * -inv_t  # type: ignore[operator]
             b = b + a * ent
         hot = g_lp * inv_t
-        w = weight.to(mm_dtype)
+        w = _cast(weight, mm_dtype)
         grad_h = torch.zeros_like(hidden) if need_h else None
         # the weight's gradient accumulates in place over the chunks (addmm_) where the matmul
         # runs in its dtype; under autocast each chunk's product goes through one buffer

@@ -344,54 +344,57 @@ class Learner:
                 denominator = objective.denominator(loss_mask[mb_rows])
                 self.optimizer.zero_grad(set_to_none=True)
                 step_loss: Tensor | float = 0.0
-                for idx, L, P in layout.micro_batches(mb_rows):
-                    # host -> device without waiting (pinned); the forward finds the loss
-                    # positions in the host-side mask, so nothing here reads the device
-                    m = to_device(loss_mask[idx, :L], dev)
-                    lp, ent, values = self.forward(
-                        self.model,
-                        to_device(batch.input_ids[idx, :L], dev),
-                        loss_mask[idx, :L],
-                        with_entropy=with_entropy,
-                        with_values=self.use_critic,
-                        prefix_len=P,
-                        lengths=layout.lengths[idx],
-                    )
-                    behavior = to_device(batch.behavior_logprobs[idx, :L], dev)
-                    if current:  # the weights this one update differentiates
-                        old = lp.detach()
-                    elif loglinear:  # pi_prox interpolated by version, no forward pass
-                        old = loglinear_proximal_logprobs(
-                            behavior,
-                            lp,
-                            to_device(batch.versions[idx, :L], dev),
-                            self.version,
-                            theta_version=self.version + updates / n_updates,
+                # one autocast region per update: each weight is cast once for all of its
+                # micro-batches (Precision.casts_once), ended before the weights change
+                with self.precision.casts_once():
+                    for idx, L, P in layout.micro_batches(mb_rows):
+                        # host -> device without waiting (pinned); the forward finds the loss
+                        # positions in the host-side mask, so nothing here reads the device
+                        m = to_device(loss_mask[idx, :L], dev)
+                        lp, ent, values = self.forward(
+                            self.model,
+                            to_device(batch.input_ids[idx, :L], dev),
+                            loss_mask[idx, :L],
+                            with_entropy=with_entropy,
+                            with_values=self.use_critic,
+                            prefix_len=P,
+                            lengths=layout.lengths[idx],
                         )
-                    else:
-                        old = to_device(old_lp[idx, :L], dev)
-                    if epoch == 0:  # read to the host at the end of the step (no wait here)
-                        pending.append((used_old_lp, idx, L, old.detach().float() * m))
-                    loss, mb_metrics = objective.loss(
-                        lp,
-                        ent,
-                        values,
-                        mask=m,
-                        old_logprobs=old,
-                        behavior_logprobs=behavior,
-                        advantages=to_device(advantages[idx, :L], dev),
-                        ref_logprobs=_rows(ref_lp, idx, L, dev),
-                        old_values=_rows(old_values, idx, L, dev),
-                        returns=_rows(returns, idx, L, dev),
-                        denominator=denominator,
-                    )
-                    # a non-finite loss shows as a non-finite gradient norm below, checked
-                    # once per update: no host synchronisation per micro-batch
-                    self.scaler.scale(loss).backward()  # scaled up under fp16 only
-                    step_loss = step_loss + loss.detach()
-                    means.add(mb_metrics, float(loss_mask[idx, :L].sum()))
-                    if first_pass_lp is not None and epoch == 0:
-                        pending.append((first_pass_lp, idx, L, lp.detach()))
+                        behavior = to_device(batch.behavior_logprobs[idx, :L], dev)
+                        if current:  # the weights this one update differentiates
+                            old = lp.detach()
+                        elif loglinear:  # pi_prox interpolated by version, no forward pass
+                            old = loglinear_proximal_logprobs(
+                                behavior,
+                                lp,
+                                to_device(batch.versions[idx, :L], dev),
+                                self.version,
+                                theta_version=self.version + updates / n_updates,
+                            )
+                        else:
+                            old = to_device(old_lp[idx, :L], dev)
+                        if epoch == 0:  # read to the host at the end of the step (no wait here)
+                            pending.append((used_old_lp, idx, L, old.detach().float() * m))
+                        loss, mb_metrics = objective.loss(
+                            lp,
+                            ent,
+                            values,
+                            mask=m,
+                            old_logprobs=old,
+                            behavior_logprobs=behavior,
+                            advantages=to_device(advantages[idx, :L], dev),
+                            ref_logprobs=_rows(ref_lp, idx, L, dev),
+                            old_values=_rows(old_values, idx, L, dev),
+                            returns=_rows(returns, idx, L, dev),
+                            denominator=denominator,
+                        )
+                        # a non-finite loss shows as a non-finite gradient norm below, checked
+                        # once per update: no host synchronisation per micro-batch
+                        self.scaler.scale(loss).backward()  # scaled up under fp16 only
+                        step_loss = step_loss + loss.detach()
+                        means.add(mb_metrics, float(loss_mask[idx, :L].sum()))
+                        if first_pass_lp is not None and epoch == 0:
+                            pending.append((first_pass_lp, idx, L, lp.detach()))
                 updates += 1
                 params = self.trained_parameters()
                 scaled = self.scaler.is_enabled() and any(p.grad is not None for p in params)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from agentrl.algos.logprobs import cast_once
 from agentrl.config import LearnerConfig
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,26 @@ class Precision:
         if not (self.bf16 or self.fp16):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    @contextlib.contextmanager
+    def casts_once(self) -> Iterator[None]:
+        """One optimizer update's micro-batches: autocast casts each float32 weight to the
+        compute dtype once, not once per micro-batch.
+
+        Autocast keeps its casts of trainable weights until the outermost autocast region
+        ends; this opens that region (with autocast itself off inside it: only
+        :meth:`autocast`, around each forward, turns it on), so the micro-batches of one
+        update share the casts. End it before ``optimizer.step()``: the weights change."""
+        if not (self.bf16 or self.fp16):
+            yield
+            return
+        kind = self.device.type
+        with (
+            torch.autocast(kind, dtype=self.compute_dtype),
+            torch.autocast(kind, enabled=False),
+            cast_once(),  # the LM head's explicit cast in the chunked log-prob passes
+        ):
+            yield
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """The loss scaler of fp16 training on this device; a disabled (pass-through) one

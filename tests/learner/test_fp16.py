@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -89,3 +90,65 @@ def test_fp16_and_bf16_on_together_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"learner\.fp16=on and learner\.bf16=on"):
         make_cfg(learner={"fp16": "on", "bf16": "on"})
     assert make_cfg(learner={"fp16": True}).learner.fp16 == "on"  # YAML's bare on
+
+
+class _WeightCasts(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the casts of `params` (by storage) to a half dtype."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.storages = {p.untyped_storage().data_ptr() for p in params}
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (
+            func is torch.ops.aten._to_copy.default
+            and kwargs.get("dtype") in (torch.float16, torch.bfloat16)
+            and args[0].untyped_storage().data_ptr() in self.storages
+        ):
+            self.casts += 1
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("half", ["fp16", "bf16"])
+def test_an_update_casts_each_weight_once_for_all_its_micro_batches(
+    half: str,
+    fresh_model: Callable[[], torch.nn.Module],
+    groups: list[TrajectoryGroup],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Autocast's casts of the float32 weights are shared by an update's micro-batches
+    (Precision.casts_once): as many casts at 1 row a micro-batch as with all rows in one,
+    and the same weights, bit for bit, as casting again in every micro-batch."""
+    from agentrl.learner import precision
+
+    # bf16 on any CPU: autocast runs it without native instructions, only slower
+    monkeypatch.setattr(precision, "bf16_supported", lambda device: True)
+    # fused_logprobs off: torch.compile would skip frames it meets under the counting mode,
+    # for the rest of the process
+    half_cfg = {"fp16": "on"} if half == "fp16" else {"bf16": "on"}
+    half_cfg["fused_logprobs"] = "off"
+    groups = groups[:2]
+
+    def run(micro_batch_size: int) -> tuple[int, torch.Tensor]:
+        learner = Learner(
+            fresh_model(),
+            None,
+            make_cfg(learner={**half_cfg, "micro_batch_size": micro_batch_size}),
+        )
+        assert learner.precision.compute_dtype != torch.float32
+        with _WeightCasts(list(learner.model.parameters())) as mode:
+            learner.step(groups)
+        return mode.casts, _flat(learner.model)
+
+    rows = sum(len(g.trajectories) for g in groups)
+    one_casts, one_weights = run(1)
+    all_casts, _ = run(rows)
+    assert one_casts == all_casts > 0
+    monkeypatch.setattr(
+        precision.Precision, "casts_once", lambda self: contextlib.nullcontext()
+    )  # the old way: each micro-batch casts again
+    again_casts, again_weights = run(1)
+    assert again_casts > one_casts
+    assert torch.equal(one_weights, again_weights)
