@@ -40,6 +40,7 @@ def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
         cfg,
         training=True,
         max_n=options.max_n,
+        strict_model=options.strict_model,
         tool_parser=options.tool_parser,
         host=options.host,
         port=options.port,

@@ -27,6 +27,16 @@ async def two_turns(client, task: dict) -> dict:
     return {"reward": float(len(r.choices[0].message.content or "") % 2), "turns": 2}
 
 
+async def asks_for_gpt_4o_mini(client, task: dict) -> dict:
+    """An agent written against OpenAI, unchanged: it names its own model."""
+    messages = [{"role": "user", "content": task["question"]}]
+    r = await client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+    messages.append(r.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "user", "content": "Sure?"})
+    r = await client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+    return {"reward": float(len(r.choices[0].message.content or "") % 2), "model": r.model}
+
+
 async def crashes_on_odd_tasks(client, task: dict) -> float:
     await client.chat.completions.create(
         model="agentrl", messages=[{"role": "user", "content": task["question"]}]
