@@ -30,6 +30,10 @@ BUILTINS: dict[str, str] = {
     "search_qa": "agentrl.envs.search_qa:SearchQAEnv",
     "agent": "agentrl.envs.agent:AgentEnv",
     "dataset": "agentrl.envs.dataset:DatasetEnv",
+    # other ecosystems' environments (docs/ecosystem.md); each needs its extra
+    "textarena": "agentrl.envs.gym_text:TextArenaEnv",
+    "gem": "agentrl.envs.gym_text:GemEnv",
+    "verifiers": "agentrl.envs.verifiers_env:VerifiersEnv",
 }
 
 
