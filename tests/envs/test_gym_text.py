@@ -153,3 +153,23 @@ def test_bad_ids_and_missing_extras_name_the_fix(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "textarena", None)
     with pytest.raises(MissingExtra, match=r"pip install 'agentrl\[textarena\]'$"):
         make_env("textarena", id="GuessTheNumber-v0")
+
+
+def test_envs_list_shows_the_adapters_and_their_extras(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from agentrl.envs import list_envs
+
+    rows = {r.name: r for r in list_envs()}
+    for name in ("textarena", "gem", "verifiers"):
+        assert rows[name].source == "builtin" and rows[name].error is None
+        assert rows[name].extra == name and rows[name].installed is True
+    assert rows["code_math"].extra is None
+    monkeypatch.setitem(sys.modules, "gem", None)  # as if agentrl[gem] were not installed
+    listed = CliRunner().invoke(app, ["envs", "list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    gem = next(r for r in json.loads(listed.output) if r["name"] == "gem")
+    assert gem["extra"] == "gem" and gem["installed"] is False
+    table = CliRunner().invoke(app, ["envs", "list"], env={"COLUMNS": "250"})
+    assert "pip install 'agentrl[gem]'" in table.output
+    assert "textarena (installed)" in table.output
