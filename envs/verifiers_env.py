@@ -30,6 +30,7 @@ import copy
 import importlib
 import json
 import random
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -115,6 +116,7 @@ class VerifiersEnv(Environment):
                     f"{label}: module {module_name!r} has no load_environment(); give "
                     "'package.module:function' naming the function that builds it"
                 )
+        _keep_the_run_signal_handlers()
         try:
             env = load(**self.config.args)
         except TypeError as e:
@@ -192,6 +194,29 @@ class VerifiersEnv(Environment):
         "the verifiers environment has no reset/step: its own rollout drives the episode "
         "through the gateway (agentrl.gateway.workflow), which the run assembly picks"
     )
+
+
+class _NoHandlerInstall:
+    """Stands in for the ``signal`` module inside verifiers' environment module: its
+    constructor installs SIGINT/SIGTERM handlers, which would replace the run's own (and
+    fails outright off the main thread, where the run assembles). Everything else is the
+    real module; verifiers still tears down at exit (its atexit hook)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(signal, name)
+
+    @staticmethod
+    def signal(signum: int, handler: Any) -> Any:
+        return signal.getsignal(signum)
+
+
+def _keep_the_run_signal_handlers() -> None:
+    try:
+        module = importlib.import_module("verifiers.envs.environment")
+    except ImportError:
+        return
+    if getattr(module, "signal", None) is signal:
+        module.signal = _NoHandlerInstall()
 
 
 def _short(error: Any) -> str:

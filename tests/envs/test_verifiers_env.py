@@ -123,6 +123,29 @@ def test_a_tool_env_calls_its_tools_through_the_gateway() -> None:
     assert "Look a word up in the dictionary." in prompt  # the tool schema, rendered
 
 
+def test_loading_off_the_main_thread_keeps_the_run_signal_handlers() -> None:
+    """verifiers' constructor installs SIGINT/SIGTERM handlers (an error off the main
+    thread, where `agentrl rollout` assembles the run); the run's own handlers stay."""
+    import signal
+    import threading
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            make_env("verifiers", id="tests.envs.vf_envs:load_multi_turn", args={"num_examples": 5})
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    make_env("verifiers", id="tests.envs.vf_envs:load_single_turn", args={"num_examples": 5})
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
 def test_bad_ids_and_missing_extra_name_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="no module 'vf_no_such_env'; install the environment"):
         make_env("verifiers", id="vf-no-such-env")
