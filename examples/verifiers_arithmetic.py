@@ -24,10 +24,10 @@ def _rows(n: int, seed: int) -> list[dict[str, str]]:
 
 
 def correct_answer(completion, answer, **kwargs) -> float:
-    """1 when the first number of the reply is the sum."""
+    """1 when the last number of the reply is the sum."""
     text = completion[-1]["content"] if isinstance(completion, list) else str(completion)
-    match = re.search(r"-?\d+", str(text or ""))
-    return 1.0 if match is not None and match.group() == answer else 0.0
+    numbers = re.findall(r"-?\d+", str(text or ""))
+    return 1.0 if numbers and numbers[-1] == answer else 0.0
 
 
 def brevity(completion, **kwargs) -> float:
