@@ -56,9 +56,8 @@ def _train(cfg: Any, run_dir: Path) -> tuple[Orchestrator, list[Any]]:
     [
         {"entrypoint": "tests.gateway.agents:two_turns"},
         {"command": [sys.executable, "-m", "tests.gateway.agents"], "cwd": str(REPO)},
-        {"entrypoint": "tests.gateway.agents:asks_for_gpt_4o_mini"},
     ],
-    ids=["entrypoint", "command", "gpt-4o-mini"],
+    ids=["entrypoint", "command"],
 )
 def test_two_training_steps_through_an_agent_program(tmp_path: Path, program: dict) -> None:
     orch, groups = _train(_config(program), tmp_path / "run")
@@ -77,9 +76,9 @@ def test_two_training_steps_through_an_agent_program(tmp_path: Path, program: di
         model = [s for s in t.segments if s.kind == "model"]
         assert sum(t.loss_mask) == sum(len(s) for s in model)
         assert all(v >= 0 for s in model for v in s.versions)
-        if "gpt_4o_mini" in str(program.get("entrypoint")):  # its own name, recorded
-            assert t.metadata["gateway"]["models"] == {"gpt-4o-mini": 2}
-            assert t.reward_info["model"] == "gpt-4o-mini"
+        # the names the program asked for, recorded (two_turns was written for gpt-4o-mini)
+        asked = "gpt-4o-mini" if "entrypoint" in program else "agentrl"
+        assert t.metadata["gateway"]["models"] == {asked: 2}
 
 
 def test_a_crashed_agent_is_an_infra_error_of_its_episode_only(tmp_path: Path) -> None:
