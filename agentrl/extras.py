@@ -25,6 +25,11 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "lora": ("peft",),
     "tensorboard": ("tensorboard",),
     "docker": ("docker",),
+    # other ecosystems' environments (docs/ecosystem.md); "ecosystem" installs all three
+    "textarena": ("textarena",),
+    "gem": ("gem-llm",),
+    "verifiers": ("verifiers",),
+    "ecosystem": ("textarena", "gem-llm", "verifiers"),
 }
 
 

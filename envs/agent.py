@@ -59,6 +59,9 @@ class AgentOptions(EnvOptions):
     max_output_bytes: int = Field(1 << 20, ge=1024)  # stdout/stderr kept per stream
     # gateway
     max_n: int = Field(4, ge=1)  # largest n a request may ask for
+    # any model name the program asks for (gpt-4o-mini ...) reaches the policy and is
+    # recorded in the trace; true answers names other than agentrl / model.name with 404
+    strict_model: bool = False
     tool_parser: str = "hermes"  # how tool calls are read from model text
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)  # 0 = a free port

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,6 +31,10 @@ BUILTINS: dict[str, str] = {
     "search_qa": "agentrl.envs.search_qa:SearchQAEnv",
     "agent": "agentrl.envs.agent:AgentEnv",
     "dataset": "agentrl.envs.dataset:DatasetEnv",
+    # other ecosystems' environments (docs/ecosystem.md); each needs its extra
+    "textarena": "agentrl.envs.gym_text:TextArenaEnv",
+    "gem": "agentrl.envs.gym_text:GemEnv",
+    "verifiers": "agentrl.envs.verifiers_env:VerifiersEnv",
 }
 
 
@@ -43,6 +48,8 @@ class EnvInfo:
     description: str = ""
     tools: list[str] | None = None
     error: str | None = None  # set when the class could not be loaded
+    extra: str | None = None  # the agentrl extra its library comes from (adapters)
+    installed: bool | None = None  # whether that library is importable here
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,11 +111,24 @@ def _describe(info: EnvInfo) -> EnvInfo:
         return info
     doc = (cls.__doc__ or "").strip().splitlines()
     info.description = doc[0] if doc else ""
+    extra, module = getattr(cls, "extra", None), getattr(cls, "module", None)
+    if isinstance(extra, str) and extra and isinstance(module, str) and module:
+        info.extra = extra  # found, not imported: listing stays fast and side-effect free
+        info.installed = _importable(module)
     try:
         info.tools = list(cls.tool_names())
     except Exception as e:  # a plug-in's bug should not break the listing
         info.error = f"tool_names() raised {e!r}"
     return info
+
+
+def _importable(module: str) -> bool:
+    if module in sys.modules:  # imported already (None: blocked)
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def list_envs() -> list[EnvInfo]:

@@ -24,14 +24,22 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps([r.to_dict() for r in rows], indent=2))
             return
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title="agentrl environments")
-        for column in ("name", "source", "tools", "description"):
+        for column in ("name", "source", "tools", "extra", "description"):
             table.add_column(column)
         for r in rows:
             desc = r.description if r.error is None else f"[red]error: {r.error}[/red]"
-            table.add_row(r.name, r.source, ", ".join(r.tools or []), desc)
+            extra = ""
+            if r.extra is not None:
+                extra = (
+                    f"{r.extra} (installed)"
+                    if r.installed
+                    else f"[yellow]{r.extra}: pip install {escape(repr(f'agentrl[{r.extra}]'))}[/yellow]"
+                )
+            table.add_row(r.name, r.source, ", ".join(r.tools or []), extra, desc)
         Console().print(table)
 
     app.add_typer(envs_app, name="envs")

@@ -20,6 +20,12 @@ def serve(
         Optional[Path],  # noqa: UP045
         typer.Option("--out", help="where the recorded trajectories go on exit"),
     ] = None,
+    strict_model: Annotated[
+        bool,
+        typer.Option(
+            "--strict-model", help="answer model names other than the served ones with 404"
+        ),
+    ] = False,
     checkpoint: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option("--checkpoint", help="serve these weights (a run or checkpoint folder)"),
@@ -52,7 +58,12 @@ def serve(
                 version = await load_checkpoint_into_sampler(run, checkpoint)
                 console.print(f"weights: {checkpoint} (version {version})")
             settings = GatewaySettings.from_config(
-                cfg, training=False, host=host, port=port, open_sessions=True
+                cfg,
+                training=False,
+                host=host,
+                port=port,
+                open_sessions=True,
+                strict_model=strict_model,
             )
             server = GatewayServer(Gateway(run.sampler, settings))
             url = await server.start()

@@ -111,6 +111,7 @@ class Session:
         self.truncation: str | None = None  # a limit the agent ran into
         self.last_reply: str = ""
         self.closed = False
+        self.models: dict[str, int] = {}  # model names the agent asked for -> calls
 
     # --- limits ------------------------------------------------------------------------------
 
@@ -130,6 +131,10 @@ class Session:
                 code="turn_limit_reached",
             )
         self.calls += 1
+
+    def note_model(self, name: str) -> None:
+        """Record the model name a call asked for (any name reaches the policy)."""
+        self.models[name] = self.models.get(name, 0) + 1
 
     def token_budget(self, plan: Plan) -> int | None:
         """Response tokens the call may still sample in its sample; None = unbounded."""
@@ -338,6 +343,7 @@ class Session:
                     "prefix_breaks": len(self.breaks),
                     "started_by": sample.reason,
                     "api": sample.kind,
+                    "models": dict(self.models),  # the names the agent asked for
                 }
             }
             if sample.kind == "chat" and sample.renderer is not None:

@@ -42,7 +42,11 @@ LATENCY_WINDOW = 100_000  # per-call overheads kept for percentiles
 class GatewaySettings:
     """How the gateway serves; :meth:`from_config` reads a run's config."""
 
+    # the names /v1/models lists; a request may name any model (agent programs keep the
+    # name they were written with, e.g. gpt-4o-mini: it reaches the policy and is recorded
+    # in the trace) unless strict_model, which answers other names 404 model_not_found
     model_names: tuple[str, ...] = ("agentrl",)
+    strict_model: bool = False
     chat_template: str | None = None  # model.chat_template
     temperature: float = 1.0  # defaults for parameters a request leaves out
     top_p: float = 1.0
@@ -150,11 +154,13 @@ class Gateway:
     # --- request checks ----------------------------------------------------------------------
 
     def check_model(self, name: str) -> None:
-        if name not in self.settings.model_names:
+        """Any name reaches the policy unless ``strict_model`` (then only `model_names`)."""
+        if self.settings.strict_model and name not in self.settings.model_names:
             raise OpenAIError(
                 404,
                 f"The model `{name}` does not exist or you do not have access to it "
-                f"(served: {', '.join(self.settings.model_names)}).",
+                f"(served: {', '.join(self.settings.model_names)}; this gateway is strict "
+                "about model names: strict_model=false lets any name reach the policy).",
                 param="model",
                 code="model_not_found",
             )
@@ -253,6 +259,7 @@ class Gateway:
         req.check_supported()
         renderer, tkey, stop_ids = self._renderer(req.tools)
         session.count_call()
+        session.note_model(req.model)
         plan = session.plan_chat(req.messages, renderer, tkey)
         params = self._params(req, session, plan, stop_ids)
         plan.base.busy = True
@@ -281,6 +288,7 @@ class Gateway:
         self._check_common(req)
         req.check_supported()
         session.count_call()
+        session.note_model(req.model)
         plan = session.plan_completion(req.single_prompt(), self._plain)
         params = self._params(req, session, plan, ())
         plan.base.busy = True

@@ -29,10 +29,14 @@ HTTP_KEY = "agentrl.gateway.http"
 
 
 def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
-    """The workflow running `env`'s program for each episode of a run configured by `cfg`."""
+    """The workflow running `env`'s program for each episode of a run configured by `cfg`.
+
+    `env` is an agent environment (its entrypoint or command), or any environment driven
+    from outside that brings its own ``async program(client, task)`` (``env.name:
+    verifiers``: the environment's rollout) and ``score(result, task, last_reply)``."""
     if cfg.rollout.workflow != BUILTIN:
         raise ConfigError(
-            f"env.name=agent runs its program as the episode; rollout.workflow="
+            f"env.name={env.name} runs its program as the episode; rollout.workflow="
             f"{cfg.rollout.workflow!r} cannot drive it too: leave rollout.workflow at {BUILTIN}"
         )
     options = env.config
@@ -40,19 +44,24 @@ def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
         cfg,
         training=True,
         max_n=options.max_n,
+        strict_model=options.strict_model,
         tool_parser=options.tool_parser,
         host=options.host,
         port=options.port,
     )
-    entrypoint: Callable[..., Any] | None = None
-    if options.entrypoint is not None:
+    entrypoint: Callable[..., Any] | None = getattr(env, "program", None)
+    label = env.name
+    if entrypoint is None and options.entrypoint is not None:
         entrypoint = load_entrypoint(options.entrypoint)  # a bad path fails the assembly
+        label = f"agent:{options.entrypoint}"
+    elif entrypoint is None:
+        label = f"agent:{options.command[0]}"
 
     async def run_agent(ctx: EpisodeContext) -> list[Trajectory]:
         scope = current_run_scope()
         if scope is None:
             raise ConfigError(
-                "env.name=agent serves its program through the run's gateway: run episodes "
+                f"env.name={env.name} serves its program through the run's gateway: run episodes "
                 "inside a run (run = agentrl.runtime.assemble(cfg, role); async with run: ...)"
             )
         gateway = await run_gateway(scope, ctx.sampler, settings)
@@ -86,7 +95,7 @@ def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
             traj.reward, traj.reward_info = reward, dict(info)
         return samples
 
-    run_agent.__name__ = f"agent:{options.entrypoint or options.command[0]}"  # type: ignore[index]
+    run_agent.__name__ = label
     return run_agent
 
 

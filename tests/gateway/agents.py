@@ -18,12 +18,13 @@ TOOLS = [
 
 
 async def two_turns(client, task: dict) -> dict:
-    """Asks, then asks again after a follow-up; the reward depends on the sampled text."""
+    """Asks, then asks again after a follow-up; the reward depends on the sampled text.
+    Written against OpenAI, unchanged: it names its own model (any name reaches the policy)."""
     messages = [{"role": "user", "content": task["question"]}]
-    r = await client.chat.completions.create(model="agentrl", messages=messages, tools=TOOLS)
+    r = await client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=TOOLS)
     messages.append(r.choices[0].message.model_dump(exclude_none=True))
     messages.append({"role": "user", "content": "Check your answer."})
-    r = await client.chat.completions.create(model="agentrl", messages=messages, tools=TOOLS)
+    r = await client.chat.completions.create(model="gpt-4o-mini", messages=messages, tools=TOOLS)
     return {"reward": float(len(r.choices[0].message.content or "") % 2), "turns": 2}
 
 

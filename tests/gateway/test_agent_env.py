@@ -76,6 +76,9 @@ def test_two_training_steps_through_an_agent_program(tmp_path: Path, program: di
         model = [s for s in t.segments if s.kind == "model"]
         assert sum(t.loss_mask) == sum(len(s) for s in model)
         assert all(v >= 0 for s in model for v in s.versions)
+        # the names the program asked for, recorded (two_turns was written for gpt-4o-mini)
+        asked = "gpt-4o-mini" if "entrypoint" in program else "agentrl"
+        assert t.metadata["gateway"]["models"] == {asked: 2}
 
 
 def test_a_crashed_agent_is_an_infra_error_of_its_episode_only(tmp_path: Path) -> None:

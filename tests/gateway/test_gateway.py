@@ -304,7 +304,6 @@ async def test_bad_requests_get_openai_shaped_errors(gateway: Gateway) -> None:
     long = "word " * 9000
     cases = [
         ({"model": "agentrl"}, 400, "messages", "missing_required_parameter"),
-        ({**ok, "model": "gpt-4o"}, 404, "model", "model_not_found"),
         ({**ok, "n": 99}, 400, "n", "invalid_value"),
         (
             {**ok, "tools": [{"type": "function", "function": {"name": "bad name!"}}]},
@@ -349,8 +348,6 @@ async def test_bad_requests_get_openai_shaped_errors(gateway: Gateway) -> None:
         assert r.status_code == 200  # the key alone selects the session, too
     # the official client raises its typed errors from these bodies
     client = _client(gateway, session)
-    with pytest.raises(openai.NotFoundError):
-        await client.chat.completions.create(model="gpt-4o", messages=ok["messages"])
     with pytest.raises(openai.BadRequestError) as e:
         await client.chat.completions.create(model="agentrl", messages=ok["messages"], n=99)
     assert e.value.param == "n"
@@ -377,3 +374,38 @@ async def test_limits_refuse_calls_and_mark_the_episode_truncated(
         await server.close()
     with pytest.raises(openai.APIConnectionError):  # closed: nothing listens any more
         await client.chat.completions.create(model="agentrl", messages=messages)
+
+
+async def test_any_model_name_reaches_the_policy_and_is_recorded(
+    hf_sampler: RecordingSampler,
+) -> None:
+    """An agent written for another API keeps its model name; strict_model keeps the 404."""
+    server = await start_gateway(hf_sampler)
+    try:
+        gateway = server.gateway
+        session = gateway.open_session()
+        client = _client(gateway, session)
+        messages = [{"role": "user", "content": "hi"}]
+        r = await client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+        assert r.model == "gpt-4o-mini"  # echoed as OpenAI does
+        messages.append(r.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "user", "content": "again"})
+        await client.chat.completions.create(model="agentrl", messages=messages)
+        (traj,) = _close(gateway, session)  # the two names did not break the conversation
+        assert traj.metadata["gateway"]["models"] == {"gpt-4o-mini": 1, "agentrl": 1}
+        assert traj.metadata["gateway"]["prefix_breaks"] == 0
+        assert len(hf_sampler.calls) == 2  # both went to the policy
+    finally:
+        await server.close()
+    strict = await start_gateway(hf_sampler, strict_model=True)
+    try:
+        session = strict.gateway.open_session()
+        client = _client(strict.gateway, session)
+        with pytest.raises(openai.NotFoundError) as e:
+            await client.chat.completions.create(model="gpt-4o-mini", messages=messages[:1])
+        assert e.value.code == "model_not_found" and "strict_model" in str(e.value)
+        r = await client.chat.completions.create(model="agentrl", messages=messages[:1])
+        assert r.choices[0].message.content is not None
+        strict.gateway.close_session(session.key)
+    finally:
+        await strict.close()

@@ -1,0 +1,166 @@
+"""``env.name: verifiers``: real verifiers environments (PyPI) trained through the gateway."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from agentrl.config import config_from_dict
+from agentrl.envs import make_env
+from agentrl.errors import ConfigError, MissingExtra
+from agentrl.events import GroupFinished
+from agentrl.orchestrator import Orchestrator
+from agentrl.plotting import read_steps
+
+
+def _config(env_id: str, **options: Any) -> Any:
+    return config_from_dict(
+        {
+            "model": {"name": "tiny-llama", "dtype": "float32"},
+            "sampler": {"max_new_tokens": 6, "max_batch_size": 16},
+            "env": {"name": "verifiers", "options": {"id": env_id, **options}},
+            "rollout": {"group_size": 2, "concurrency": 8, "max_tokens": 200, "infra_retries": 0},
+            "algorithm": {"dynamic_sampling": False},
+            "learner": {
+                "batch_groups": 1,
+                "micro_batch_size": 4,
+                "lr": 1e-3,
+                "fused_logprobs": "off",
+            },
+            "orchestrator": {
+                "max_steps": 2,
+                "max_staleness": 0,
+                "learner_worker": "thread",
+                "checkpoint_every": 0,
+            },
+            "logging": {"progress": False},
+        }
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("env_id", "model_turns"),
+    [("tests.envs.vf_envs:load_single_turn", 1), ("tests.envs.vf_envs:load_multi_turn", 2)],
+    ids=["single-turn", "multi-turn"],
+)
+def test_a_verifiers_environment_trains_two_steps_token_exact(
+    tmp_path: Path, env_id: str, model_turns: int
+) -> None:
+    orch = Orchestrator(_config(env_id, model="gpt-4o-mini"), tmp_path / "run")
+    orch.build()
+    groups: list[Any] = []
+    orch.events.subscribe(lambda e: groups.append(e.group) if isinstance(e, GroupFinished) else 0)
+    anyio.run(orch.run)
+    steps = read_steps(tmp_path / "run")
+    assert [s["step"] for s in steps] == [1, 2]
+    assert orch.sampler.version == 2
+    breaks = [s["gateway/prefix_breaks"] for s in steps if "gateway/prefix_breaks" in s]
+    assert breaks and all(b == 0 for b in breaks)
+    trajs = [t for g in groups for t in g.trajectories]
+    assert trajs and all(t.status == "ok" for t in trajs)
+    for t in trajs:
+        assert t.task_id.startswith(env_id)
+        gateway = t.metadata["gateway"]
+        assert gateway["prefix_breaks"] == 0 and gateway["samples"] == 1
+        assert gateway["models"] == {"gpt-4o-mini": model_turns}  # the env's own model name
+        assert [s.kind for s in t.segments].count("model") == model_turns
+        # the rubric's reward and metrics
+        assert t.reward in (0.0, 1.0)
+        metrics = t.reward_info["metrics"]
+        assert metrics["contains_answer"] == t.reward
+        assert metrics["reply_length"] > 0
+        assert sum(t.loss_mask) == sum(len(s) for s in t.segments if s.kind == "model")
+
+
+def test_a_tool_env_calls_its_tools_through_the_gateway() -> None:
+    """vf.ToolEnv: the tools go out as OpenAI `tools`, the model's call comes back as
+    `tool_calls`, verifiers runs the function and sends its result; one exact sample.
+    The model is scripted (a random tiny model writes no tool calls); the rest is real."""
+    import openai
+
+    from agentrl.models import load_model
+    from agentrl.samplers import create_sampler
+    from agentrl.types import Trajectory
+    from tests.gateway.conftest import ScriptedSampler, start_gateway
+
+    env = make_env("verifiers", id="tests.envs.vf_envs:load_tool_env")
+    task = next(t for t in env.tasks(seed=0) if t["vf_input"]["answer"] == "4")
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"word": "four"}}\n</tool_call>'
+
+    async def main() -> tuple[Any, Any, Any]:
+        inner = create_sampler("hf", model=load_model("tiny-llama", dtype="float32"))
+        sampler = ScriptedSampler(inner, [call, "It is 4."])
+        server = await start_gateway(sampler)
+        try:
+            gateway = server.gateway
+            session = gateway.open_session()
+            client = openai.AsyncOpenAI(
+                base_url=gateway.session_url(session), api_key="unused", max_retries=0
+            )
+            result = await env.program(client, task)
+            await client.close()
+            (traj,) = gateway.close_session(session.key).trajectories(
+                Trajectory(task_id="t", group_id="g", traj_id="g-0")
+            )
+            return result, traj, sampler.tokenizer
+        finally:
+            await server.close()
+            await sampler.close()
+
+    result, traj, tokenizer = anyio.run(main)
+    reward, info = env.score(result, task, "")
+    assert reward == 1.0 and info["metrics"]["lookup_calls"] == 1.0
+    assert [s.kind for s in traj.segments] == ["prompt", "model", "observation", "model"]
+    assert traj.turns[0].tool_calls[0].name == "lookup"
+    assert traj.turns[0].tool_calls[0].result == "four: a number word"
+    assert traj.metadata["gateway"]["prefix_breaks"] == 0
+    prompt = tokenizer.decode(traj.segments[0].token_ids)
+    assert "Look a word up in the dictionary." in prompt  # the tool schema, rendered
+
+
+def test_loading_off_the_main_thread_keeps_the_run_signal_handlers() -> None:
+    """verifiers' constructor installs SIGINT/SIGTERM handlers (an error off the main
+    thread, where `agentrl rollout` assembles the run); the run's own handlers stay."""
+    import signal
+    import threading
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            make_env("verifiers", id="tests.envs.vf_envs:load_multi_turn", args={"num_examples": 5})
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    make_env("verifiers", id="tests.envs.vf_envs:load_single_turn", args={"num_examples": 5})
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_bad_ids_and_missing_extra_name_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="no module 'vf_no_such_env'; install the environment"):
+        make_env("verifiers", id="vf-no-such-env")
+    with pytest.raises(ConfigError, match="has no load_environment"):
+        make_env("verifiers", id="tests.envs.test_verifiers_env")
+    with pytest.raises(ConfigError, match=r"env.options.args .*unexpected keyword"):
+        make_env("verifiers", id="tests.envs.vf_envs", args={"bogus": 1})
+    env = make_env("verifiers", id="tests.envs.vf_envs", args={"num_examples": 3})
+    train = list(env.tasks("train", seed=1))
+    assert sorted(t["vf_input"]["answer"] for t in train) == ["1", "2", "3"]
+    assert len(list(env.tasks("eval"))) == 2  # its own eval_dataset
+    no_eval = make_env(
+        "verifiers", id="tests.envs.vf_envs:load_multi_turn", args={"num_examples": 3}
+    )
+    assert len(list(no_eval.tasks("eval"))) == 3  # none: verifiers falls back to train
+    monkeypatch.setitem(sys.modules, "verifiers", None)
+    with pytest.raises(MissingExtra, match=r"pip install 'agentrl\[verifiers\]'$"):
+        make_env("verifiers", id="tests.envs.vf_envs")
