@@ -82,7 +82,9 @@ class BranchingConfig(_Section):
     beta: float = 0.5
     tau: float = 0.5
     mode: Literal["stochastic", "threshold"] = "stochastic"
-    attribution: Literal["soft", "hard"] = "soft"
+    # how a branch tree's sequence advantages reach its tokens: soft | hard, or a name
+    # registered with @register_tree_attribution (checked when the learner is built)
+    attribution: str = "soft"
 
     @model_validator(mode="after")
     def _budget(self) -> BranchingConfig:
@@ -122,7 +124,9 @@ class OverlongConfig(_Section):
 class AlgorithmConfig(_Section):
     advantage: str = "grpo"  # gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline
     policy_loss: str = "ppo"  # ppo | gspo | gspo_token
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm, or a name registered with
+    # @register_aggregation (every registry name is checked when the learner is built)
+    agg: str = "token-mean"
     eps_low: float = Field(0.2, ge=0.0)
     eps_high: float = Field(0.28, ge=0.0)
     dual_clip_c: float | None = Field(None, gt=1.0)
@@ -415,6 +419,10 @@ class RewardConfig(_Section):
     model_batch_size: int = Field(16, ge=1)
     model_max_length: int = Field(2048, ge=16)
     judge: JudgeConfig | None = None
+    # the environment's step rewards other than the outcome (process rewards: StepResult.reward
+    # of earlier turns) reach the learner on the last token of their turn, times this weight;
+    # sequence-level estimators add their weighted sum to the outcome. 0 ignores them
+    step_weight: float = 1.0
 
     @model_validator(mode="after")
     def _weights(self) -> RewardConfig:

@@ -30,6 +30,7 @@ BUILTINS: dict[str, str] = {
     "search_qa": "agentrl.envs.search_qa:SearchQAEnv",
     "agent": "agentrl.envs.agent:AgentEnv",
     "dataset": "agentrl.envs.dataset:DatasetEnv",
+    "grid_walk": "agentrl.envs.grid_walk:GridWalkEnv",
 }
 
 

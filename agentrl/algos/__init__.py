@@ -21,6 +21,7 @@ from agentrl.algos.advantages import (
 )
 from agentrl.algos.aggregation import aggregate
 from agentrl.algos.evaluation import maj_at_k, pass_at_k
+from agentrl.algos.gigpo import gigpo as gigpo  # registers "gigpo"
 from agentrl.algos.kl import kl_divergence
 from agentrl.algos.logprobs import (
     chunked_logprobs_entropy,
