@@ -96,6 +96,13 @@ class BranchingConfig(_Section):
         return self
 
 
+class GroupHookConfig(_Section):
+    """A group hook (agentrl.rollout.hooks): a registered name or module:function."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
 class RolloutConfig(_Section):
     group_size: int = Field(8, ge=1, description="G: samples per task")
     concurrency: int = Field(32, ge=1, description="episodes in flight")
@@ -109,6 +116,10 @@ class RolloutConfig(_Section):
     # `async def run_episode(ctx) -> Trajectory`, by registered name or "module:function"
     workflow: str = "episode"
     branching: BranchingConfig = Field(default_factory=BranchingConfig)
+    # hooks run in order on each finished group before it reaches the buffer: ghpo_hint
+    # (resample an all-fail group with a hint), replay (a stored success into an all-fail
+    # group), or your own; a name or {name, options}. See docs/credit.md
+    group_hooks: list[str | GroupHookConfig] = Field(default_factory=list)
 
 
 class OverlongConfig(_Section):

@@ -25,6 +25,7 @@ and are added to the outcome for the other, sequence-level ones.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +46,7 @@ from agentrl.algos import (
     tree_from_ids,
     value_loss,
 )
+from agentrl.algos.family import AdaptiveKL
 from agentrl.algos.registry import (
     ADVANTAGES,
     AGGREGATIONS,
@@ -200,6 +202,14 @@ class Objective:
         self.needs_ref = self.use_kl or "ref_logprobs" in self.loss_inputs
         self.loss_options = {**self._clip_settings(loss_fn), **routed[loss_label]}
         self._step_inputs: dict[str, Tensor] = {}
+        # a loss naming kl_beta and kl_target gets beta adapted between steps (adaptive-KL PPO)
+        self.adaptive_kl: AdaptiveKL | None = None
+        self._kl_seen: list[Tensor] = []
+        if {"kl_beta", "kl_target"} <= set(keyword_parameters(loss_fn)[0]):
+            defaults = inspect.signature(loss_fn).parameters
+            beta = self.loss_options.get("kl_beta", defaults["kl_beta"].default)
+            target = self.loss_options.get("kl_target", defaults["kl_target"].default)
+            self.adaptive_kl = AdaptiveKL(beta, target)
 
     def _check_off_policy(self) -> None:
         """The is_* and proximal keys act only under a correction that uses them."""
@@ -347,6 +357,7 @@ class Objective:
         `values` are the critic's at the start of the step (when it needs one). Branch
         trees attribute sequence advantages to tokens; their loss mask can change."""
         alg, mask = self.alg, batch.loss_mask
+        self._adapt_kl()
         is_tree = any(t.parent_id is not None for t in batch.trajectories)
         process = self.process_rewards(batch)
         seq_rewards = rewards if rewards.dim() == 1 else batch.rewards
@@ -389,11 +400,24 @@ class Objective:
                 [t.parent_id for t in trajs],
                 [t.branch_position for t in trajs],
             )
-            out = tree_advantages(self.attribution, adv, parent, branch_pos, mask, batch.input_ids)
-            return out.advantages, out.loss_mask.to(mask.dtype), returns
+            # a registered attribution returns (advantages, loss_mask): a tuple will do
+            tree_adv, tree_mask = tree_advantages(
+                self.attribution, adv, parent, branch_pos, mask, batch.input_ids
+            )
+            return tree_adv, tree_mask.to(mask.dtype), returns
         if self.needs_critic:
             return adv, mask, returns
         return (adv[:, None] if adv.dim() == 1 else adv) * mask, mask, returns
+
+    def _adapt_kl(self) -> None:
+        """Adaptive-KL PPO: the last step's mean KL(pi_old || pi_theta) sets this step's beta."""
+        if self.adaptive_kl is None:
+            return
+        if self._kl_seen:
+            kl = float(torch.stack([k.float().cpu() for k in self._kl_seen]).mean())
+            self.adaptive_kl.update(kl)
+        self._kl_seen = []
+        self.loss_options["kl_beta"] = self.adaptive_kl.beta
 
     def _advantage_input(self, key: str, batch: Batch) -> Any:
         """The batch input `key` of :data:`ADVANTAGE_INPUTS` (mask and gamma aside)."""
@@ -482,6 +506,8 @@ class Objective:
             **declared,
             **agg_kw,
         )
+        if self.adaptive_kl is not None and "kl_old_theta" in pg_metrics:
+            self._kl_seen.append(torch.as_tensor(pg_metrics["kl_old_theta"]).detach())
         metrics = {f"pg/{k}": v for k, v in pg_metrics.items() if k != "pg_loss"}
         loss = pg
         metrics["loss/pg"] = unscaled(pg, mask, denominator, self._unit_agg)
