@@ -404,6 +404,12 @@ class JudgeConfig(_Section):
     # an unparseable reply: stop the run naming it (error), mask the episode (infra_error),
     # or score it 0
     on_unparseable: Literal["error", "infra_error", "zero"] = "error"
+    # SPCT (Liu et al. 2025): k sampled judgements voted into one score (mean of the
+    # parsed scores, or the most frequent one), with principles in the prompt
+    # ({principles} in the template, else put before it)
+    samples: int = Field(1, ge=1, description="k judgements per episode")
+    vote: Literal["mean", "majority"] = "mean"
+    principles: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _range(self) -> JudgeConfig:
@@ -411,6 +417,12 @@ class JudgeConfig(_Section):
             raise ValueError(
                 f"reward.judge.min_score ({self.min_score}) must be below max_score "
                 f"({self.max_score})"
+            )
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(
+                f"reward.judge.samples={self.samples} votes over sampled judgements, but "
+                "reward.judge.temperature=0 makes them all the same: set a temperature > 0 "
+                "(e.g. 0.7) or samples=1"
             )
         return self
 

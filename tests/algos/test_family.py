@@ -60,7 +60,7 @@ def test_gvpo_group_centred_regression():
         rewards=torch.tensor([1.0, 0.0]),
         beta=0.5,
     )
-    assert float(loss) == pytest.approx(0.08, abs=1e-6)
+    assert float(loss.detach()) == pytest.approx(0.08, abs=1e-6)
     assert float(metrics["gvpo_residual"]) == pytest.approx(0.4, abs=1e-6)
     loss.backward()
     # L = 1/2 sum_i 0.5 r_i^2, dr_0/ds_0 = -beta/2, dr_1/ds_0 = beta/2:
