@@ -134,7 +134,8 @@ class OverlongConfig(_Section):
 
 class AlgorithmConfig(_Section):
     advantage: str = "grpo"  # gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline
-    policy_loss: str = "ppo"  # ppo | gspo | gspo_token
+    # | gigpo | grpo_lambda | lite_ppo | reinforce_mean | tree_grpo (docs/credit.md)
+    policy_loss: str = "ppo"  # ppo | gspo | gspo_token | gmpo | gvpo | ppo_adaptive_kl
     # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm, or a name registered with
     # @register_aggregation (every registry name is checked when the learner is built)
     agg: str = "token-mean"

@@ -171,3 +171,17 @@ def test_adaptive_kl_beta_follows_the_last_steps_kl(base_model):
     assert obj.loss_options["kl_beta"] == 2.0
     obj.advantages(batch, batch.rewards, None)  # no loss seen since: kept
     assert obj.loss_options["kl_beta"] == 2.0
+
+
+def test_gvpo_trains_with_a_reference_model_and_whole_groups(fresh_model, base_model):
+    cfg = make_cfg(
+        algorithm={"policy_loss": "gvpo", "agg": "seq-mean-token-mean", "options": {"beta": 0.1}},
+        learner={"fused_logprobs": "off"},
+    )
+    model = fresh_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    learner = Learner(model, None, cfg)
+    assert learner.ref_model is not None and learner.objective.couples_group
+    metrics = learner.step(_groups(base_model, seed=7))
+    assert metrics["pg/gvpo_residual"] > 0
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
