@@ -447,6 +447,9 @@ class RewardConfig(_Section):
     # of earlier turns) reach the learner on the last token of their turn, times this weight;
     # sequence-level estimators add their weighted sum to the outcome. 0 ignores them
     step_weight: float = 1.0
+    # process rewards from Python: fn(task, turn_text, turn_index) for every assistant turn,
+    # weighted and added to that turn's process reward (module:function, as functions)
+    process: list[str | RewardFunctionConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _weights(self) -> RewardConfig:
@@ -459,7 +462,7 @@ class RewardConfig(_Section):
 
     @property
     def enabled(self) -> bool:
-        return bool(self.functions or self.model or self.judge)
+        return bool(self.functions or self.model or self.judge or self.process)
 
 
 class Config(_Section):

@@ -103,10 +103,16 @@ class Turn:
     # a key of the state the agent acted from (Environment.state_key(); None: not given)
     step_reward: float | None = None
     state: str | None = None
+    # the weighted sum of reward.process functions on this turn (None: none configured)
+    process_reward: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("step_reward", "state"):  # absent in traces written before they existed
+        for key in (
+            "step_reward",
+            "state",
+            "process_reward",
+        ):  # absent in traces written before they existed
             if d[key] is None:
                 del d[key]
         return d
@@ -205,7 +211,8 @@ class Trajectory:
     @property
     def process_rewards(self) -> list[float]:
         """Per assistant turn, the environment's step reward that is not already the
-        outcome ``reward`` (0.0 where a turn was not scored).
+        outcome ``reward`` (0.0 where a turn was not scored), plus the turn's
+        ``process_reward`` (``reward.process`` functions).
 
         When no final scoring replaced it, the outcome is the last step reward given
         (``metadata["outcome_turn"]`` names that turn), so it is not counted twice."""
@@ -215,6 +222,8 @@ class Trajectory:
         for k, turn in enumerate(self.turns[:n]):
             if turn.step_reward is not None and k != outcome_turn:
                 out[k] = float(turn.step_reward)
+            if turn.process_reward is not None:
+                out[k] += float(turn.process_reward)
         return out
 
     @property

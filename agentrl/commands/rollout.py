@@ -216,6 +216,11 @@ def show_trajectory(console: Console, group: TrajectoryGroup, traj: Trajectory) 
                     if turn and turn.step_reward is not None
                     else ""
                 )
+                + (
+                    f" · process reward {turn.process_reward:g}"
+                    if turn and turn.process_reward is not None
+                    else ""
+                )
                 + (f" · state {turn.state}" if turn and turn.state is not None else "")
                 + tag
             )
