@@ -239,7 +239,7 @@ class Objective:
                         f"remove algorithm.{key}"
                     )
         else:
-            OFF_POLICY_MASKS.get(alg.is_mask)  # unknown names raise with suggestions
+            _lookup(OFF_POLICY_MASKS, alg.is_mask, "algorithm.is_mask")  # with suggestions
             if not alg.is_mask_low < alg.is_mask_high:
                 raise ConfigError(
                     f"algorithm.is_mask_low ({alg.is_mask_low}) must be below "
