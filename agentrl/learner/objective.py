@@ -550,6 +550,17 @@ class Objective:
         return {"entropy": masked_mean(entropy, loss_mask), "loss/entropy": term.detach()}
 
 
+def check_algorithm(cfg: Any) -> Objective:
+    """Every registry name and option of a run config (``algorithm``, the branching
+    attribution, ``reward.step_weight``) checked before any model loads."""
+    return Objective(
+        cfg.algorithm,
+        attribution=cfg.rollout.branching.attribution,
+        norm_length=cfg.algorithm.norm_length or cfg.rollout.max_tokens,
+        step_weight=cfg.reward.step_weight,
+    )
+
+
 def _lookup(registry: Any, name: str, field: str) -> Any:
     """``registry.get(name)``, its unknown-name error prefixed with the config field."""
     try:

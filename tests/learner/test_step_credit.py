@@ -185,3 +185,14 @@ def test_gvpo_trains_with_a_reference_model_and_whole_groups(fresh_model, base_m
     metrics = learner.step(_groups(base_model, seed=7))
     assert metrics["pg/gvpo_residual"] > 0
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_check_algorithm_names_a_bad_option_before_models_load():
+    from agentrl.errors import ConfigError
+    from agentrl.learner.objective import check_algorithm
+
+    cfg = make_cfg(algorithm={"advantage": "gigpo", "options": {"omgea": 1.0}})
+    with pytest.raises(ConfigError, match=r"algorithm\.options\.omgea.*did you mean 'omega'"):
+        check_algorithm(cfg)
+    with pytest.raises(UnknownNameError, match=r"algorithm\.advantage: .*'gigpo'"):
+        check_algorithm(make_cfg(algorithm={"advantage": "gipgo"}))
