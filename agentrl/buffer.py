@@ -128,7 +128,13 @@ class Buffer:
 
     @staticmethod
     def _oldest_valid_version(group: TrajectoryGroup) -> int | None:
-        vs = [v for t in group.valid() if (v := t.oldest_version) is not None]
+        # a replayed success (rollout.group_hooks: replay) is off-policy by design: the
+        # off-policy correction weights it, the gate looks at the fresh samples
+        vs = [
+            v
+            for t in group.valid()
+            if "replayed_from" not in t.metadata and (v := t.oldest_version) is not None
+        ]
         return min(vs) if vs else None
 
     def staleness(self, group: TrajectoryGroup, learner_version: int | None = None) -> int:

@@ -82,7 +82,9 @@ class BranchingConfig(_Section):
     beta: float = 0.5
     tau: float = 0.5
     mode: Literal["stochastic", "threshold"] = "stochastic"
-    attribution: Literal["soft", "hard"] = "soft"
+    # how a branch tree's sequence advantages reach its tokens: soft | hard, or a name
+    # registered with @register_tree_attribution (checked when the learner is built)
+    attribution: str = "soft"
 
     @model_validator(mode="after")
     def _budget(self) -> BranchingConfig:
@@ -92,6 +94,13 @@ class BranchingConfig(_Section):
                 "rollout.branching.budget or lower rollout.branching.initial"
             )
         return self
+
+
+class GroupHookConfig(_Section):
+    """A group hook (agentrl.rollout.hooks): a registered name or module:function."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class RolloutConfig(_Section):
@@ -107,6 +116,10 @@ class RolloutConfig(_Section):
     # `async def run_episode(ctx) -> Trajectory`, by registered name or "module:function"
     workflow: str = "episode"
     branching: BranchingConfig = Field(default_factory=BranchingConfig)
+    # hooks run in order on each finished group before it reaches the buffer: ghpo_hint
+    # (resample an all-fail group with a hint), replay (a stored success into an all-fail
+    # group), or your own; a name or {name, options}. See docs/credit.md
+    group_hooks: list[str | GroupHookConfig] = Field(default_factory=list)
 
 
 class OverlongConfig(_Section):
@@ -121,8 +134,11 @@ class OverlongConfig(_Section):
 
 class AlgorithmConfig(_Section):
     advantage: str = "grpo"  # gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline
-    policy_loss: str = "ppo"  # ppo | gspo | gspo_token
-    agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    # | gigpo | grpo_lambda | lite_ppo | reinforce_mean | tree_grpo (docs/credit.md)
+    policy_loss: str = "ppo"  # ppo | gspo | gspo_token | gmpo | gvpo | ppo_adaptive_kl
+    # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm, or a name registered with
+    # @register_aggregation (every registry name is checked when the learner is built)
+    agg: str = "token-mean"
     eps_low: float = Field(0.2, ge=0.0)
     eps_high: float = Field(0.28, ge=0.0)
     dual_clip_c: float | None = Field(None, gt=1.0)
@@ -389,6 +405,12 @@ class JudgeConfig(_Section):
     # an unparseable reply: stop the run naming it (error), mask the episode (infra_error),
     # or score it 0
     on_unparseable: Literal["error", "infra_error", "zero"] = "error"
+    # SPCT (Liu et al. 2025): k sampled judgements voted into one score (mean of the
+    # parsed scores, or the most frequent one), with principles in the prompt
+    # ({principles} in the template, else put before it)
+    samples: int = Field(1, ge=1, description="k judgements per episode")
+    vote: Literal["mean", "majority"] = "mean"
+    principles: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _range(self) -> JudgeConfig:
@@ -396,6 +418,12 @@ class JudgeConfig(_Section):
             raise ValueError(
                 f"reward.judge.min_score ({self.min_score}) must be below max_score "
                 f"({self.max_score})"
+            )
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(
+                f"reward.judge.samples={self.samples} votes over sampled judgements, but "
+                "reward.judge.temperature=0 makes them all the same: set a temperature > 0 "
+                "(e.g. 0.7) or samples=1"
             )
         return self
 
@@ -415,6 +443,13 @@ class RewardConfig(_Section):
     model_batch_size: int = Field(16, ge=1)
     model_max_length: int = Field(2048, ge=16)
     judge: JudgeConfig | None = None
+    # the environment's step rewards other than the outcome (process rewards: StepResult.reward
+    # of earlier turns) reach the learner on the last token of their turn, times this weight;
+    # sequence-level estimators add their weighted sum to the outcome. 0 ignores them
+    step_weight: float = 1.0
+    # process rewards from Python: fn(task, turn_text, turn_index) for every assistant turn,
+    # weighted and added to that turn's process reward (module:function, as functions)
+    process: list[str | RewardFunctionConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _weights(self) -> RewardConfig:
@@ -427,7 +462,7 @@ class RewardConfig(_Section):
 
     @property
     def enabled(self) -> bool:
-        return bool(self.functions or self.model or self.judge)
+        return bool(self.functions or self.model or self.judge or self.process)
 
 
 class Config(_Section):

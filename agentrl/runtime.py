@@ -39,6 +39,7 @@ from agentrl.config import Config
 from agentrl.devices import check_placement, limit_process_memory
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
+from agentrl.learner.objective import check_algorithm
 from agentrl.models import prepare_files
 from agentrl.placement.assemble import assemble_on_ray
 from agentrl.placement.learner_process import LearnerProcess
@@ -99,6 +100,8 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
         env = build_env(cfg, split)
         if cfg.reward.enabled:  # bad reward settings fail here, before any model loads
             RewardPipeline.check(cfg)
+        if role == "train":  # registry names and algorithm.options, before any model loads
+            check_algorithm(cfg)
         if role == "train":  # a learner process loads its model while this one builds the rest
             learner = start_learner(cfg)
         sampler = build_sampler(cfg)

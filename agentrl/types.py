@@ -99,9 +99,23 @@ class Turn:
     # tokens it re-prefilled under new weights while generating this turn (None: not counted)
     on_update: str | None = None
     reprefilled_tokens: int | None = None
+    # the environment's reward for this step (StepResult.reward; None: not scored here) and
+    # a key of the state the agent acted from (Environment.state_key(); None: not given)
+    step_reward: float | None = None
+    state: str | None = None
+    # the weighted sum of reward.process functions on this turn (None: none configured)
+    process_reward: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for key in (
+            "step_reward",
+            "state",
+            "process_reward",
+        ):  # absent in traces written before they existed
+            if d[key] is None:
+                del d[key]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
@@ -182,6 +196,42 @@ class Trajectory:
     @property
     def num_tool_calls(self) -> int:
         return sum(len(t.tool_calls) for t in self.turns)
+
+    @property
+    def turn_spans(self) -> list[tuple[int, int]]:
+        """``(start, end)`` token ranges in ``input_ids`` of each model segment (one per
+        assistant turn), end exclusive."""
+        spans, pos = [], 0
+        for s in self.segments:
+            if s.kind == "model":
+                spans.append((pos, pos + len(s)))
+            pos += len(s)
+        return spans
+
+    @property
+    def process_rewards(self) -> list[float]:
+        """Per assistant turn, the environment's step reward that is not already the
+        outcome ``reward`` (0.0 where a turn was not scored), plus the turn's
+        ``process_reward`` (``reward.process`` functions).
+
+        When no final scoring replaced it, the outcome is the last step reward given
+        (``metadata["outcome_turn"]`` names that turn), so it is not counted twice."""
+        n = len(self.turn_spans)
+        out = [0.0] * n
+        outcome_turn = self.metadata.get("outcome_turn")
+        for k, turn in enumerate(self.turns[:n]):
+            if turn.step_reward is not None and k != outcome_turn:
+                out[k] = float(turn.step_reward)
+            if turn.process_reward is not None:
+                out[k] += float(turn.process_reward)
+        return out
+
+    @property
+    def turn_states(self) -> list[str | None]:
+        """Per assistant turn, the key of the state the agent acted from (None: unknown)."""
+        n = len(self.turn_spans)
+        states: list[str | None] = [t.state for t in self.turns[:n]]
+        return states + [None] * (n - len(states))
 
     # --- serialisation ----------------------------------------------------------------
 
@@ -281,6 +331,14 @@ class Batch:
     response_lengths: Any  # LongTensor [B]
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
     advantages: Any = None  # FloatTensor [B] or [B, T], set by the learner
+    # turns (K = most assistant turns of a row): the last token of each turn in input_ids
+    # (-1 past a row's turns), the environment's process rewards per turn
+    # (Trajectory.process_rewards, 0 past a row's turns), 1.0 on real turns, and the state
+    # keys (Trajectory.turn_states)
+    turn_ends: Any = None  # LongTensor [B, K]
+    turn_rewards: Any = None  # FloatTensor [B, K]
+    turn_mask: Any = None  # FloatTensor [B, K]
+    turn_states: list[list[str | None]] = field(default_factory=list, repr=False)
 
     @property
     def size(self) -> int:
@@ -322,6 +380,16 @@ class Batch:
             versions[i, :n] = torch.tensor(t.versions, dtype=torch.long)
         valid = torch.tensor([0.0 if t.status == "infra_error" else 1.0 for t in trajs])
         loss_mask = loss_mask * valid[:, None]
+        spans = [t.turn_spans for t in trajs]
+        K = max(1, max(len(s) for s in spans))
+        turn_ends = torch.full((B, K), -1, dtype=torch.long)
+        turn_rewards = torch.zeros((B, K), dtype=torch.float32)
+        turn_mask = torch.zeros((B, K), dtype=torch.float32)
+        for i, (t, row) in enumerate(zip(trajs, spans, strict=True)):
+            if row:
+                turn_ends[i, : len(row)] = torch.tensor([end - 1 for _, end in row])
+                turn_rewards[i, : len(row)] = torch.tensor(t.process_rewards, dtype=torch.float32)
+                turn_mask[i, : len(row)] = 1.0
         return cls(
             input_ids=input_ids,
             attention_mask=attention,
@@ -333,4 +401,8 @@ class Batch:
             valid=valid,
             response_lengths=torch.tensor([t.response_length for t in trajs], dtype=torch.long),
             trajectories=trajs,
+            turn_ends=turn_ends,
+            turn_rewards=turn_rewards,
+            turn_mask=turn_mask,
+            turn_states=[t.turn_states for t in trajs],
         )

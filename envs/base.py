@@ -18,7 +18,7 @@ malformed call is an observation for the agent, never an exception.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -51,7 +51,9 @@ class StepResult:
     """The environment's answer to one assistant turn."""
 
     observations: list[Message] = field(default_factory=list)  # e.g. role "tool" messages
-    reward: float | None = None  # final (or shaped) reward; None = not scored here
+    # this step's reward (None = not scored here): the last one given is the outcome unless
+    # reward() scores the episode; earlier ones are process rewards (reward.step_weight)
+    reward: float | None = None
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)  # tool_calls, parse_errors, ...
 
@@ -111,6 +113,13 @@ class Environment(abc.ABC):
 
     async def reward(self, trajectory: Any) -> tuple[float, dict[str, Any]] | None:
         """Optional final scoring of a whole trajectory; None keeps the step rewards."""
+        return None
+
+    def state_key(self) -> Hashable | None:
+        """Optional: a hashable key of the state the agent is about to act from, read
+        before each assistant turn. Turns of a group's episodes with equal keys acted from
+        the same state (GiGPO's anchor states); None: not given. Stored as ``repr()``
+        unless it is a string."""
         return None
 
     async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)

@@ -31,6 +31,7 @@ BUILTINS: dict[str, str] = {
     "search_qa": "agentrl.envs.search_qa:SearchQAEnv",
     "agent": "agentrl.envs.agent:AgentEnv",
     "dataset": "agentrl.envs.dataset:DatasetEnv",
+    "grid_walk": "agentrl.envs.grid_walk:GridWalkEnv",
     # other ecosystems' environments (docs/ecosystem.md); each needs its extra
     "textarena": "agentrl.envs.gym_text:TextArenaEnv",
     "gem": "agentrl.envs.gym_text:GemEnv",

@@ -21,6 +21,9 @@ from agentrl.algos.advantages import (
 )
 from agentrl.algos.aggregation import aggregate
 from agentrl.algos.evaluation import maj_at_k, pass_at_k
+from agentrl.algos.family import gmpo_loss as gmpo_loss  # registers the family's methods
+from agentrl.algos.gigpo import gigpo as gigpo  # registers "gigpo"
+from agentrl.algos.grpo_lambda import grpo_lambda as grpo_lambda  # registers "grpo_lambda"
 from agentrl.algos.kl import kl_divergence
 from agentrl.algos.logprobs import (
     chunked_logprobs_entropy,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentrl.algos.registry import ADVANTAGES, register_advantage
+from agentrl.algos.registry import ADVANTAGES, keyword_parameters, register_advantage
 
 
 def _check_rows(rewards: Tensor, group_ids: Tensor | None, valid: Tensor | None) -> Tensor:
@@ -122,13 +122,17 @@ def rloo(rewards: Tensor, group_ids: Tensor, *, valid: Tensor | None = None) -> 
     return _out(torch.where((count > 1) & (v > 0), adv, torch.zeros_like(adv)), rewards)
 
 
-def _whiten(x: Tensor, v: Tensor, eps: float) -> Tensor:
-    n = v.sum()
+def _whiten(x: Tensor, v: Tensor, eps: float, mask: Tensor | None = None) -> Tensor:
+    """Whiten per-row values over the batch. With ``mask`` ``[B, T]`` every row counts
+    once per trained token (the statistics of the values broadcast over the tokens, as
+    the per-token path and verl compute them); without it, once per row."""
+    w = v if mask is None else v * mask.to(torch.float64).sum(dim=1)
+    n = w.sum()
     if n < 2:
         return torch.zeros_like(x)
-    mean = (x * v).sum() / n
-    var = (((x - mean) ** 2) * v).sum() / (n - 1)
-    return torch.where(v > 0, (x - mean) / (var.sqrt() + eps), torch.zeros_like(x))
+    mean = (x * w).sum() / n
+    var = (((x - mean) ** 2) * w).sum() / (n - 1)
+    return torch.where(w > 0, (x - mean) / (var.sqrt() + eps), torch.zeros_like(x))
 
 
 # REINFORCE++ (Hu 2025, eq. 8-9): A = (r - mean_batch(r)) / std_batch(r) -- no group baseline.
@@ -157,10 +161,12 @@ def reinforce_pp(
         returns, _ = compute_gae(rewards * m, zeros, m, gamma=gamma, lam=1.0)
         return whiten_tokens(returns, m, eps)
     v = _check_rows(rewards, group_ids, valid)
-    return _out(_whiten(_clean(rewards, v), v, eps), rewards)
+    return _out(_whiten(_clean(rewards, v), v, eps, mask), rewards)
 
 
-# REINFORCE++-baseline (Hu 2025, sec. 3.3): subtract the group mean, then whiten over the batch
+# REINFORCE++-baseline (Hu 2025, sec. 3.3): subtract the group mean, then whiten over the
+# batch's tokens (each row weighted by its trained tokens when mask= [B, T] is given, as
+# the learner does; per row without it)
 @register_advantage("reinforce_pp_baseline")
 def reinforce_pp_baseline(
     rewards: Tensor,
@@ -168,10 +174,11 @@ def reinforce_pp_baseline(
     *,
     valid: Tensor | None = None,
     eps: float = 1e-6,
+    mask: Tensor | None = None,
 ) -> Tensor:
     v = _check_rows(rewards, group_ids, valid)
     _, _, mean, _ = group_stats(rewards, group_ids, v)
-    return _out(_whiten(_clean(rewards, v) - mean, v, eps), rewards)
+    return _out(_whiten(_clean(rewards, v) - mean, v, eps, mask), rewards)
 
 
 def estimate_advantages(
@@ -210,6 +217,11 @@ def estimate_advantages(
         )
     if valid is not None:
         options["valid"] = valid
+    named, _ = keyword_parameters(fn)
+    if mask is not None and "mask" in named:  # declared: e.g. to weight rows by length
+        options["mask"] = mask
+    if "gamma" in named:
+        options["gamma"] = gamma
     return fn(rewards, group_ids, **options), None
 
 

@@ -23,7 +23,7 @@ def _count(mask: Tensor, denominator: float | None, what: Tensor) -> Tensor | fl
 
 
 # DAPO (Yu et al. 2025, eq. 12): 1/sum_i |o_i| * sum_i sum_t l_{i,t}
-@register_aggregation("token-mean")
+@register_aggregation("token-mean", unit="token")
 def token_mean(loss: Tensor, mask: Tensor, *, denominator: float | None = None, **_: Any) -> Tensor:
     m = mask.to(loss.dtype)
     return (loss * m).sum() / _count(m, denominator, m.sum())

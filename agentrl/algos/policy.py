@@ -267,8 +267,9 @@ def policy_loss(
         )
 
     log_ratio = (logprobs.detach() - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    # k3 estimate of KL(pi_old || pi_theta) on the trained tokens
-    metrics["approx_kl"] = masked_mean(torch.exp(-log_ratio) + log_ratio - 1.0, mask)
+    # k3 estimate of KL(pi_old || pi_theta) from tokens sampled by pi_old: with
+    # r = pi_theta / pi_old, E_old[r - 1 - log r] = KL(pi_old || pi_theta) (never negative)
+    metrics["approx_kl"] = masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask)
     loss = aggregate(agg, tok_loss, mask, norm_length=norm_length, denominator=denominator)
     metrics["pg_loss"] = loss.detach()
     return loss, metrics

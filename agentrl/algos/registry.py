@@ -66,10 +66,62 @@ class AdvantageRegistry(Registry[Callable[..., Any]]):
         return self._needs_critic.get(name, False)
 
 
+class PolicyLossRegistry(Registry[Callable[..., Any]]):
+    """Policy losses, each marked with whether it couples the rows of a group (then
+    minibatches and micro-batches keep every group whole)."""
+
+    def __init__(self) -> None:
+        super().__init__("policy_loss")
+        self._couples_group: dict[str, bool] = {}
+
+    def register(
+        self, name: str, *, override: bool = False, couples_group: bool = False
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        add = super().register(name, override=override)
+
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            add(fn)
+            self._couples_group[name] = couples_group
+            return fn
+
+        return deco
+
+    def couples_group(self, name: str) -> bool:
+        self.get(name)
+        return self._couples_group.get(name, False)
+
+
+class AggregationRegistry(Registry[Callable[..., Any]]):
+    """Aggregations, each marked with what it averages over (``token`` or ``sequence``):
+    the learner divides micro-batch losses by the minibatch's count of that unit."""
+
+    def __init__(self) -> None:
+        super().__init__("aggregation")
+        self._unit: dict[str, str] = {}
+
+    def register(
+        self, name: str, *, override: bool = False, unit: str = "sequence"
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        if unit not in ("token", "sequence"):
+            raise ValueError(f"aggregation unit must be 'token' or 'sequence' (got {unit!r})")
+        add = super().register(name, override=override)
+
+        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            add(fn)
+            self._unit[name] = unit
+            return fn
+
+        return deco
+
+    def unit(self, name: str) -> str:
+        self.get(name)
+        return self._unit.get(name, "sequence")
+
+
 ADVANTAGES = AdvantageRegistry()
-POLICY_LOSSES: Registry[Callable[..., Any]] = Registry("policy_loss")
+POLICY_LOSSES = PolicyLossRegistry()
 KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("kl")
-AGGREGATIONS: Registry[Callable[..., Any]] = Registry("aggregation")
+AGGREGATIONS = AggregationRegistry()
 TREE_ATTRIBUTIONS: Registry[Callable[..., Any]] = Registry("tree_attribution")
 OFF_POLICY_MASKS: Registry[Callable[..., Any]] = Registry("off_policy_mask")
 
@@ -89,14 +141,22 @@ def register_advantage(
     )
 
 
-def register_policy_loss(name: str, *, override: bool = False) -> Callable[[F], F]:
+def register_policy_loss(
+    name: str, *, override: bool = False, couples_group: bool = False
+) -> Callable[[F], F]:
     """Register ``fn(logprobs, old_logprobs, advantages [B,T], mask, **kw) -> (loss [B,T], metrics)``.
 
-    ``kw``: the clip settings it names (``eps_low``, ``eps_high``, ``dual_clip_c``) and
-    the options it names. The returned per-token loss is then importance-weighted (off-policy correction) and
-    aggregated by :func:`agentrl.algos.policy_loss`.
+    ``kw``: the clip settings it names (``eps_low``, ``eps_high``, ``dual_clip_c``), the
+    options it names, and the batch inputs it names (the learner passes each one a loss
+    names: ``ref_logprobs`` ``[B,T]``, ``group_ids`` ``[B]``, ``rewards`` ``[B]``,
+    ``lengths`` ``[B]``). ``couples_group=True``: the loss mixes the rows of a group, so
+    the learner never splits a group across minibatches or micro-batches. The returned
+    per-token loss is then importance-weighted (off-policy correction) and aggregated by
+    :func:`agentrl.algos.policy_loss`.
     """
-    return POLICY_LOSSES.register(name, override=override)
+    return POLICY_LOSSES.register(  # type: ignore[return-value]
+        name, override=override, couples_group=couples_group
+    )
 
 
 def register_kl(name: str, *, override: bool = False) -> Callable[[F], F]:
@@ -104,9 +164,14 @@ def register_kl(name: str, *, override: bool = False) -> Callable[[F], F]:
     return KL_ESTIMATORS.register(name, override=override)
 
 
-def register_aggregation(name: str, *, override: bool = False) -> Callable[[F], F]:
-    """Register ``fn(loss [B,T], mask [B,T], *, norm_length=None, denominator=None) -> scalar``."""
-    return AGGREGATIONS.register(name, override=override)
+def register_aggregation(
+    name: str, *, override: bool = False, unit: str = "sequence"
+) -> Callable[[F], F]:
+    """Register ``fn(loss [B,T], mask [B,T], *, norm_length=None, denominator=None) -> scalar``.
+
+    ``unit``: what ``denominator`` counts when the learner splits a minibatch into
+    micro-batches (``"token"``: trained tokens, ``"sequence"``: rows with tokens)."""
+    return AGGREGATIONS.register(name, override=override, unit=unit)  # type: ignore[return-value]
 
 
 def register_tree_attribution(name: str, *, override: bool = False) -> Callable[[F], F]:

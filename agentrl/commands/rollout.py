@@ -211,6 +211,17 @@ def show_trajectory(console: Console, group: TrajectoryGroup, traj: Trajectory) 
                 f"turn {turn_index} · model · {len(seg)} trained tokens · versions {versions}"
                 f" · mean logprob {mean_lp:.3f}"
                 + (f" · {turn.finish_reason}" if turn else "")
+                + (
+                    f" · step reward {turn.step_reward:g}"
+                    if turn and turn.step_reward is not None
+                    else ""
+                )
+                + (
+                    f" · process reward {turn.process_reward:g}"
+                    if turn and turn.process_reward is not None
+                    else ""
+                )
+                + (f" · state {turn.state}" if turn and turn.state is not None else "")
                 + tag
             )
             console.print(_segment_panel(seg, title, TRAINED))
@@ -234,6 +245,13 @@ def show_trajectory(console: Console, group: TrajectoryGroup, traj: Trajectory) 
             console.print(
                 _segment_panel(seg, f"observation · {len(seg)} masked tokens{tag}", MASKED)
             )
+    if any(t.step_reward is not None for t in traj.turns):
+        steps = ", ".join(
+            "-" if t.step_reward is None else f"{t.step_reward:g}" for t in traj.turns
+        )
+        outcome = traj.metadata.get("outcome_turn")
+        note = f" (turn {outcome}'s is the outcome)" if outcome is not None else ""
+        console.print(f"step rewards by turn: [{steps}]{note}")
     if traj.reward_info:
         console.print(f"reward info: {traj.reward_info}")
     if group.is_tree:

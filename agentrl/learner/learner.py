@@ -49,7 +49,7 @@ from agentrl.checkpoint_files import (
 from agentrl.config import AlgorithmConfig, Config, LearnerConfig
 from agentrl.devices import to_device, to_host
 from agentrl.errors import CheckpointError
-from agentrl.learner.batching import BatchLayout
+from agentrl.learner.batching import BatchLayout, minibatch_rows
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.forward import PolicyForward
 from agentrl.learner.lora import load_policy, sampler_state, save_policy
@@ -110,7 +110,10 @@ class Learner:
         self.norm_length = self.alg.norm_length or max_tokens or cfg.rollout.max_tokens
         self.tokenizer = tokenizer
         self.objective = Objective(
-            self.alg, attribution=cfg.rollout.branching.attribution, norm_length=self.norm_length
+            self.alg,
+            attribution=cfg.rollout.branching.attribution,
+            norm_length=self.norm_length,
+            step_weight=cfg.reward.step_weight,
         )
         self.precision = Precision.from_config(self.lcfg)
         self.device = self.precision.device
@@ -151,7 +154,7 @@ class Learner:
         )
 
         self.ref_model = None
-        if self.objective.use_kl:
+        if self.objective.needs_ref:
             ref = ref_model if ref_model is not None else copy.deepcopy(self.model)
             self.ref_model = ref.to(self.device).eval().requires_grad_(False)
 
@@ -213,7 +216,10 @@ class Learner:
     def layout(self, batch: Batch) -> BatchLayout:
         """How `batch` is cut into micro-batches under this learner's settings."""
         return BatchLayout.of(
-            batch, self.lcfg.micro_batch_size, share_prompt=self.lcfg.share_prompt
+            batch,
+            self.lcfg.micro_batch_size,
+            share_prompt=self.lcfg.share_prompt,
+            keep_groups=self.objective.couples_group,
         )
 
     def warmup(self) -> float:
@@ -338,7 +344,9 @@ class Learner:
             perm = trained_rows[torch.randperm(len(trained_rows), generator=self.generator)]
             # entropy through the graph only when it is in the loss or not yet measured
             with_entropy = bool(alg.entropy_coef) or (start_entropy is None and epoch == 0)
-            for mb_rows in torch.tensor_split(perm, lcfg.minibatches):
+            for mb_rows in minibatch_rows(
+                perm, batch.group_index, lcfg.minibatches, objective.couples_group
+            ):
                 if len(mb_rows) == 0:
                     continue
                 denominator = objective.denominator(loss_mask[mb_rows])
@@ -387,6 +395,7 @@ class Learner:
                             old_values=_rows(old_values, idx, L, dev),
                             returns=_rows(returns, idx, L, dev),
                             denominator=denominator,
+                            rows=idx,
                         )
                         # a non-finite loss shows as a non-finite gradient norm below, checked
                         # once per update: no host synchronisation per micro-batch

@@ -12,10 +12,20 @@ estimator needs a critic. DAPO's overlong filter takes truncated samples out of 
 policy loss by one rule (:func:`route_options`): each option goes to every one of the two
 that names it as a keyword parameter (or takes ``**kwargs``); an option neither takes, or
 one that shadows a setting the learner passes itself, is a :class:`ConfigError`.
+
+Declared inputs: an advantage estimator gets every batch input of
+:data:`ADVANTAGE_INPUTS` it names as a keyword parameter (turn spans, per-turn process
+rewards, state keys, tree ids, ...), a policy loss every one of :data:`LOSS_INPUTS` it
+names (reference log-probs, group ids, rewards, lengths), so a user's function gets them
+without editing the learner. Step rewards (``reward.step_weight``): the environment's
+process rewards sit on the last token of their turn for estimators that take per-token
+rewards (GAE, REINFORCE++), reach estimators that name ``turn_rewards`` per turn (GiGPO),
+and are added to the outcome for the other, sequence-level ones.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,13 +40,16 @@ from agentrl.algos import (
     kl_penalized_rewards,
     overlong_filter,
     overlong_penalty,
+    place_outcome_rewards,
     policy_loss,
     tree_advantages,
     tree_from_ids,
     value_loss,
 )
+from agentrl.algos.family import AdaptiveKL
 from agentrl.algos.registry import (
     ADVANTAGES,
+    AGGREGATIONS,
     KL_ESTIMATORS,
     OFF_POLICY_MASKS,
     POLICY_LOSSES,
@@ -46,7 +59,7 @@ from agentrl.algos.registry import (
 from agentrl.algos.stats import masked_mean
 from agentrl.algos.tree_grpo import tree_roots
 from agentrl.config import AlgorithmConfig
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, UnknownNameError
 from agentrl.learner.metrics import unscaled, valid_mean
 from agentrl.types import Batch, Trajectory
 
@@ -71,9 +84,27 @@ _SET_BY_FIELD = {
     "is_mask_low": "algorithm.is_mask_low",
     "is_mask_high": "algorithm.is_mask_high",
 }
-# tree_ids: each row's tree (root row), for estimators that name it (tree_grpo)
-_ADVANTAGE_INPUTS = frozenset(keyword_parameters(estimate_advantages)[0]) | {"tree_ids"}
-_LOSS_INPUTS = frozenset(keyword_parameters(policy_loss)[0]) | set(CLIP_SETTINGS)
+# batch inputs an advantage estimator gets by naming them as keyword parameters
+ADVANTAGE_INPUTS = {
+    "mask": "the loss mask [B, T] (1 on trained tokens)",
+    "gamma": "algorithm.gamma",
+    "tree_ids": "each row's branch tree (its root row) [B]",
+    "turn_index": "the assistant turn of each trained token [B, T] (-1 elsewhere)",
+    "turn_ends": "the last token of each turn [B, K] (-1 past a row's turns)",
+    "turn_rewards": "process rewards per turn times reward.step_weight [B, K]",
+    "turn_mask": "1.0 on a row's real turns [B, K]",
+    "turn_states": "per row, the state key each turn acted from (list of lists)",
+    "response_lengths": "tokens after the prompt [B]",
+}
+# batch inputs a policy loss gets by naming them (sliced to its micro-batch's rows)
+LOSS_INPUTS = {
+    "ref_logprobs": "the reference policy's log-probs [B, T] (loads a reference model)",
+    "group_ids": "each row's group [B]",
+    "rewards": "each row's reward [B] (outcome plus weighted process rewards)",
+    "lengths": "trained tokens per row [B]",
+}
+_ADVANTAGE_INPUTS = frozenset(keyword_parameters(estimate_advantages)[0]) | set(ADVANTAGE_INPUTS)
+_LOSS_INPUTS = frozenset(keyword_parameters(policy_loss)[0]) | set(CLIP_SETTINGS) | set(LOSS_INPUTS)
 
 
 def route_options(
@@ -120,15 +151,26 @@ class Objective:
     Every name is checked when this is built, so a typo fails before the first step.
     """
 
-    def __init__(self, alg: AlgorithmConfig, *, attribution: str, norm_length: int) -> None:
+    def __init__(
+        self,
+        alg: AlgorithmConfig,
+        *,
+        attribution: str,
+        norm_length: int,
+        step_weight: float = 1.0,
+    ) -> None:
         self.alg = alg
         self.attribution = attribution
         self.norm_length = norm_length
-        advantage_fn = ADVANTAGES.get(alg.advantage)  # unknown names raise with suggestions
-        loss_fn = POLICY_LOSSES.get(alg.policy_loss)
+        self.step_weight = float(step_weight)
+        # unknown names raise with suggestions, naming the config field
+        advantage_fn = _lookup(ADVANTAGES, alg.advantage, "algorithm.advantage")
+        loss_fn = _lookup(POLICY_LOSSES, alg.policy_loss, "algorithm.policy_loss")
         if alg.kl:
-            KL_ESTIMATORS.get(alg.kl)
-        TREE_ATTRIBUTIONS.get(attribution)
+            _lookup(KL_ESTIMATORS, alg.kl, "algorithm.kl")
+        _lookup(AGGREGATIONS, alg.agg, "algorithm.agg")
+        _lookup(TREE_ATTRIBUTIONS, attribution, "rollout.branching.attribution")
+        self.token_unit = AGGREGATIONS.unit(alg.agg) == "token"
         self.needs_critic = ADVANTAGES.needs_critic(alg.advantage)
         if alg.critic and not self.needs_critic:
             raise ConfigError(
@@ -151,8 +193,23 @@ class Objective:
         loss_label = f"policy loss '{alg.policy_loss}'"
         routed = route_options(alg.options, {adv_label: advantage_fn, loss_label: loss_fn})
         self.advantage_options = routed[adv_label]
-        self.wants_tree_ids = "tree_ids" in keyword_parameters(advantage_fn)[0]
+        adv_named = keyword_parameters(advantage_fn)[0]
+        self.advantage_inputs = [k for k in ADVANTAGE_INPUTS if k in adv_named]
+        self.per_turn = "turn_rewards" in self.advantage_inputs
+        self.loss_inputs = [k for k in LOSS_INPUTS if k in keyword_parameters(loss_fn)[0]]
+        self.couples_group = POLICY_LOSSES.couples_group(alg.policy_loss)
+        # a reference model is loaded for the KL term or for a loss that reads it
+        self.needs_ref = self.use_kl or "ref_logprobs" in self.loss_inputs
         self.loss_options = {**self._clip_settings(loss_fn), **routed[loss_label]}
+        self._step_inputs: dict[str, Tensor] = {}
+        # a loss naming kl_beta and kl_target gets beta adapted between steps (adaptive-KL PPO)
+        self.adaptive_kl: AdaptiveKL | None = None
+        self._kl_seen: list[Tensor] = []
+        if {"kl_beta", "kl_target"} <= set(keyword_parameters(loss_fn)[0]):
+            defaults = inspect.signature(loss_fn).parameters
+            beta = self.loss_options.get("kl_beta", defaults["kl_beta"].default)
+            target = self.loss_options.get("kl_target", defaults["kl_target"].default)
+            self.adaptive_kl = AdaptiveKL(beta, target)
 
     def _check_off_policy(self) -> None:
         """The is_* and proximal keys act only under a correction that uses them."""
@@ -182,7 +239,7 @@ class Objective:
                         f"remove algorithm.{key}"
                     )
         else:
-            OFF_POLICY_MASKS.get(alg.is_mask)  # unknown names raise with suggestions
+            _lookup(OFF_POLICY_MASKS, alg.is_mask, "algorithm.is_mask")  # with suggestions
             if not alg.is_mask_low < alg.is_mask_high:
                 raise ConfigError(
                     f"algorithm.is_mask_low ({alg.is_mask_low}) must be below "
@@ -227,13 +284,45 @@ class Objective:
     def shaped_rewards(self, batch: Batch) -> tuple[Tensor, dict[str, float]]:
         """The rewards advantages are computed from: DAPO's overlong shaping when it is on."""
         rewards = batch.rewards.clone()
+        metrics: dict[str, float] = {}
+        process = self.process_rewards(batch)
+        if process is not None:
+            metrics["reward/process_sum_mean"] = valid_mean(process.sum(dim=1), batch.valid)
         overlong = self.alg.overlong
         if not overlong.enabled:
-            return rewards, {}
+            return rewards, metrics
         lengths = batch.response_lengths
         penalty = overlong.coef * overlong_penalty(lengths, overlong.max_len, overlong.cache_len)
         rewards = rewards + penalty * batch.valid
-        return rewards, {"overlong_penalty_mean": valid_mean(penalty, batch.valid)}
+        metrics["overlong_penalty_mean"] = valid_mean(penalty, batch.valid)
+        return rewards, metrics
+
+    def process_rewards(self, batch: Batch) -> Tensor | None:
+        """Per-turn process rewards times ``reward.step_weight`` ``[B, K]``; None when the
+        batch has none (or the weight is 0)."""
+        if self.step_weight == 0 or batch.turn_rewards is None:
+            return None
+        if not bool((batch.turn_rewards != 0).any()):
+            return None
+        return batch.turn_rewards * self.step_weight * batch.valid[:, None]
+
+    def token_rewards(self, batch: Batch, rewards: Tensor) -> Tensor:
+        """Per-token rewards ``[B, T]``: the outcome `rewards` ``[B]`` on each row's last
+        trained token plus the weighted process rewards on the last token of their turn."""
+        out = place_outcome_rewards(rewards, batch.loss_mask)
+        return out + self._process_tokens(batch)
+
+    def _process_tokens(self, batch: Batch) -> Tensor:
+        """The weighted process rewards scattered onto each turn's last token ``[B, T]``."""
+        out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+        process = self.process_rewards(batch)
+        if process is None:
+            return out
+        ends = batch.turn_ends
+        has = ends >= 0
+        rows = torch.arange(ends.shape[0])[:, None].expand_as(ends)
+        out.index_put_((rows[has], ends[has]), process[has].float(), accumulate=True)
+        return out * (batch.loss_mask > 0)
 
     def kl_rewards(
         self, batch: Batch, rewards: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor
@@ -246,6 +335,7 @@ class Objective:
         mask = batch.loss_mask * batch.valid[:, None]
         kl = kl_divergence(alg.kl, old_logprobs, ref_logprobs) * mask
         token_rewards = kl_penalized_rewards(rewards, kl, mask, alg.kl_coef)
+        token_rewards = token_rewards + self._process_tokens(batch).to(token_rewards.device)
         penalty = masked_mean(-alg.kl_coef * kl, mask)
         return token_rewards, {"kl": masked_mean(kl, mask), "kl_reward_mean": penalty}
 
@@ -267,18 +357,33 @@ class Objective:
         `values` are the critic's at the start of the step (when it needs one). Branch
         trees attribute sequence advantages to tokens; their loss mask can change."""
         alg, mask = self.alg, batch.loss_mask
+        self._adapt_kl()
         is_tree = any(t.parent_id is not None for t in batch.trajectories)
+        process = self.process_rewards(batch)
+        seq_rewards = rewards if rewards.dim() == 1 else batch.rewards
+        if process is not None:
+            seq_rewards = seq_rewards + process.sum(dim=1)
+        self._step_inputs = {
+            "group_ids": batch.group_index,
+            "rewards": seq_rewards,
+            "lengths": batch.loss_mask.sum(dim=1),
+        }
+        if rewards.dim() == 1 and not self.per_turn:
+            if ADVANTAGES.takes_token_rewards(alg.advantage) and not self.needs_critic:
+                # REINFORCE++ whitens its returns over tokens, outcome-only or not
+                rewards = self.token_rewards(batch, rewards)
+            elif self.needs_critic and process is not None:
+                rewards = self.token_rewards(batch, rewards)
+            elif process is not None:  # a sequence-level estimator: the episode's return
+                rewards = seq_rewards
         inputs: dict[str, Any] = {"valid": batch.valid}
         if self.needs_critic:
             inputs.update(values=values, mask=mask, gamma=alg.gamma, lam=alg.lam)
-        elif rewards.dim() == 2:  # per-token rewards (kl_in_reward)
+        elif rewards.dim() == 2:  # per-token rewards (kl_in_reward, step rewards)
             inputs.update(mask=mask, gamma=alg.gamma)
-        if self.wants_tree_ids:
-            trajs = batch.trajectories
-            parent, _ = tree_from_ids(
-                [t.traj_id for t in trajs], [t.parent_id for t in trajs], [None] * len(trajs)
-            )
-            inputs["tree_ids"] = tree_roots(parent).to(batch.group_index.device)
+        for key in self.advantage_inputs:
+            if key not in inputs:
+                inputs[key] = self._advantage_input(key, batch)
         adv, returns = estimate_advantages(
             alg.advantage, rewards, batch.group_index, **inputs, **self.advantage_options
         )
@@ -295,16 +400,57 @@ class Objective:
                 [t.parent_id for t in trajs],
                 [t.branch_position for t in trajs],
             )
-            out = tree_advantages(self.attribution, adv, parent, branch_pos, mask, batch.input_ids)
-            return out.advantages, out.loss_mask.to(mask.dtype), returns
+            # a registered attribution returns (advantages, loss_mask): a tuple will do
+            tree_adv, tree_mask = tree_advantages(
+                self.attribution, adv, parent, branch_pos, mask, batch.input_ids
+            )
+            return tree_adv, tree_mask.to(mask.dtype), returns
         if self.needs_critic:
             return adv, mask, returns
         return (adv[:, None] if adv.dim() == 1 else adv) * mask, mask, returns
 
+    def _adapt_kl(self) -> None:
+        """Adaptive-KL PPO: the last step's mean KL(pi_old || pi_theta) sets this step's beta."""
+        if self.adaptive_kl is None:
+            return
+        if self._kl_seen:
+            kl = float(torch.stack([k.float().cpu() for k in self._kl_seen]).mean())
+            self.adaptive_kl.update(kl)
+        self._kl_seen = []
+        self.loss_options["kl_beta"] = self.adaptive_kl.beta
+
+    def _advantage_input(self, key: str, batch: Batch) -> Any:
+        """The batch input `key` of :data:`ADVANTAGE_INPUTS` (mask and gamma aside)."""
+        if key == "mask":
+            return batch.loss_mask
+        if key == "gamma":
+            return self.alg.gamma
+        if key == "tree_ids":
+            trajs = batch.trajectories
+            parent, _ = tree_from_ids(
+                [t.traj_id for t in trajs], [t.parent_id for t in trajs], [None] * len(trajs)
+            )
+            return tree_roots(parent).to(batch.group_index.device)
+        if key == "turn_index":
+            return turn_index(batch.turn_ends, batch.loss_mask)
+        if key == "turn_rewards":
+            process = self.process_rewards(batch)
+            return torch.zeros_like(batch.turn_rewards) if process is None else process
+        if key == "turn_states":
+            return batch.turn_states
+        if key == "response_lengths":
+            return batch.response_lengths
+        return getattr(batch, key)  # turn_ends, turn_mask
+
     def denominator(self, loss_mask: Tensor) -> float:
         """What a minibatch's loss is divided by (its tokens or its sequences), so that
         micro-batches accumulate to the minibatch's loss."""
-        return float(loss_mask.sum()) if self.alg.agg == "token-mean" else float(len(loss_mask))
+        return float(loss_mask.sum()) if self.token_unit else float(len(loss_mask))
+
+    @property
+    def _unit_agg(self) -> str:
+        """``agg`` as :func:`~agentrl.learner.metrics.unscaled` counts it."""
+        return "token-mean" if self.token_unit else self.alg.agg
 
     # --- one micro-batch ---------------------------------------------------------------
 
@@ -322,10 +468,25 @@ class Objective:
         old_values: Tensor | None,
         returns: Tensor | None,
         denominator: float,
+        rows: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, float]]:
-        """The micro-batch's share of the minibatch loss, and its metrics (local means)."""
+        """The micro-batch's share of the minibatch loss, and its metrics (local means).
+
+        `rows`: the micro-batch's rows in the step's batch, for the inputs a policy loss
+        declares (:data:`LOSS_INPUTS`)."""
         alg = self.alg
         agg_kw: dict[str, Any] = {"norm_length": self.norm_length, "denominator": denominator}
+        declared: dict[str, Any] = {}
+        for key in self.loss_inputs:
+            if key == "ref_logprobs":
+                declared[key] = ref_logprobs
+            elif rows is None:
+                raise ValueError(
+                    f"policy loss '{alg.policy_loss}' reads {key}: pass rows= (the "
+                    "micro-batch's rows in the batch Objective.advantages saw)"
+                )
+            else:
+                declared[key] = self._step_inputs[key][rows.cpu()].to(logprobs.device)
         pg, pg_metrics = policy_loss(
             alg.policy_loss,
             logprobs,
@@ -342,16 +503,19 @@ class Objective:
             is_mask_low=alg.is_mask_low,
             is_mask_high=alg.is_mask_high,
             **self.loss_options,
+            **declared,
             **agg_kw,
         )
+        if self.adaptive_kl is not None and "kl_old_theta" in pg_metrics:
+            self._kl_seen.append(torch.as_tensor(pg_metrics["kl_old_theta"]).detach())
         metrics = {f"pg/{k}": v for k, v in pg_metrics.items() if k != "pg_loss"}
         loss = pg
-        metrics["loss/pg"] = unscaled(pg, mask, denominator, alg.agg)
+        metrics["loss/pg"] = unscaled(pg, mask, denominator, self._unit_agg)
         if entropy is not None:
             # through the graph only when it is in the loss
             ent = entropy if alg.entropy_coef else entropy.detach()
             ent_term = aggregate(alg.agg, ent, mask, **agg_kw)
-            metrics["loss/entropy"] = unscaled(ent_term, mask, denominator, alg.agg)
+            metrics["loss/entropy"] = unscaled(ent_term, mask, denominator, self._unit_agg)
             metrics["entropy"] = masked_mean(entropy, mask)
             if alg.entropy_coef:
                 loss = loss - alg.entropy_coef * ent_term
@@ -360,7 +524,7 @@ class Objective:
             kl_tok = kl_divergence(alg.kl, logprobs, ref_logprobs)
             kl_term = aggregate(alg.agg, kl_tok, mask, **agg_kw)
             loss = loss + alg.kl_coef * kl_term
-            metrics["loss/kl"] = unscaled(kl_term, mask, denominator, alg.agg)
+            metrics["loss/kl"] = unscaled(kl_term, mask, denominator, self._unit_agg)
             metrics["kl"] = masked_mean(kl_tok, mask)
         if values is not None:
             assert old_values is not None and returns is not None
@@ -374,7 +538,7 @@ class Objective:
                 **agg_kw,
             )
             loss = loss + alg.vf_coef * vl
-            metrics["loss/value"] = unscaled(vl, mask, denominator, alg.agg)
+            metrics["loss/value"] = unscaled(vl, mask, denominator, self._unit_agg)
             metrics.update({f"value/{k}": v for k, v in vl_metrics.items() if k != "vf_loss"})
         return loss, metrics
 
@@ -384,6 +548,35 @@ class Objective:
         """Entropy of the policy at the start of the step, over the trained tokens."""
         term = aggregate(self.alg.agg, entropy, loss_mask, norm_length=self.norm_length)
         return {"entropy": masked_mean(entropy, loss_mask), "loss/entropy": term.detach()}
+
+
+def check_algorithm(cfg: Any) -> Objective:
+    """Every registry name and option of a run config (``algorithm``, the branching
+    attribution, ``reward.step_weight``) checked before any model loads."""
+    return Objective(
+        cfg.algorithm,
+        attribution=cfg.rollout.branching.attribution,
+        norm_length=cfg.algorithm.norm_length or cfg.rollout.max_tokens,
+        step_weight=cfg.reward.step_weight,
+    )
+
+
+def _lookup(registry: Any, name: str, field: str) -> Any:
+    """``registry.get(name)``, its unknown-name error prefixed with the config field."""
+    try:
+        return registry.get(name)
+    except UnknownNameError as e:
+        raise UnknownNameError(f"{field}: {e.args[0]}") from None
+
+
+def turn_index(turn_ends: Tensor, loss_mask: Tensor) -> Tensor:
+    """The assistant turn of each trained token ``[B, T]`` (-1 on untrained positions):
+    turn k holds the trained tokens after turn k-1's last token up to its own."""
+    T = loss_mask.shape[1]
+    ends = torch.where(turn_ends >= 0, turn_ends, torch.full_like(turn_ends, T))
+    pos = torch.arange(T).expand(loss_mask.shape[0], T).contiguous()
+    idx = torch.searchsorted(ends.contiguous(), pos)
+    return torch.where(loss_mask > 0, idx, torch.full_like(idx, -1))
 
 
 def _is_truncated(traj: Trajectory) -> bool:

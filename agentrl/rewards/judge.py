@@ -9,16 +9,26 @@
         max_score: 10                     # mapped to [0, 1]
 
 The template is filled with ``str.format`` from ``question``, ``completion`` (the final
-answer), ``answer`` and every task column; the reply is greedy by default. A reply without
+answer), ``answer``, ``principles`` and every task column; the reply is greedy by default. A reply without
 a parseable score stops the run with the reply and the pattern in the message
 (``on_unparseable: error``), or fails the episode as an infrastructure error, or scores 0.
+
+SPCT-style voting (Liu et al. 2025, "Inference-Time Scaling for Generalist Reward
+Modeling", sec. 3): ``samples: k`` sampled judgements (``temperature > 0``) of the same
+prompt, ``principles`` listed in it, and the k parsed scores voted into one: their
+``mean`` (the paper's sum of votes, rescaled) or the ``majority`` score (ties: the higher).
+Replies without a score drop out of the vote; only when none has one does
+``on_unparseable`` apply.
 """
 
 from __future__ import annotations
 
 import re
 import string
+from collections import Counter
 from typing import Any
+
+import anyio
 
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError, InfraError, RewardError
@@ -99,13 +109,18 @@ class Judge:
     def prompt(self, task: dict[str, Any], completion: str) -> str:
         values = {**task, "question": task.get("question", ""), "completion": completion}
         values.setdefault("answer", "")
+        principles = "\n".join(f"- {p}" for p in self.cfg.principles)
+        values["principles"] = principles
         missing = sorted(self.fields - set(values))
         if missing:
             raise RewardError(
                 f"reward.judge.template uses {{{missing[0]}}}, which task {task.get('id')!r} "
                 f"does not have; available: {', '.join(sorted(values))}"
             )
-        return self.cfg.template.format(**values)
+        text = self.cfg.template.format(**values)
+        if principles and "principles" not in self.fields:
+            text = f"Judge by these principles:\n{principles}\n\n{text}"
+        return text
 
     def parse(self, reply: str) -> float | None:
         """The score in `reply` mapped to [0, 1], or None when there is none."""
@@ -119,14 +134,31 @@ class Judge:
         lo, hi = self.cfg.min_score, self.cfg.max_score
         return (min(max(raw, lo), hi) - lo) / (hi - lo)
 
+    def vote(self, scores: list[float]) -> float:
+        """One score from k parsed judgements (``reward.judge.vote``)."""
+        if self.cfg.vote == "majority":
+            counts = Counter(scores)
+            return max(counts, key=lambda s: (counts[s], s))
+        return sum(scores) / len(scores)
+
     async def score(self, task: dict[str, Any], completion: str) -> tuple[float, dict[str, Any]]:
         ids = self.renderer.prompt_ids([{"role": "user", "content": self.prompt(task, completion)}])
-        gen = await self.sampler.generate(ids, self.params)
-        reply = self.renderer.decode(gen.token_ids)
-        value = self.parse(reply)
-        info = {"judge_reply": reply[:500]}
-        if value is not None:
-            return value, info
+        replies: list[str] = [""] * self.cfg.samples
+
+        async def one(i: int) -> None:
+            gen = await self.sampler.generate(ids, self.params)
+            replies[i] = self.renderer.decode(gen.token_ids)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(self.cfg.samples):
+                tg.start_soon(one, i)
+        reply = replies[0]
+        parsed = [v for v in map(self.parse, replies) if v is not None]
+        info: dict[str, Any] = {"judge_reply": reply[:500]}
+        if self.cfg.samples > 1:
+            info["judge_votes"] = parsed
+        if parsed:
+            return self.vote(parsed), info
         what = (
             f"reward.judge: no score in the judge's reply {reply[:200]!r} (task "
             f"{task.get('id')!r}; pattern {self.cfg.pattern!r})"

@@ -34,8 +34,10 @@ class RewardPipeline:
         model: Any = None,
         model_weight: float = 1.0,
         judge: Any = None,
+        process: Sequence[RewardFunction] = (),
     ) -> None:
         self.functions = list(functions)
+        self.process = list(process)
         self.env_weight = env_weight
         self.model = model
         self.model_weight = model_weight
@@ -48,6 +50,7 @@ class RewardPipeline:
         and pattern parse."""
         rc = cfg.reward
         _functions(rc)
+        _process_functions(rc)
         if rc.model is not None:
             check_reward_model_folder(rc.model)
         if rc.judge is not None:
@@ -77,6 +80,7 @@ class RewardPipeline:
             model=model,
             model_weight=rc.model_weight,
             judge=judge,
+            process=_process_functions(rc),
         )
 
     async def apply(self, task: dict[str, Any], messages: Sequence[Message], traj: Any) -> None:
@@ -102,6 +106,22 @@ class RewardPipeline:
             info.update(extra)
         info["rewards"] = parts
         traj.reward, traj.reward_info = total, info
+        if self.process:
+            await self.apply_process(task, traj)
+
+    async def apply_process(self, task: dict[str, Any], traj: Any) -> None:
+        """``reward.process``: each function scores every assistant turn as
+        ``fn(task, turn_text, turn_index)``; the weighted sum is the turn's
+        ``process_reward`` (a process reward on the last token of that turn)."""
+        per_fn: dict[str, list[float]] = {fn.name: [] for fn in self.process}
+        for k, turn in enumerate(traj.turns):
+            value = 0.0
+            for fn in self.process:
+                score, _ = await fn(task, turn.text, k)
+                per_fn[fn.name].append(score)
+                value += fn.weight * score
+            turn.process_reward = value
+        traj.reward_info["process_rewards"] = per_fn
 
     async def aclose(self) -> None:
         if self.judge is not None:
@@ -127,6 +147,16 @@ def _functions(rc: Any) -> list[RewardFunction]:
             "(their scores are reported by name)"
         )
     return functions
+
+
+def _process_functions(rc: Any) -> list[RewardFunction]:
+    """``reward.process`` imported, with their weights."""
+    out = []
+    for spec in rc.process:
+        if isinstance(spec, str):
+            spec = RewardFunctionConfig(fn=spec)
+        out.append(RewardFunction.load(spec.fn, spec.weight, spec.name))
+    return out
 
 
 def final_answer(messages: Sequence[Message]) -> str:

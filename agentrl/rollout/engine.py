@@ -34,10 +34,11 @@ from agentrl.envs.base import Environment
 from agentrl.errors import ConfigError
 from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, new_id
 from agentrl.rollout.group import run_branching_group, run_group
+from agentrl.rollout.hooks import resolve_group_hooks
 from agentrl.rollout.tasks import TaskCursor
 from agentrl.rollout.workflow import BUILTIN, Workflow, resolve_workflow
 from agentrl.samplers.base import Sampler, SamplingParams
-from agentrl.types import TrajectoryGroup
+from agentrl.types import Trajectory, TrajectoryGroup
 
 GroupSink = Callable[[TrajectoryGroup], Awaitable[Any]] | MemoryObjectSendStream[TrajectoryGroup]
 
@@ -119,6 +120,7 @@ class RolloutEngine:
             else TaskCursor.for_env(env, seed, split, epochs=1)
         )
         self.groups_emitted = 0
+        self.group_hooks = resolve_group_hooks(list(getattr(config, "group_hooks", [])))
 
     @property
     def group_width(self) -> int:
@@ -161,6 +163,23 @@ class RolloutEngine:
                 workflow=self.workflow,
             )
         group.metadata["task_index"] = index
+        for n_hook, hook in enumerate(self.group_hooks):
+
+            async def more(task: dict[str, Any], n: int, _g=group, _h=n_hook) -> list[Trajectory]:
+                extra = await run_group(
+                    task,
+                    self.runner,
+                    n,
+                    self.limiter,
+                    seed=(seed * 31 + _h + 1) % (2**31),
+                    group_id=f"{_g.group_id}-h{_h}",
+                    workflow=self.workflow,
+                )
+                for i, t in enumerate(extra.trajectories):
+                    t.group_id, t.traj_id = _g.group_id, f"{_g.group_id}-h{_h}-{i}"
+                return extra.trajectories
+
+            group = await hook(group, more)
         return group
 
     async def produce(self, n_groups: int | None, sink: GroupSink) -> int:

@@ -260,6 +260,14 @@ class EpisodeRunner:
             raise
         return state
 
+    def _state_key(self, env: Environment) -> str | None:
+        """The environment's key of the state the next turn acts from, as a string."""
+        try:
+            key = env.state_key()
+        except Exception as e:  # the environment's bug is the platform's failure here
+            raise EnvError(f"environment {type(env).__name__}.state_key raised: {e!r}") from e
+        return None if key is None else key if isinstance(key, str) else repr(key)
+
     # --- one turn ------------------------------------------------------------------------
 
     def _turn_params(self, state: EpisodeState, want_entropy: bool) -> SamplingParams:
@@ -291,6 +299,7 @@ class EpisodeRunner:
                     raise _Truncated("max_turns reached")
                 snap = state.snapshot() if (branch_hook and state.after_tool) else None
                 params = self._turn_params(state, want_entropy=branch_hook is not None)
+                acted_from = self._state_key(state.env)
                 t0 = time.perf_counter()
                 gen = await self.sampler.generate(traj.input_ids, params)
                 gen_latency = time.perf_counter() - t0
@@ -315,6 +324,7 @@ class EpisodeRunner:
                     gen_latency_s=gen_latency,
                     on_update=gen.metadata.get("on_update"),
                     reprefilled_tokens=gen.metadata.get("reprefilled_tokens"),
+                    state=acted_from,
                 )
                 traj.turns.append(turn)
                 if state.initial_entropy is None and gen.entropies:
@@ -335,6 +345,7 @@ class EpisodeRunner:
                 turn.parse_errors = [str(e) for e in result.info.get("parse_errors", []) or []]
                 if result.reward is not None:
                     state.last_step_reward = float(result.reward)
+                    turn.step_reward = state.last_step_reward
                 infra = [r for r in records if r.infra_error]
                 if infra:
                     raise InfraError(
@@ -387,6 +398,9 @@ class EpisodeRunner:
             traj.reward_info = dict(info)
         else:
             traj.reward = state.last_step_reward if state.last_step_reward is not None else 0.0
+            scored_turns = [t.index for t in traj.turns if t.step_reward is not None]
+            if scored_turns:  # that step's reward is the outcome: not a process reward too
+                traj.metadata["outcome_turn"] = scored_turns[-1]
         if self.rewards is not None:  # reward.functions / model / judge (agentrl.rewards)
             await self.rewards.apply(state.task, state.messages, traj)
 

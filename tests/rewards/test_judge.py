@@ -123,3 +123,39 @@ def test_a_real_model_judge_end_to_end(tmp_path: Path) -> None:
     assert {t.status for t in masked} == {"infra_error"}
     zeroed = one_group("reward.judge.on_unparseable=zero")
     assert all(t.reward == 0.0 and t.reward_info["judge_unparseable"] for t in zeroed)
+
+
+class CyclingJudge(ScriptedJudge):
+    """Stands in for a sampled remote judge: its replies in turn."""
+
+    def __init__(self, tokenizer, replies: list[str]) -> None:
+        super().__init__(tokenizer, "")
+        self.replies = replies
+
+    async def generate(self, prompt_ids, params) -> Generation:
+        self.reply = self.replies[len(self.prompts) % len(self.replies)]
+        return await super().generate(prompt_ids, params)
+
+
+def test_spct_votes_over_k_sampled_judgements_with_principles(tokenizer) -> None:
+    replies = ["Score: 8", "Score: 6", "no score here", "Score: 8"]
+    task = {"id": "t3", "question": "q", "answer": "4"}
+    sampler = CyclingJudge(tokenizer, replies)
+    cfg = JudgeConfig(samples=4, temperature=0.7, principles=["Correctness first", "Be brief"])
+    judge = Judge(cfg, sampler, ChatRenderer(tokenizer), owns_sampler=False)
+    value, info = anyio.run(judge.score, task, "4")
+    # parsed votes 0.8, 0.6, 0.8 (the reply without a score drops out): mean 0.7333
+    assert sorted(info["judge_votes"]) == pytest.approx([0.6, 0.8, 0.8])
+    assert value == pytest.approx((0.8 + 0.6 + 0.8) / 3)
+    assert len(sampler.prompts) == 4
+    assert "Judge by these principles:\n- Correctness first\n- Be brief" in sampler.prompts[0]
+    sampler = CyclingJudge(tokenizer, replies)
+    majority = Judge(
+        cfg.model_copy(update={"vote": "majority"}),
+        sampler,
+        ChatRenderer(tokenizer),
+        owns_sampler=False,
+    )
+    assert anyio.run(majority.score, task, "4")[0] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match=r"samples=3 .*temperature > 0"):
+        JudgeConfig(samples=3)

@@ -38,3 +38,8 @@ def returns_nan(task, completion):
 
 def needs_four(task, completion, trajectory, extra):
     return 0.0
+
+
+def says_right(task, turn_text, turn_index):
+    """A process reward: 1 for a turn that moves right (per turn, for reward.process)."""
+    return 1.0 if "right" in turn_text else 0.0
