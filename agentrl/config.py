@@ -441,7 +441,7 @@ class PreferenceConfig(_Section):
     batch_size: int = Field(8, ge=1, description="pairs (or unpaired rows) per step")
     max_length: int = Field(2048, ge=16)  # longer examples are skipped (and counted)
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)  # held-out share for accuracy
-    checkpoint_every: int = Field(0, ge=0)  # steps; 0 = at the end of each epoch only
+    checkpoint_every: int = Field(0, ge=0)  # steps (and each epoch's end); 0 = the end only
     seed: int = 0
     # online DPO: rollouts -> best-vs-worst pairs (ties skipped) -> train -> publish
     rounds: int = Field(3, ge=1)

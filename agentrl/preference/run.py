@@ -221,7 +221,7 @@ def train_preference(
         save_run_checkpoint(run_dir, step, loop, lambda part: save_trainer(trainer, part, step))
 
     bs = pc.batch_size
-    trained_examples, train_seconds = 0, 0.0
+    trained_examples, train_seconds, last_loss = 0, 0.0, math.nan
     while epoch < pc.epochs:
         order = list(range(len(train)))
         random.Random(pc.seed * 1000 + epoch).shuffle(order)
@@ -234,12 +234,16 @@ def train_preference(
             train_seconds += time.perf_counter() - s0
             trained_examples += len(batch)
             step, position = step + 1, position + len(index)
+            last_loss = values["loss"]
             metrics.write("train", step, {"epoch": epoch, **values})
             if pc.checkpoint_every and step % pc.checkpoint_every == 0:
                 checkpoint()
-        log(f"epoch {epoch + 1}/{pc.epochs}: step {step}, last loss {values['loss']:.4f}")
         epoch, position = epoch + 1, 0
-        checkpoint()
+        if pc.checkpoint_every and epoch < pc.epochs and step % pc.checkpoint_every:
+            checkpoint()  # an epoch's end is a checkpoint too when checkpoints are asked for
+        log(f"epoch {epoch}/{pc.epochs}: step {step}, last loss {last_loss:.4f}")
+    if not (pc.checkpoint_every and step % pc.checkpoint_every == 0):
+        checkpoint()  # the last step is always kept (agentrl export reads it)
     after = trainer.evaluate(held_out, ref_eval, pc.batch_size)
     if after:
         metrics.write("eval", step, after)
