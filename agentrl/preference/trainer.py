@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentrl.errors import ConfigError
 from agentrl.learner.forward import token_logprobs
 from agentrl.preference.data import Completion, PreferencePair, UnpairedExample
 from agentrl.preference.losses import (
@@ -58,6 +59,11 @@ class PreferenceTrainer:
     """A policy, its optimizer and one preference loss (``cfg.preference``)."""
 
     def __init__(self, model: Any, cfg: Any, device: torch.device, pad_id: int) -> None:
+        if cfg.model.lora is not None:
+            raise ConfigError(
+                "agentrl dpo trains the full model: model.lora is not supported here yet; "
+                "set model.lora=null"
+            )
         self.model = model
         self.cfg = cfg
         self.device = device

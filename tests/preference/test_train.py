@@ -42,7 +42,7 @@ def metrics(run: Path) -> list[dict]:
 
 def mixed_pairs() -> list[dict]:
     """Plain text pairs and multi-turn tool conversations, in one file."""
-    return [row for a in range(4) for row in (text_pairs(a + 1)[-1], tool_pair(a, a + 3))]
+    return [row for a in range(3) for row in (text_pairs(a + 1)[-1], tool_pair(a, a + 3))]
 
 
 @pytest.mark.parametrize("loss", ["dpo", "ipo", "kto", "orpo", "simpo"])
@@ -57,10 +57,10 @@ def test_each_loss_trains_end_to_end(tmp_path: Path, loss: str) -> None:
     assert last["loss"] < first["loss"]  # the first update moved towards the preference
     if loss == "kto":
         assert last["rewards/desirable"] > last["rewards/undesirable"]
-        assert report.examples == 12  # 8 pairs -> 16 rows, a quarter held out
+        assert report.examples == 9  # 6 pairs -> 12 rows, a quarter held out
     else:
         assert last["rewards/margin"] > first["rewards/margin"]
-        assert report.examples == 6 and report.eval_examples == 2
+        assert report.examples == 4 and report.eval_examples == 2
     assert {"accuracy", "loss"} <= set(report.eval_after)
     cache = tmp_path / "run" / REFERENCE_CACHE
     assert cache.is_file() == (loss in ("dpo", "ipo", "kto"))  # ORPO / SimPO: no reference
@@ -68,8 +68,13 @@ def test_each_loss_trains_end_to_end(tmp_path: Path, loss: str) -> None:
 
 
 def test_the_reference_is_computed_once_and_resume_is_exact(tmp_path: Path) -> None:
-    data = write(tmp_path / "pairs.jsonl", text_pairs(8))
-    over = [*BASE, "preference.epochs=2", "preference.checkpoint_every=1"]
+    data = write(tmp_path / "pairs.jsonl", text_pairs(6))
+    over = [
+        *BASE,
+        "preference.epochs=2",
+        "preference.checkpoint_every=1",
+        "preference.eval_fraction=0",
+    ]
     full = train_preference(
         data, tmp_path / "full", cfg=load_config(overrides=over), log=lambda _: None
     )
@@ -104,7 +109,7 @@ def test_the_reference_is_computed_once_and_resume_is_exact(tmp_path: Path) -> N
 def test_cli_trains_and_export_reads_the_run(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    data = write(tmp_path / "tools.jsonl", [tool_pair(a, a + 3) for a in range(6)])
+    data = write(tmp_path / "tools.jsonl", [tool_pair(a, a + 3) for a in range(4)])
     runner = CliRunner()
     sets = [a for s in BASE for a in ("--set", s)]
     result = runner.invoke(
