@@ -61,6 +61,11 @@ def dpo(
     ):
         if value is not None:
             overrides.append(f"{key}={value}")
+    if resume and (overrides or config is not None):
+        raise typer.BadParameter(
+            "--resume continues with RUN_DIR/config.yaml: drop --config, --set and the "
+            "training options (or start a new --run-dir)"
+        )
     try:
         cfg = load_config(config, overrides)
         if online:
