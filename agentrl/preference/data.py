@@ -219,11 +219,12 @@ def read_dataset_rows(data_cfg: Any, split: str | None = None) -> list[Row]:
 
 
 def read_rows(data: str | Path | None, data_cfg: Any) -> list[Row]:
-    """A JSONL file `data`, else the config's ``data.path``."""
+    """A JSONL file `data` (any other file or folder goes through ``datasets``), else the
+    config's ``data.path``."""
     if data is not None:
         path = Path(data)
-        if path.suffix.lower() in (".jsonl", ".json") and path.is_file():
-            return read_jsonl_rows(path)
+        if path.suffix.lower() == ".jsonl" and path.is_file():
+            return read_jsonl_rows(path)  # read here: errors name the line
         data_cfg = data_cfg.model_copy(update={"path": str(path)})
     if data_cfg.path is None:
         raise DatasetError(
