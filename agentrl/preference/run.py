@@ -168,7 +168,7 @@ def train_preference(
             )
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(cfg.to_yaml())
-        record.write_text(json.dumps({"data": None if data is None else str(data)}))
+        record.write_text(json.dumps({"data": None if data is None else str(Path(data).resolve())}))
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     pc = cfg.preference
     rows = read_rows(data, cfg.data)
