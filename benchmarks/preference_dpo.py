@@ -151,6 +151,8 @@ async def main(args: argparse.Namespace) -> dict:
         "task_reward_before": mean_reward(eval_groups),
         "task_reward_after": mean_reward(after_groups),
         "train_reward": mean_reward(train_groups),
+        "train_status": _statuses(train_groups),
+        "eval_status": _statuses(eval_groups),
         "steps": [{k: round(v, 5) for k, v in s.items()} for s in steps],
         "pairs_per_s": pairs_trained / timings["train_s"] if timings["train_s"] else None,
         "peak_rss_mb": _peak_rss_mb(),
@@ -159,6 +161,15 @@ async def main(args: argparse.Namespace) -> dict:
         "torch_threads": torch.get_num_threads(),
     }
     return result
+
+
+def _statuses(groups: list) -> dict[str, int]:
+    """Episodes by status (an infra_error group forms no pair and counts as a tie)."""
+    counts: dict[str, int] = {}
+    for g in groups:
+        for t in g.trajectories:
+            counts[t.status] = counts.get(t.status, 0) + 1
+    return counts
 
 
 def _peak_rss_mb() -> float:
@@ -180,9 +191,10 @@ def cli() -> None:
     p.add_argument("--lr", type=float, default=5e-6)
     p.add_argument("--beta", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tag", default="", help="suffix of the result file name")
     args = p.parse_args()
     result = anyio.run(main, args)
-    suffix = "" if args.model == "smollm2-135m-instruct" else f"_{args.model}"
+    suffix = ("" if args.model == "smollm2-135m-instruct" else f"_{args.model}") + args.tag
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"preference_dpo{suffix}.json"
     out.write_text(json.dumps(result, indent=1))
