@@ -465,6 +465,27 @@ class RewardConfig(_Section):
         return bool(self.functions or self.model or self.judge or self.process)
 
 
+class PreferenceConfig(_Section):
+    """`agentrl dpo`: preference optimisation (docs/preference.md)."""
+
+    # a registered preference loss: dpo, cdpo, robust, ipo, hinge, kto, orpo, simpo
+    loss: str = "dpo"
+    beta: float | None = Field(None, gt=0.0)  # None: the loss's own default
+    options: dict[str, Any] = Field(default_factory=dict)  # the loss's other options
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(8, ge=1, description="pairs (or unpaired rows) per step")
+    max_length: int = Field(2048, ge=16)  # longer examples are skipped (and counted)
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0)  # held-out share for accuracy
+    checkpoint_every: int = Field(0, ge=0)  # steps (and each epoch's end); 0 = the end only
+    seed: int = 0
+    # online DPO: rollouts -> best-vs-worst pairs (ties skipped) -> train -> publish
+    rounds: int = Field(3, ge=1)
+    groups_per_round: int = Field(8, ge=1)
+    epochs_per_round: int = Field(1, ge=1)
+    min_reward_gap: float = Field(0.0, ge=0.0)  # best - worst <= this is a tie
+    step_pairs: bool = True  # ARPO tree groups also give fork-level (Step-DPO) pairs
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
@@ -477,6 +498,7 @@ class Config(_Section):
     ray: RayConfig = Field(default_factory=RayConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
 
     @model_validator(mode="after")
     def _dataset_env(self) -> Config:

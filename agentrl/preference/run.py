@@ -1,0 +1,273 @@
+"""`agentrl dpo DATA --run-dir RUN`: a preference run from a file, with checkpoints.
+
+    RUN/config.yaml              the whole config (preference section included)
+    RUN/preference_data.json     the data it read, for --resume
+    RUN/reference_logps.pt       the reference log-probs, computed once (keyed by a digest
+                                 of the encoded examples and the model)
+    RUN/metrics.jsonl            one line per step, eval lines before and after
+    RUN/checkpoints/step_N/      policy, optimizer and RNG states, epoch and position
+    RUN/model/                   the trained model folder (or --out)
+
+``agentrl export RUN OUT`` reads the checkpoints like a training run's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.chat import ChatRenderer
+from agentrl.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
+from agentrl.checkpoint_files import (
+    atomic_directory,
+    capture_rng_state,
+    restore_rng_state,
+)
+from agentrl.config import Config, load_config
+from agentrl.devices import resolve_device
+from agentrl.envs import make_env
+from agentrl.errors import CheckpointError, DatasetError
+from agentrl.export import write_model_folder
+from agentrl.learner.lora import load_policy, save_policy
+from agentrl.models import load_model
+from agentrl.preference.data import (
+    encode_pairs,
+    encode_unpaired,
+    fingerprint,
+    iter_completions,
+    read_rows,
+)
+from agentrl.preference.trainer import Example, PreferenceTrainer
+
+DATA_RECORD = "preference_data.json"
+REFERENCE_CACHE = "reference_logps.pt"
+TRAINER_STATE = "trainer_state.pt"
+
+
+@dataclass
+class PreferenceReport:
+    run_dir: str
+    model: str
+    loss: str
+    examples: int
+    eval_examples: int
+    skipped_long: int
+    steps: int
+    eval_before: dict[str, float] = field(default_factory=dict)
+    eval_after: dict[str, float] = field(default_factory=dict)
+    reference_cached: bool = False  # read from the run instead of computed
+    seconds: float = 0.0
+    examples_per_s: float = 0.0
+
+
+def renderer_factory(cfg: Config, tokenizer: Any, rows_need_env: bool) -> Callable:
+    """A renderer per tool list, as ``agentrl sft`` builds them: a row's own tools, else
+    the config's environment's (when the config names one)."""
+    env_tools = None
+    if rows_need_env and "name" in cfg.env.model_fields_set:
+        env_tools = make_env(cfg.env.name, **cfg.env.options).tool_schemas()
+    cache: dict[str, Any] = {}
+
+    def renderer_for(tools: list[Any] | None) -> Any:
+        tools = tools if tools is not None else env_tools
+        key = json.dumps(tools, sort_keys=True)
+        if key not in cache:
+            cache[key] = ChatRenderer(tokenizer, tools=tools, template=cfg.model.chat_template)
+        return cache[key]
+
+    return renderer_for
+
+
+def save_trainer(trainer: PreferenceTrainer, folder: Path, step: int) -> None:
+    """The learner part of a checkpoint, in the layout ``agentrl export`` reads."""
+    with atomic_directory(folder) as tmp:
+        save_policy(trainer.model, tmp)
+        torch.save(
+            {"optimizer": trainer.optimizer.state_dict(), "rng": capture_rng_state()},
+            tmp / TRAINER_STATE,
+        )
+        (tmp / "learner.json").write_text(json.dumps({"version": step, "step": step}))
+
+
+def load_trainer(trainer: PreferenceTrainer, folder: Path) -> None:
+    load_policy(trainer.model, folder, trainer.device)
+    state = torch.load(folder / TRAINER_STATE, map_location="cpu", weights_only=False)
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    restore_rng_state(state["rng"])
+
+
+class MetricsFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"kind": kind, "step": step, "time": time.time(), **values}) + "\n")
+
+
+def reference_for(
+    trainer: PreferenceTrainer, examples: list[Example], run_dir: Path, model: str, resume: bool
+) -> tuple[torch.Tensor | None, bool]:
+    """(reference log-probs [N, 2] or None, whether they came from the run's cache)."""
+    if not trainer.needs_reference:
+        return None, False
+    key = fingerprint(examples, model)
+    path = run_dir / REFERENCE_CACHE
+    if path.is_file():
+        cached = torch.load(path, map_location="cpu", weights_only=True)
+        if cached.get("fingerprint") == key:
+            return cached["logps"], True
+        if resume:
+            raise CheckpointError(
+                f"{path} was computed for other examples or another model than this resume "
+                "reads: resume with the data and config the run started with"
+            )
+    if resume:
+        raise CheckpointError(
+            f"--resume: {path} is missing; the reference cannot be recomputed from trained "
+            "weights. Start the run again without --resume"
+        )
+    ref = trainer.reference_logps(examples, trainer.cfg.preference.batch_size)
+    torch.save({"fingerprint": key, "model": model, "logps": ref}, path)
+    return ref, False
+
+
+def train_preference(
+    data: str | Path | None,
+    run_dir: str | Path,
+    *,
+    cfg: Config | None = None,
+    resume: bool = False,
+    out: str | Path | None = None,
+    log: Callable[[str], None] = print,
+) -> PreferenceReport:
+    """Train ``cfg.preference.loss`` on the rows of `data` (or ``data.path``); see the
+    module docstring for what the run directory holds."""
+    t0 = time.time()
+    run_dir = Path(run_dir)
+    record = run_dir / DATA_RECORD
+    if resume:
+        if not (run_dir / "config.yaml").is_file():
+            raise CheckpointError(f"--resume: {run_dir} has no config.yaml (not a dpo run)")
+        cfg = load_config(run_dir / "config.yaml")
+        if data is None and record.is_file():
+            data = json.loads(record.read_text())["data"]
+    else:
+        cfg = cfg or Config()
+        if has_checkpoint(run_dir):
+            raise CheckpointError(
+                f"{run_dir} already holds a run: continue it with --resume, or pick a new --run-dir"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(cfg.to_yaml())
+        record.write_text(json.dumps({"data": None if data is None else str(Path(data).resolve())}))
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    pc = cfg.preference
+    rows = read_rows(data, cfg.data)
+    device = resolve_device(cfg.learner.device, "learner.device")
+    torch.manual_seed(pc.seed)
+    model, tokenizer = load_model(
+        cfg.model.name, dtype="float32", device=device, seed=cfg.model.seed
+    )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    trainer = PreferenceTrainer(model, cfg, device, pad_id)
+    renderer_for = renderer_factory(cfg, tokenizer, any(r.tools is None for r in rows))
+    encoded: list[Example] = (
+        list(encode_unpaired(rows, renderer_for, pc.seed))
+        if trainer.unpaired
+        else list(encode_pairs(rows, renderer_for))
+    )
+    examples = [
+        e for e in encoded if all(len(s.input_ids) <= pc.max_length for s in iter_completions([e]))
+    ]
+    skipped = len(encoded) - len(examples)
+    if skipped:
+        log(f"skipped {skipped} examples longer than preference.max_length {pc.max_length}")
+    if not examples:
+        raise DatasetError(f"every example is longer than preference.max_length {pc.max_length}")
+    random.Random(pc.seed).shuffle(examples)
+    n_eval = round(len(examples) * pc.eval_fraction) if pc.eval_fraction > 0 else 0
+    if n_eval >= len(examples):
+        n_eval = len(examples) - 1
+    ref, cached = reference_for(trainer, examples, run_dir, cfg.model.name, resume)
+    held_out, train = examples[:n_eval], examples[n_eval:]
+    ref_eval = ref[:n_eval] if ref is not None else None
+    ref_train = ref[n_eval:] if ref is not None else None
+    metrics = MetricsFile(run_dir / "metrics.jsonl")
+
+    step, epoch, position = 0, 0, 0
+    before: dict[str, float] = {}
+    if resume:
+        ckpt, state = load_run_checkpoint(run_dir, lambda part: load_trainer(trainer, part))
+        step, epoch, position = state["step"], state["epoch"], state["position"]
+        before = state.get("eval_before", {})
+        log(f"resumed from {ckpt.name}: epoch {epoch + 1}, step {step}")
+    else:
+        before = trainer.evaluate(held_out, ref_eval, pc.batch_size)
+        if before:
+            metrics.write("eval", 0, before)
+            log(f"held-out before: accuracy {before['accuracy']:.3f}, loss {before['loss']:.4f}")
+
+    def checkpoint() -> None:
+        loop = {"step": step, "epoch": epoch, "position": position, "eval_before": before}
+        save_run_checkpoint(run_dir, step, loop, lambda part: save_trainer(trainer, part, step))
+
+    bs = pc.batch_size
+    trained_examples, train_seconds, last_loss = 0, 0.0, math.nan
+    while epoch < pc.epochs:
+        order = list(range(len(train)))
+        random.Random(pc.seed * 1000 + epoch).shuffle(order)
+        while position < len(order):
+            index = order[position : position + bs]
+            batch = [train[i] for i in index]
+            part = ref_train[index] if ref_train is not None else None
+            s0 = time.perf_counter()
+            values = trainer.step(batch, part)
+            train_seconds += time.perf_counter() - s0
+            trained_examples += len(batch)
+            step, position = step + 1, position + len(index)
+            last_loss = values["loss"]
+            metrics.write("train", step, {"epoch": epoch, **values})
+            if pc.checkpoint_every and step % pc.checkpoint_every == 0:
+                checkpoint()
+        epoch, position = epoch + 1, 0
+        if pc.checkpoint_every and epoch < pc.epochs and step % pc.checkpoint_every:
+            checkpoint()  # an epoch's end is a checkpoint too when checkpoints are asked for
+        log(f"epoch {epoch}/{pc.epochs}: step {step}, last loss {last_loss:.4f}")
+    if not (pc.checkpoint_every and step % pc.checkpoint_every == 0):
+        checkpoint()  # the last step is always kept (agentrl export reads it)
+    after = trainer.evaluate(held_out, ref_eval, pc.batch_size)
+    if after:
+        metrics.write("eval", step, after)
+        log(f"held-out after: accuracy {after['accuracy']:.3f}, loss {after['loss']:.4f}")
+    folder = Path(out) if out is not None else run_dir / "model"
+    report = PreferenceReport(
+        run_dir=str(run_dir),
+        model=str(folder),
+        loss=pc.loss,
+        examples=len(train),
+        eval_examples=len(held_out),
+        skipped_long=skipped,
+        steps=step,
+        eval_before=before,
+        eval_after=after,
+        reference_cached=cached,
+        seconds=time.time() - t0,
+        examples_per_s=trained_examples / train_seconds if train_seconds else math.nan,
+    )
+    write_model_folder(
+        model.to("cpu"),
+        renderer_for(rows[0].tools),
+        folder,
+        record={"base_model": cfg.model.name, "preference": asdict(report)},
+    )
+    (run_dir / "report.json").write_text(json.dumps(asdict(report), indent=1))
+    return report

@@ -1,0 +1,206 @@
+"""The preference step: one padded forward of chosen and rejected rows, a registered loss,
+an AdamW step; held-out preference accuracy; the reference log-probs computed once.
+
+Log-probs come from the learner's path (:func:`agentrl.learner.forward.token_logprobs`):
+the decoder once, the LM head chunked and only at the trained positions. A sequence's
+log-prob is the sum over its loss mask (the assistant turns after the prompt, or the
+tokens after a fork for step pairs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentrl.errors import ConfigError
+from agentrl.learner.forward import token_logprobs
+from agentrl.preference.data import Completion, PreferencePair, UnpairedExample
+from agentrl.preference.losses import (
+    PREFERENCE_LOSSES,
+    PairLogps,
+    PreferenceLoss,
+    UnpairedLogps,
+    check_options,
+    preference_loss,
+)
+
+Example = PreferencePair | UnpairedExample
+
+
+def loss_options(pref_cfg: Any) -> dict[str, Any]:
+    """``preference.beta`` and ``preference.options`` as the loss's keyword options."""
+    options = dict(pref_cfg.options)
+    if pref_cfg.beta is not None:
+        options["beta"] = pref_cfg.beta
+    check_options(pref_cfg.loss, options)
+    return options
+
+
+def sequences_of(examples: Sequence[Example]) -> tuple[list[Completion], list[Completion]]:
+    """(rows trained with gradients, rows only scored): chosen then rejected for pairs;
+    completions, and the KL rows, for unpaired examples."""
+    if examples and isinstance(examples[0], UnpairedExample):
+        return [e.completion for e in examples], [e.kl for e in examples]  # type: ignore[union-attr]
+    return [e.chosen for e in examples] + [e.rejected for e in examples], []  # type: ignore[union-attr]
+
+
+@dataclass
+class StepResult:
+    out: PreferenceLoss
+    metrics: dict[str, float]
+
+
+class PreferenceTrainer:
+    """A policy, its optimizer and one preference loss (``cfg.preference``)."""
+
+    def __init__(self, model: Any, cfg: Any, device: torch.device, pad_id: int) -> None:
+        if cfg.model.lora is not None:
+            raise ConfigError(
+                "agentrl dpo trains the full model: model.lora is not supported here yet; "
+                "set model.lora=null"
+            )
+        self.model = model
+        self.cfg = cfg
+        self.device = device
+        self.pad_id = pad_id
+        self.loss_name = cfg.preference.loss
+        PREFERENCE_LOSSES.get(self.loss_name)  # an unknown name fails here, listing the known
+        self.options = loss_options(cfg.preference)
+        self.unpaired = PREFERENCE_LOSSES.unpaired(self.loss_name)
+        self.needs_reference = PREFERENCE_LOSSES.needs_reference(self.loss_name)
+        lc = cfg.learner
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=lc.lr,
+            betas=lc.betas,
+            weight_decay=lc.weight_decay,
+        )
+
+    # --- log-probs ---------------------------------------------------------------------
+
+    def sequence_logps(self, seqs: Sequence[Completion]) -> tuple[Tensor, Tensor]:
+        """(summed log-probs [n] over each loss mask, trained tokens [n]); with gradients
+        when grad mode is on. Rows are right-padded (causal attention never sees the pad)."""
+        width = max(len(s.input_ids) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width))
+        for row, s in enumerate(seqs):
+            ids[row, : len(s.input_ids)] = torch.tensor(s.input_ids)
+            mask[row, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        mask[:, 0] = 0  # the first token is predicted from nothing
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        lp = token_logprobs(
+            self.model,
+            ids,
+            mask,
+            chunk=self.cfg.learner.logprob_chunk,
+            fused=self.cfg.learner.fused_logprobs,
+        ).logprobs
+        return (lp * mask).sum(-1), mask.sum(-1)
+
+    @torch.no_grad()
+    def reference_logps(self, examples: Sequence[Example], batch_size: int) -> Tensor:
+        """``[N, 2]`` log-probs of every example under the current weights (the reference):
+        chosen and rejected, or completion and KL row."""
+        self.model.eval()
+        out = []
+        for i in range(0, len(examples), batch_size):
+            batch = examples[i : i + batch_size]
+            train_rows, kl_rows = sequences_of(batch)
+            logps, _ = self.sequence_logps(train_rows + kl_rows)
+            out.append(logps.view(2, len(batch)).t().cpu())
+        return torch.cat(out) if out else torch.zeros(0, 2)
+
+    def logps(self, batch: Sequence[Example], ref: Tensor | None) -> PairLogps | UnpairedLogps:
+        train_rows, kl_rows = sequences_of(batch)
+        logps, lengths = self.sequence_logps(train_rows)
+        n = len(batch)
+        ref = ref.to(self.device) if ref is not None else None
+        if self.unpaired:
+            if ref is None:
+                raise ValueError("KTO needs reference log-probs")
+            with torch.no_grad():  # z_0 is not back-propagated
+                kl_logp, _ = self.sequence_logps(kl_rows)
+            desirable = torch.tensor([e.desirable for e in batch], device=self.device)  # type: ignore[union-attr]
+            return UnpairedLogps(logps, lengths, desirable, ref[:, 0], kl_logp, ref[:, 1])
+        return PairLogps(
+            logps[:n],
+            logps[n:],
+            lengths[:n],
+            lengths[n:],
+            ref[:, 0] if ref is not None else None,
+            ref[:, 1] if ref is not None else None,
+        )
+
+    # --- steps -------------------------------------------------------------------------
+
+    def loss(self, batch: Sequence[Example], ref: Tensor | None) -> tuple[PreferenceLoss, Any]:
+        if self.needs_reference and ref is None:
+            raise ValueError(f"preference loss {self.loss_name!r} needs reference log-probs")
+        logps = self.logps(batch, ref if self.needs_reference else None)
+        return preference_loss(self.loss_name, logps, **self.options), logps
+
+    def step(self, batch: Sequence[Example], ref: Tensor | None) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.model.train()
+        out, logps = self.loss(batch, ref)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.learner.grad_clip
+        )
+        self.optimizer.step()
+        self.model.eval()
+        metrics = {
+            "loss": float(out.loss.detach()),
+            "grad_norm": float(grad_norm),
+            **summarize(out, logps, self.unpaired),
+            **out.metrics,
+        }
+        metrics["examples_per_s"] = len(batch) / (time.perf_counter() - t0)
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(
+        self, examples: Sequence[Example], ref: Tensor | None, batch_size: int
+    ) -> dict[str, float]:
+        """Held-out loss, preference accuracy and reward margin (means over `examples`)."""
+        if not examples:
+            return {}
+        self.model.eval()
+        totals: dict[str, float] = {}
+        for i in range(0, len(examples), batch_size):
+            batch = examples[i : i + batch_size]
+            part = ref[i : i + batch_size] if ref is not None else None
+            out, logps = self.loss(batch, part)
+            found = {"loss": float(out.loss), **summarize(out, logps, self.unpaired)}
+            for k, v in found.items():
+                totals[k] = totals.get(k, 0.0) + v * len(batch)
+        return {k: v / len(examples) for k, v in totals.items()}
+
+
+def summarize(out: PreferenceLoss, logps: Any, unpaired: bool) -> dict[str, float]:
+    """Rewards, margins and accuracy of one batch (means)."""
+    if unpaired:
+        r, desirable = out.chosen_rewards, logps.desirable.bool()
+        right = torch.where(desirable, r > 0, r < 0).float()
+        metrics = {"accuracy": float(right.mean()), "logps": float(logps.logp.detach().mean())}
+        if desirable.any():
+            metrics["rewards/desirable"] = float(r[desirable].mean())
+        if (~desirable).any():
+            metrics["rewards/undesirable"] = float(r[~desirable].mean())
+        return metrics
+    r_w, r_l = out.chosen_rewards, out.rejected_rewards
+    return {
+        "accuracy": float((r_w > r_l).float().mean()),
+        "rewards/chosen": float(r_w.mean()),
+        "rewards/rejected": float(r_l.mean()),
+        "rewards/margin": float((r_w - r_l).mean()),
+        "logps/chosen": float(logps.logp_w.detach().mean()),
+        "logps/rejected": float(logps.logp_l.detach().mean()),
+    }
