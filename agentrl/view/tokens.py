@@ -4,9 +4,11 @@ colours it by (behaviour log-prob, entropy, staleness, advantage)."""
 from __future__ import annotations
 
 import math
+import os
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 QUANTITIES = {
@@ -29,9 +31,44 @@ class Token:
 _load_lock = threading.Lock()
 
 
+class _FastTokenizer:
+    """A ``tokenizer.json`` through the `tokenizers` library: decodes in well under a second
+    of start-up, where transformers (and torch) take many on a busy machine."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+
+def _tokenizer_json(model_name: str) -> Path | None:
+    """Where the run's tokenizer.json already lies: a model folder, or agentrl's cache of
+    an alias (the SmolLM2 tokenizer also serves tiny-llama)."""
+    cache = Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
+    smollm2 = "smollm2-135m-instruct"
+    candidates = [
+        Path(model_name).expanduser(),
+        cache / "models" / model_name,
+        cache / "models" / smollm2,
+        cache / "tokenizers" / smollm2,
+    ]
+    if model_name not in ("tiny-llama", smollm2):
+        candidates = candidates[:2]
+    for c in candidates:
+        if (c / "tokenizer.json").is_file():
+            return c / "tokenizer.json"
+    return None
+
+
 @lru_cache(maxsize=4)
 def _load(model_name: str) -> Any:
-    from agentrl.models import load_tokenizer
+    found = _tokenizer_json(model_name)
+    if found is not None:
+        return _FastTokenizer(found)
+    from agentrl.models import load_tokenizer  # builds or converts it (slow, once)
 
     return load_tokenizer(model_name)
 
