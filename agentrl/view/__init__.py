@@ -4,7 +4,12 @@
 :func:`serve_in_thread` runs it beside a training run (``agentrl train --view``).
 """
 
-from agentrl.view.app import create_app
-from agentrl.view.server import ViewServer, serve_in_thread
+from agentrl.extras import require
+
+for _module in ("fastapi", "uvicorn", "jinja2"):
+    require(_module, "view", "agentrl view")
+
+from agentrl.view.app import create_app  # noqa: E402 - after the extra's check
+from agentrl.view.server import ViewServer, serve_in_thread  # noqa: E402
 
 __all__ = ["ViewServer", "create_app", "serve_in_thread"]
