@@ -22,6 +22,7 @@ from agentrl.view.data import Catalog, Filters, Run
 from agentrl.view.tokens import QUANTITIES, tokens_of, warm_up
 from agentrl.view.tree import WIDTH, layout
 
+SAME_TASK_SHOWN = 12  # groups of the same task listed on a group page
 PAGE_SIZE = 25  # groups per page of the group list (more load as the page scrolls)
 
 # the curves the run page draws first, in this order (others are a click away)
@@ -205,6 +206,10 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             layout(raw, {t.traj_id: t.advantage for t in g.trajectories}) if g.is_tree else ([], 0)
         )
         same_task = [x for x in r.groups if x.task_id == g.task_id and x.group_id != g.group_id]
+        # the nearest steps first; a long run samples a task hundreds of times
+        same_task = sorted(same_task, key=lambda x: (abs(x.step - g.step), x.step))[
+            :SAME_TASK_SHOWN
+        ]
         return render(
             "group.html",
             run=r,

@@ -233,6 +233,7 @@ class Run:
         self.started: dict[str, Any] | None = None
         self.finished: dict[str, Any] | None = None
         self.version = 0  # grows whenever something new was read
+        self._cache: dict[str, Any] = {}
 
     # --- reading -------------------------------------------------------------------
 
@@ -378,6 +379,47 @@ class Run:
             if equal.get(step):
                 row["equal_reward_groups"] = sum(equal[step]) / len(equal[step])
             out.append(row)
+        return out
+
+    def step_table(self) -> list[dict[str, Any]]:
+        """One row per step: its groups and what their trajectories add up to."""
+        key = ("step_table", self.version)
+        if self._cache.get("key") == key:
+            return self._cache["rows"]
+        rows: dict[int, dict[str, Any]] = {}
+        for g in self.groups:
+            row = rows.setdefault(
+                g.step,
+                {
+                    "step": g.step,
+                    "groups": 0,
+                    "trajectories": 0,
+                    "reward_sum": 0.0,
+                    "equal": 0,
+                    "infra": 0,
+                    "parse": 0,
+                    "tool_calls": 0,
+                    "trained": g.trained,
+                },
+            )
+            row["groups"] += 1
+            row["equal"] += g.equal_rewards
+            for t in g.trajectories:
+                row["trajectories"] += 1
+                row["reward_sum"] += t.reward
+                row["infra"] += t.status == "infra_error"
+                row["parse"] += bool(t.parse_errors)
+                row["tool_calls"] += t.tool_calls
+        stale = {s["step"]: s.get("staleness/mean") for s in self.steps}
+        out = []
+        for step in sorted(rows):
+            row = rows[step]
+            n = max(row["trajectories"], 1)
+            row["reward"] = row["reward_sum"] / n
+            row["tool_calls_per_episode"] = row["tool_calls"] / n
+            row["staleness"] = stale.get(step)
+            out.append(row)
+        self._cache = {"key": key, "rows": out}
         return out
 
     def metric_series(self) -> dict[str, list[float | None]]:
