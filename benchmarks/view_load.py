@@ -7,8 +7,9 @@ ARPO training: its trace and metrics lines, copied with fresh group and trajecto
 groups of 4 per step), then serves it with `agentrl view` and opens each main page in
 Debian's chromium (playwright): TTFB is the navigation's ``responseStart``, full load its
 ``loadEventEnd`` (HTML, htmx, uPlot, styles; the run page also waits for its curves to be
-drawn from /api/metrics). Also reported: the server's first index of the run (every line
-read and summarised once). Target: every page under 1 s. Prints a table and writes
+drawn from /api/metrics), measured once the whole run is indexed. Also reported: when the
+server answers (after the first 16 MB of trace) and when the whole trace is indexed (every
+line read and summarised once, on a thread). Target: every page under 1 s. Prints a table and writes
 benchmarks/results/view_load.json; the load average is recorded (the machine is shared).
 """
 
@@ -69,18 +70,20 @@ def build_run(out: Path, n_trajectories: int) -> dict[str, Any]:
     return {"groups": n_groups, "trajectories": n_groups * 4, "trace_mb": round(size / 2**20, 1)}
 
 
-def measure(run: Path, repeats: int) -> tuple[float, dict[str, dict[str, float]]]:
+def measure(run: Path, repeats: int) -> tuple[float, float, dict[str, dict[str, float]]]:
     from playwright.sync_api import sync_playwright
 
     from agentrl.view.server import ViewServer
     from tests.view.conftest import chromium_path
 
     t0 = time.perf_counter()
-    server = ViewServer(run, 0)  # builds the index: every line read and summarised once
-    index_s = time.perf_counter() - t0
-    server.start()
+    server = ViewServer(run, 0).start()  # serves after the first 16 MB of trace
+    serving_s = time.perf_counter() - t0
     catalog = server.app.state.catalog
     r = next(iter(catalog.runs.values()))
+    while r.unread_mb > 0 or not r.groups:  # the rest is indexed on a thread
+        time.sleep(0.05)
+    index_s = time.perf_counter() - t0
     mid = r.groups[len(r.groups) // 2]
     tree = next(g for g in r.groups[len(r.groups) // 2 :] if g.is_tree)
     name = r.name
@@ -117,7 +120,7 @@ def measure(run: Path, repeats: int) -> tuple[float, dict[str, dict[str, float]]
             browser.close()
     finally:
         server.stop()
-    return index_s, out
+    return serving_s, index_s, out
 
 
 def main() -> None:
@@ -129,10 +132,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "big-run"
         built = build_run(run, args.trajectories)
-        index_s, pages = measure(run, args.repeats)
+        serving_s, index_s, pages = measure(run, args.repeats)
     print(
         f"run: {built['trajectories']} trajectories, {built['groups']} groups, "
-        f"{built['trace_mb']} MB of trace; first index {index_s:.2f} s"
+        f"{built['trace_mb']} MB of trace; serving after {serving_s:.2f} s, "
+        f"wholly indexed after {index_s:.2f} s"
     )
     print(f"{'page':<28} {'TTFB s':>8} {'full load s':>12}")
     for label, v in pages.items():
@@ -141,7 +145,8 @@ def main() -> None:
     result = {
         "benchmark": "view_load",
         "run": built,
-        "first_index_s": round(index_s, 3),
+        "serving_after_s": round(serving_s, 3),
+        "indexed_after_s": round(index_s, 3),
         "pages": pages,
         "worst_full_load_s": worst,
         "target_s": 1.0,

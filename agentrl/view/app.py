@@ -18,12 +18,15 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from agentrl.view.data import Catalog, Filters, Run
+from agentrl.view.data import Catalog, Filters, Indexer, Run
 from agentrl.view.tokens import QUANTITIES, tokens_of, warm_up
 from agentrl.view.tree import WIDTH, layout
 
 SAME_TASK_SHOWN = 12  # groups of the same task listed on a group page
-PAGE_SIZE = 25  # groups per page of the group list (more load as the page scrolls)
+PAGE_SIZE = 25
+FIRST_READ_BYTES = (
+    16 << 20
+)  # of trace read before serving; the rest is read on a thread  # groups per page of the group list (more load as the page scrolls)
 
 # the curves the run page draws first, in this order (others are a click away)
 MAIN_CURVES = [
@@ -79,7 +82,8 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
     """The app over the run (or folder of runs) at `root` (`pending_run`: a run that is
     about to write its first files there)."""
     catalog = Catalog(root, pending_run=pending_run)
-    catalog.refresh()
+    catalog.refresh(FIRST_READ_BYTES)  # a small run is whole from the first page on
+    indexer = Indexer(catalog).start()
     env = Environment(
         loader=PackageLoader("agentrl.view", "templates"),
         autoescape=select_autoescape(["html"]),
@@ -91,14 +95,18 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
     app = FastAPI(title="agentrl view", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=str(files("agentrl.view") / "static")), "static")
     app.state.catalog = catalog
+    app.state.indexer = indexer
     for run in list(catalog.runs.values())[:1]:
         warm_up(_model_name(run))
 
     def render(name: str, **ctx: Any) -> HTMLResponse:
-        return HTMLResponse(env.get_template(name).render(catalog=catalog, **ctx))
+        run = ctx.get("run")
+        if run is None:
+            return HTMLResponse(env.get_template(name).render(catalog=catalog, **ctx))
+        with run.lock:  # the indexer thread appends to what the template iterates
+            return HTMLResponse(env.get_template(name).render(catalog=catalog, **ctx))
 
     def get_run(name: str | None) -> Run:
-        catalog.refresh()
         if not name:
             if len(catalog.runs) == 1:
                 return next(iter(catalog.runs.values()))
@@ -119,7 +127,6 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
 
     @app.get("/", response_class=HTMLResponse)
     def runs_page(request: Request) -> HTMLResponse:
-        catalog.refresh()
         if len(catalog.runs) == 1:
             run = next(iter(catalog.runs.values()))
             return run_page(request, run.name)

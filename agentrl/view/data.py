@@ -32,20 +32,27 @@ class JsonlTail:
         self.path = path
         self.offset = 0
 
-    def read_new(self) -> list[tuple[int, bytes]]:
-        """``(byte offset, line)`` of each new complete line; [] when the file is absent."""
+        self.size = 0  # the file's size at the last look
+
+    def read_new(self, max_bytes: int | None = None) -> list[tuple[int, bytes]]:
+        """``(byte offset, line)`` of each new complete line, about `max_bytes` of them at
+        most (a longer line is read whole); [] when the file is absent."""
         try:
-            size = self.path.stat().st_size
+            size = self.size = self.path.stat().st_size
         except FileNotFoundError:
             return []
         if size < self.offset:  # truncated or replaced: start over
             self.offset = 0
         if size == self.offset:
             return []
+        want = size - self.offset if max_bytes is None else min(size - self.offset, max_bytes)
         with self.path.open("rb") as f:
             f.seek(self.offset)
-            chunk = f.read(size - self.offset)
-        end = chunk.rfind(b"\n")
+            chunk = f.read(want)
+            end = chunk.rfind(b"\n")
+            if end < 0 and want < size - self.offset:  # one line longer than max_bytes
+                chunk += f.read(size - self.offset - want)
+                end = chunk.rfind(b"\n")
         if end < 0:
             return []
         out, pos = [], self.offset
@@ -221,7 +228,7 @@ class Run:
         self.trace = path / TRACE
         self._metrics_tail = JsonlTail(path / METRICS)
         self._trace_tail = JsonlTail(self.trace)
-        self._lock = threading.Lock()
+        self.lock = threading.RLock()  # held while reading new lines and while a page renders
         self.events: list[dict[str, Any]] = []
         self._by_step: dict[int, dict[str, float]] = {}  # every event's numbers, per step
         self.trained_steps: list[int] = []  # steps with a BatchTrained event
@@ -237,15 +244,16 @@ class Run:
 
     # --- reading -------------------------------------------------------------------
 
-    def refresh(self) -> bool:
-        """Read what was appended since the last call; True if anything was."""
-        with self._lock:
+    def refresh(self, max_bytes: int | None = None) -> bool:
+        """Read what was appended since the last call (about `max_bytes` of the trace at
+        most); True if anything was."""
+        with self.lock:
             new_events = self._metrics_tail.read_new()
             for _, line in new_events:
                 row = _loads(line)
                 if row is not None:
                     self._add_event(row)
-            new_groups = self._trace_tail.read_new()
+            new_groups = self._trace_tail.read_new(max_bytes)
             for offset, line in new_groups:
                 raw = _loads(line)
                 if raw is None or "trajectories" not in raw:
@@ -326,6 +334,11 @@ class Run:
         return p.read_text(encoding="utf-8") if p.is_file() else ""
 
     @property
+    def unread_mb(self) -> float:
+        """Trace not indexed yet (a large run is read in the background as pages answer)."""
+        return max(self._trace_tail.size - self._trace_tail.offset, 0) / 2**20
+
+    @property
     def live(self) -> bool:
         return self.started is not None and self.finished is None
 
@@ -373,9 +386,11 @@ class Run:
         equal: dict[int, list[bool]] = {}
         for g in self.groups:
             equal.setdefault(g.step, []).append(g.equal_rewards)
+        with self.lock:  # the indexer thread adds steps
+            by_step = {k: dict(v) for k, v in self._by_step.items()}
         out = []
-        for step in sorted(self._by_step):
-            row = dict(self._by_step[step])
+        for step in sorted(by_step):
+            row = by_step[step]
             if equal.get(step):
                 row["equal_reward_groups"] = sum(equal[step]) / len(equal[step])
             out.append(row)
@@ -492,7 +507,7 @@ class Catalog:
         """Pick up runs started since the last look (a folder of runs grows too)."""
         if self.pending_run or _is_run(self.root):
             if not self.runs:
-                self.runs[self.root.name] = Run(self.root, self.root.name)
+                self.runs = {self.root.name: Run(self.root, self.root.name)}
             return
         for dirpath, dirnames, _ in os.walk(self.root):
             depth = len(Path(dirpath).relative_to(self.root).parts)
@@ -504,14 +519,15 @@ class Catalog:
             p = Path(dirpath)
             if p != self.root and _is_run(p):
                 name = p.relative_to(self.root).as_posix()
-                self.runs.setdefault(name, Run(p, name))
+                if name not in self.runs:  # a new dict: pages iterate the old one meanwhile
+                    self.runs = {**self.runs, name: Run(p, name)}
                 dirnames[:] = []
 
-    def refresh(self) -> bool:
+    def refresh(self, max_bytes: int | None = None) -> bool:
         self.discover()
         changed = False
-        for run in self.runs.values():
-            changed |= run.refresh()
+        for run in list(self.runs.values()):
+            changed |= run.refresh(max_bytes)
         return changed
 
     def get(self, name: str) -> Run:
@@ -519,6 +535,33 @@ class Catalog:
         if run is None:
             raise KeyError(name)
         return run
+
+
+class Indexer:
+    """Reads what the runs gain, a chunk at a time, on a thread: a large run's pages answer
+    while it is still being read, and a growing run's pages see new steps within
+    `interval` seconds."""
+
+    def __init__(self, catalog: Catalog, chunk_bytes: int = 4 << 20, interval: float = 0.25):
+        self.catalog = catalog
+        self.chunk_bytes = chunk_bytes
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="agentrl-view-index", daemon=True)
+
+    def start(self) -> Indexer:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.catalog.refresh(self.chunk_bytes):
+                self._stop.wait(self.interval)  # caught up: look again shortly
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
 
 
 def _is_run(p: Path) -> bool:

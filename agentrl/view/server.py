@@ -61,6 +61,7 @@ class ViewServer:
         return self
 
     def stop(self) -> None:
+        self.app.state.indexer.stop()
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(5)

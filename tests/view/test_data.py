@@ -31,6 +31,10 @@ def test_tail_reads_only_complete_new_lines(tmp_path: Path) -> None:
     got = tail.read_new()
     assert [line for _, line in got] == [b'{"b": 2}\n', b'{"c": 3}\n']
     assert got[0][0] == len(b'{"a": 1}\n')  # byte offsets for reading a line back
+    with f.open("ab") as w:
+        w.write(b'{"long": "' + b"x" * 50 + b'"}\n{"d": 4}\n')
+    assert [line[:9] for _, line in tail.read_new(max_bytes=8)] == [b'{"long": ']  # read whole
+    assert [line for _, line in tail.read_new(max_bytes=8)] == [b'{"d": 4}\n']
 
 
 def test_run_index_of_the_fixture() -> None:
