@@ -8,7 +8,7 @@ groups of 4 per step), then serves it with `agentrl view` and opens each main pa
 Debian's chromium (playwright): TTFB is the navigation's ``responseStart``, full load its
 ``loadEventEnd`` (HTML, htmx, uPlot, styles; the run page also waits for its curves to be
 drawn from /api/metrics), measured once the whole run is indexed. Also reported: when the
-server answers (after the first 16 MB of trace) and when the whole trace is indexed (every
+server answers (after the first 8 MB of trace) and when the whole trace is indexed (every
 line read and summarised once, on a thread). Target: every page under 1 s. Prints a table and writes
 benchmarks/results/view_load.json; the load average is recorded (the machine is shared).
 """
@@ -77,7 +77,7 @@ def measure(run: Path, repeats: int) -> tuple[float, float, dict[str, dict[str, 
     from tests.view.conftest import chromium_path
 
     t0 = time.perf_counter()
-    server = ViewServer(run, 0).start()  # serves after the first 16 MB of trace
+    server = ViewServer(run, 0).start()  # serves after the first 8 MB of trace
     serving_s = time.perf_counter() - t0
     catalog = server.app.state.catalog
     r = next(iter(catalog.runs.values()))

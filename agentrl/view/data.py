@@ -52,7 +52,7 @@ class JsonlTail:
             end = chunk.rfind(b"\n")
             if end < 0 and want < size - self.offset:  # one line longer than max_bytes
                 chunk += f.read(size - self.offset - want)
-                end = chunk.rfind(b"\n")
+                end = chunk.find(b"\n")  # that line alone
         if end < 0:
             return []
         out, pos = [], self.offset
