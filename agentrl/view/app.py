@@ -23,10 +23,8 @@ from agentrl.view.tokens import QUANTITIES, tokens_of, warm_up
 from agentrl.view.tree import WIDTH, layout
 
 SAME_TASK_SHOWN = 12  # groups of the same task listed on a group page
-PAGE_SIZE = 25
-FIRST_READ_BYTES = (
-    8 << 20
-)  # of trace read before serving; the rest is read on a thread  # groups per page of the group list (more load as the page scrolls)
+PAGE_SIZE = 25  # groups per page of the group list (more load as the page scrolls)
+FIRST_READ_BYTES = 8 << 20  # of trace read before serving; the rest is read on a thread
 
 # the curves the run page draws first, in this order (others are a click away)
 MAIN_CURVES = [
