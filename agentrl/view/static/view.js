@@ -57,6 +57,7 @@
       cell.plot = new uPlot({
         width: Math.max(300, cell.div.clientWidth - 12), height: 170, series,
         scales: { x: { time: false } }, legend: { show: runs.length > 1 },
+        axes: [{ incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] }, {}],
       }, [xs, ...ys], holder);
     }
 
