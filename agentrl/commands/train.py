@@ -74,7 +74,11 @@ def _start_viewer(run_dir: Path, port: int) -> ViewServer:
     from agentrl.view import serve_in_thread
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    viewer = serve_in_thread(run_dir, port, follow=True, pending_run=True)
+    try:
+        viewer = serve_in_thread(run_dir, port, follow=True, pending_run=True)
+    except OSError as e:  # the port is taken: say so before any training starts
+        typer.secho(f"error: --view: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
     typer.echo(f"agentrl view: {viewer.url}  (live while this run trains)")
     return viewer
 

@@ -82,8 +82,28 @@ def test_advantages_leave_out_infra_errors() -> None:
     assert group_advantages([0.0, 0.0], [True, True]) == [0.0, 0.0]
 
 
+def test_a_folder_of_runs_overlays_their_curves(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        shutil.copytree(FIXTURE, tmp_path / name)
+    app = create_app(tmp_path)
+    try:
+        client = TestClient(app)
+        page = client.get("/?sel=a")
+        assert (
+            page.status_code == 200
+            and 'value="b"' in page.text
+            and "data-runs='[\"a\"]'" in page.text
+        )
+        series = client.get("/api/metrics?run=a&run=b").json()
+        assert sorted(series) == ["a", "b"] and series["a"]["series"]["step"] == [1, 2]
+        assert client.get("/run").status_code == 400  # two runs: which one?
+    finally:
+        app.state.indexer.stop()
+
+
 def test_http_errors_name_the_bad_value() -> None:
-    client = TestClient(create_app(FIXTURE))
+    app = create_app(FIXTURE)
+    client = TestClient(app)
     r = client.get("/traj?run=fixture_run&id=nope")
     assert r.status_code == 404 and "no trajectory &#39;nope&#39;" in r.text
     tid = json.loads((FIXTURE / "trajectories.jsonl").open().readline())["trajectories"][0]
@@ -92,6 +112,7 @@ def test_http_errors_name_the_bad_value() -> None:
     assert client.get("/run?run=other").status_code == 404
     assert client.get("/groups?run=fixture_run&page=x").status_code == 400
     assert client.get("/static/htmx.min.js").text.startswith("/*! htmx")
+    app.state.indexer.stop()
 
 
 def test_cli_errors(tmp_path: Path) -> None:
