@@ -350,7 +350,8 @@ class Run:
         return sorted({g.step for g in self.groups})
 
     def tool_names(self) -> list[str]:
-        return sorted({n for g in self.groups for t in g.trajectories for n in t.tool_names})
+        names = {n for g in self.groups for t in g.trajectories for n in t.tool_names}
+        return sorted(names - {""})  # "": a call whose JSON did not parse
 
     def select(self, f: Filters) -> list[GroupSummary]:
         """Groups with at least one trajectory matching `f` (all groups when none is set)."""

@@ -76,6 +76,7 @@ def test_groups_filters_keep_their_state_in_the_url(page: Page, fixture_server) 
     expect(page.locator("a.sample.match")).to_have_count(2)  # the malformed call and its branch
     page.goto(f"{fixture_server.url}groups?run={RUN}&q=Maldives")
     expect(page.locator("section.group")).to_have_count(2)
+    expect(page.locator("#f-tool option")).to_have_text(["any", "search"])
     page.goto(f"{fixture_server.url}groups?run={RUN}&tool=search&rmin=0.5")
     expect(page.locator("#count")).to_have_text(re.compile("^0 groups"))
     page.goto(f"{fixture_server.url}groups?run={RUN}&rmin=abc")
