@@ -84,11 +84,12 @@ def test_train_with_view_serves_the_run_live(page: Page, tmp_path: Path) -> None
         page.evaluate("() => { window.__notReloaded = true; }")
         first = page.locator("#steps-table tr.step-row").count()
         rows = page.locator("#steps-table tr.step-row:not(:has(.pending))")
-        expect(rows).to_have_count(3, timeout=180_000)  # the page polls; no reload
+        expect(rows).to_have_count(3, timeout=400_000)  # the page polls; no reload
         assert first < 3, "the run had finished before the page opened"
         assert page.evaluate("() => window.__notReloaded === true")
         expect(page.locator(".chart[data-metric='reward/mean'] canvas")).to_have_count(1)
-        out, _ = proc.communicate(timeout=120)
+        page.goto("about:blank")  # stop polling: the server ends with the training
+        out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
     finally:
         if proc.poll() is None:
