@@ -419,6 +419,7 @@ class Run:
                 },
             )
             row["groups"] += 1
+            row["trained"] = row["trained"] or g.trained
             row["equal"] += g.equal_rewards
             for t in g.trajectories:
                 row["trajectories"] += 1
