@@ -18,7 +18,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from agentrl.view.data import Catalog, Filters, Indexer, Run
+from agentrl.view.catalog import Catalog, Indexer
+from agentrl.view.data import Filters, Run
 from agentrl.view.tokens import QUANTITIES, tokens_of, warm_up
 from agentrl.view.tree import WIDTH, layout
 

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from agentrl.cli import app as cli
 from agentrl.errors import DatasetError
 from agentrl.view import create_app
-from agentrl.view.data import Catalog, Filters, JsonlTail, group_advantages
+from agentrl.view.catalog import Catalog
+from agentrl.view.data import Filters, JsonlTail, group_advantages
 from tests.view.conftest import FIXTURE
 
 
