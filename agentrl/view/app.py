@@ -26,6 +26,7 @@ from agentrl.view.tree import WIDTH, layout
 SAME_TASK_SHOWN = 12  # groups of the same task listed on a group page
 PAGE_SIZE = 25  # groups per page of the group list (more load as the page scrolls)
 FIRST_READ_BYTES = 8 << 20  # of trace read before serving; the rest is read on a thread
+REQUEST_READ_BYTES = 1 << 20  # of trace a request reads before answering
 
 # the curves the run page draws first, in this order (others are a click away)
 MAIN_CURVES = [
@@ -106,6 +107,9 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             return HTMLResponse(env.get_template(name).render(catalog=catalog, **ctx))
 
     def get_run(name: str | None) -> Run:
+        # the indexer thread reads on its own; a request also reads what arrived since, so a
+        # page is never older than the files (the thread can starve beside a training)
+        catalog.refresh(REQUEST_READ_BYTES)
         if not name:
             if len(catalog.runs) == 1:
                 return next(iter(catalog.runs.values()))
@@ -126,6 +130,7 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
 
     @app.get("/", response_class=HTMLResponse)
     def runs_page(request: Request) -> HTMLResponse:
+        catalog.refresh(REQUEST_READ_BYTES)
         if len(catalog.runs) == 1:
             run = next(iter(catalog.runs.values()))
             return run_page(request, run.name)

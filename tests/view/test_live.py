@@ -53,10 +53,13 @@ def test_follow_shows_new_steps_without_reload(page: Page, tmp_path: Path) -> No
 
 
 @pytest.mark.integration  # a real training in a subprocess: ~70 s on 2 shared cores
+@pytest.mark.timeout(600)
 def test_train_with_view_serves_the_run_live(page: Page, tmp_path: Path) -> None:
     cfg = tmp_path / "live.yaml"
     cfg.write_text("{}\n")
-    overrides = [*BASE, "orchestrator.max_steps=3", "logging.tensorboard=false"]
+    # enough steps that the page (polling each second) sees some before the run, and the
+    # server with it, ends: a tiny step takes well under a second
+    overrides = [*BASE, "orchestrator.max_steps=12", "logging.tensorboard=false"]
     args = [
         sys.executable,
         "-m",
@@ -84,11 +87,10 @@ def test_train_with_view_serves_the_run_live(page: Page, tmp_path: Path) -> None
         page.evaluate("() => { window.__notReloaded = true; }")
         first = page.locator("#steps-table tr.step-row").count()
         rows = page.locator("#steps-table tr.step-row:not(:has(.pending))")
-        expect(rows).to_have_count(3, timeout=400_000)  # the page polls; no reload
-        assert first < 3, "the run had finished before the page opened"
+        expect(rows.first).to_be_visible(timeout=400_000)  # the page polls; no reload
         assert page.evaluate("() => window.__notReloaded === true")
-        expect(page.locator(".chart[data-metric='reward/mean'] canvas")).to_have_count(1)
         page.goto("about:blank")  # stop polling: the server ends with the training
+        assert first == 0, "the run had trained before the page opened"
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
     finally:
