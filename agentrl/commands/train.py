@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from agentrl.view import ViewServer
 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
 
@@ -28,6 +31,12 @@ def train(
     summary: Annotated[
         bool, typer.Option(help="print a table and write curves.png at the end")
     ] = True,
+    view: Annotated[
+        bool, typer.Option("--view", help="serve `agentrl view` on the run while it trains")
+    ] = False,
+    view_port: Annotated[
+        int, typer.Option("--view-port", help="the viewer's port on 127.0.0.1 (0: any free)")
+    ] = 8765,
 ) -> None:
     """Train an agent with the given config."""
     import anyio
@@ -44,7 +53,12 @@ def train(
         else:
             cfg = load_config(config, set_ or [])
             target = run_dir or Path(cfg.orchestrator.run_dir or _default_run_dir(config))
-        anyio.run(run_train, cfg, target, resume is not None)
+        viewer = _start_viewer(target, view_port) if view else None
+        try:
+            anyio.run(run_train, cfg, target, resume is not None)
+        finally:
+            if viewer is not None:
+                viewer.stop()
     except Exception as e:
         error = user_error(e)
         if error is None:
@@ -53,6 +67,20 @@ def train(
         raise typer.Exit(2) from None
     if summary:
         _print_summary(target)
+
+
+def _start_viewer(run_dir: Path, port: int) -> ViewServer:
+    """`agentrl view` on a thread beside the training; it reads the run, never writes it."""
+    from agentrl.view import serve_in_thread
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        viewer = serve_in_thread(run_dir, port, follow=True, pending_run=True)
+    except OSError as e:  # the port is taken: say so before any training starts
+        typer.secho(f"error: --view: {e}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"agentrl view: {viewer.url}  (live while this run trains)")
+    return viewer
 
 
 def _print_summary(run_dir: Path) -> None:

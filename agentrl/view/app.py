@@ -1,0 +1,337 @@
+"""The viewer's web app: server-rendered pages over a :class:`~agentrl.view.data.Catalog`.
+
+Every page takes its state from the URL (run, step, filters, colour, page), so a view can
+be shared by copying its address. Each request first reads what the run files gained since
+the last one; nothing here writes to a run folder.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from agentrl.view.catalog import Catalog, Indexer
+from agentrl.view.data import Filters, Run
+from agentrl.view.tokens import QUANTITIES, tokens_of, warm_up
+from agentrl.view.tree import WIDTH, layout
+
+SAME_TASK_SHOWN = 12  # groups of the same task listed on a group page
+PAGE_SIZE = 25  # groups per page of the group list (more load as the page scrolls)
+FIRST_READ_BYTES = 8 << 20  # of trace read before serving; the rest is read on a thread
+REQUEST_READ_BYTES = 1 << 20  # of trace a request reads before answering
+
+# the curves the run page draws first, in this order (others are a click away)
+MAIN_CURVES = [
+    ("reward/mean", "reward"),
+    ("eval/reward_mean", "held-out eval reward"),
+    ("tool_calls_per_episode", "tool calls per episode"),
+    ("parse_errors_per_episode", "parse errors per episode"),
+    ("equal_reward_groups", "groups with equal rewards"),
+    ("staleness/mean", "staleness"),
+    ("pg/approx_kl", "KL (approx.)"),
+    ("entropy", "entropy"),
+    ("pg/clip_frac", "clip fraction"),
+    ("time/step_s", "step time (s)"),
+]
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.{digits}f}" if abs(v) < 1e4 else f"{v:.3g}"
+    return str(v)
+
+
+def _model_name(run: Run) -> str | None:
+    try:
+        cfg = yaml.safe_load(run.config_text) or {}
+    except yaml.YAMLError:
+        return None
+    name = (cfg.get("model") or {}).get("name") if isinstance(cfg, dict) else None
+    return str(name) if name else None
+
+
+def _int(v: str | None, name: str) -> int | None:
+    if v in (None, ""):
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise HTTPException(400, f"{name} must be an integer (got {v!r})") from None
+
+
+def _float(v: str | None, name: str) -> float | None:
+    if v in (None, ""):
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise HTTPException(400, f"{name} must be a number (got {v!r})") from None
+
+
+def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> FastAPI:
+    """The app over the run (or folder of runs) at `root` (`pending_run`: a run that is
+    about to write its first files there)."""
+    catalog = Catalog(root, pending_run=pending_run)
+    catalog.refresh(FIRST_READ_BYTES)  # a small run is whole from the first page on
+    indexer = Indexer(catalog).start()
+    env = Environment(
+        loader=PackageLoader("agentrl.view", "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["fmt"] = _fmt
+    env.globals.update(follow=follow, quantities=QUANTITIES, tree_width=WIDTH)
+    app = FastAPI(title="agentrl view", docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=str(files("agentrl.view") / "static")), "static")
+    app.state.catalog = catalog
+    app.state.indexer = indexer
+    for run in list(catalog.runs.values())[:1]:
+        warm_up(_model_name(run))
+
+    def render(name: str, **ctx: Any) -> HTMLResponse:
+        run = ctx.get("run")
+        if run is None:
+            return HTMLResponse(env.get_template(name).render(catalog=catalog, **ctx))
+        with run.lock:  # the indexer thread appends to what the template iterates
+            return HTMLResponse(env.get_template(name).render(catalog=catalog, **ctx))
+
+    def get_run(name: str | None) -> Run:
+        # the indexer thread reads on its own; a request also reads what arrived since, so a
+        # page is never older than the files (the thread can starve beside a training)
+        catalog.refresh(REQUEST_READ_BYTES)
+        if not name:
+            if len(catalog.runs) == 1:
+                return next(iter(catalog.runs.values()))
+            raise HTTPException(400, "run is missing: add ?run=NAME (see the list of runs at /)")
+        try:
+            return catalog.get(name)
+        except KeyError:
+            raise HTTPException(
+                404, f"no run {name!r} here (runs: {', '.join(catalog.runs)})"
+            ) from None
+
+    @app.exception_handler(HTTPException)
+    async def _error(request: Request, exc: HTTPException) -> HTMLResponse:
+        return HTMLResponse(
+            env.get_template("error.html").render(catalog=catalog, message=exc.detail),
+            status_code=exc.status_code,
+        )
+
+    @app.get("/", response_class=HTMLResponse)
+    def runs_page(request: Request) -> HTMLResponse:
+        catalog.refresh(REQUEST_READ_BYTES)
+        if len(catalog.runs) == 1:
+            run = next(iter(catalog.runs.values()))
+            return run_page(request, run.name)
+        chosen = request.query_params.getlist("sel") or list(catalog.runs)
+        return render("runs.html", chosen=chosen, curves=MAIN_CURVES)
+
+    @app.get("/run", response_class=HTMLResponse)
+    def run_page(request: Request, run: str | None = None) -> HTMLResponse:
+        r = get_run(run)
+        return render("run.html", run=r, curves=MAIN_CURVES, summary=r.summary())
+
+    @app.get("/fragment/steps", response_class=HTMLResponse)
+    def steps_fragment(run: str | None = None) -> HTMLResponse:
+        r = get_run(run)
+        return render("_steps.html", run=r)
+
+    @app.get("/api/metrics")
+    def metrics(request: Request) -> JSONResponse:
+        names = request.query_params.getlist("run") or list(catalog.runs)
+        out = {}
+        for name in names:
+            r = get_run(name)
+            out[r.name] = {"series": r.metric_series(), "live": r.live, "version": r.version}
+        return JSONResponse(out)
+
+    @app.get("/api/state")
+    def state(run: str | None = None) -> JSONResponse:
+        r = get_run(run)
+        return JSONResponse(
+            {"version": r.version, "live": r.live, "steps": len(r.steps), "groups": len(r.groups)}
+        )
+
+    def filters_from(request: Request) -> Filters:
+        q = request.query_params
+        status = q.get("status", "")
+        if status not in ("", "ok", "truncated", "infra_error"):
+            raise HTTPException(
+                400, f"status must be ok, truncated or infra_error (got {status!r})"
+            )
+        return Filters(
+            step=_int(q.get("step"), "step"),
+            status=status,
+            reward_min=_float(q.get("rmin"), "rmin"),
+            reward_max=_float(q.get("rmax"), "rmax"),
+            parse_error=q.get("parse") == "1",
+            no_tool_call=q.get("notool") == "1",
+            tool=q.get("tool", ""),
+            q=q.get("q", ""),
+            task=q.get("task", ""),
+        )
+
+    @app.get("/groups", response_class=HTMLResponse)
+    def groups_page(request: Request, run: str | None = None) -> HTMLResponse:
+        r = get_run(run)
+        f = filters_from(request)
+        page = _int(request.query_params.get("page"), "page") or 0
+        selected = r.select(f)
+        shown = selected[page * PAGE_SIZE : (page + 1) * PAGE_SIZE]
+        params = {k: v for k, v in request.query_params.items() if k != "page" and v != ""}
+        more = (page + 1) * PAGE_SIZE < len(selected)
+        next_url = "/groups?" + _query({**params, "page": str(page + 1)}) if more else None
+        ctx = dict(
+            run=r,
+            groups=shown,
+            total=len(selected),
+            f=f,
+            params=params,
+            next_url=next_url,
+            page=page,
+            filtered=f.per_trajectory,
+        )
+        if request.headers.get("HX-Request") and page > 0:
+            return render("_groups.html", **ctx)
+        return render("groups.html", **ctx)
+
+    @app.get("/group", response_class=HTMLResponse)
+    def group_page(run: str | None = None, id: str = "") -> HTMLResponse:
+        r = get_run(run)
+        g = r.by_group.get(id)
+        if g is None:
+            raise HTTPException(404, f"no group {id!r} in run {r.name!r}")
+        raw = r.group(id)
+        nodes, height = (
+            layout(raw, {t.traj_id: t.advantage for t in g.trajectories}) if g.is_tree else ([], 0)
+        )
+        same_task = [x for x in r.groups if x.task_id == g.task_id and x.group_id != g.group_id]
+        # the nearest steps first; a long run samples a task hundreds of times
+        same_task = sorted(same_task, key=lambda x: (abs(x.step - g.step), x.step))[
+            :SAME_TASK_SHOWN
+        ]
+        return render(
+            "group.html",
+            run=r,
+            g=g,
+            raw=raw,
+            nodes=nodes,
+            height=height,
+            same_task=same_task,
+            answers=[_final_text(t) for t in raw["trajectories"]],
+        )
+
+    @app.get("/traj", response_class=HTMLResponse)
+    def traj_page(run: str | None = None, id: str = "", color: str = "logprob") -> HTMLResponse:
+        r = get_run(run)
+        if id not in r.by_traj:
+            raise HTTPException(404, f"no trajectory {id!r} in run {r.name!r}")
+        if color not in QUANTITIES:
+            raise HTTPException(
+                400, f"color must be one of {', '.join(QUANTITIES)} (got {color!r})"
+            )
+        g, raw_group, t = r.trajectory(id)
+        summ = g.trajectories[r.by_traj[id][1]]
+        newest = max(
+            (x.versions[1] for gg in r.groups for x in gg.trajectories if x.versions), default=0
+        )
+        toks, scale = tokens_of(t, color, _model_name(r), newest, summ.advantage)
+        return render(
+            "traj.html",
+            run=r,
+            g=g,
+            t=t,
+            s=summ,
+            conversation=_conversation(t),
+            tokens=toks,
+            scale=scale,
+            color=color,
+            raw_json=json.dumps(t, indent=1, ensure_ascii=False),
+            task=raw_group.get("task", {}),
+        )
+
+    @app.get("/compare", response_class=HTMLResponse)
+    def compare_page(request: Request, run: str | None = None) -> HTMLResponse:
+        r = get_run(run)
+        tasks: dict[str, set[int]] = {}
+        for g in r.groups:
+            tasks.setdefault(g.task_id, set()).add(g.step)
+        repeated = sorted(t for t, steps in tasks.items() if len(steps) > 1)
+        task = request.query_params.get("task") or (repeated[0] if repeated else "")
+        steps = sorted(tasks.get(task, set()))
+        a = _int(request.query_params.get("a"), "a")
+        b = _int(request.query_params.get("b"), "b")
+        if a is None and steps:
+            a = steps[0]
+        if b is None and steps:
+            b = steps[-1]
+        sides = []
+        for step in (a, b):
+            gs = [g for g in r.groups if g.task_id == task and g.step == step]
+            sides.append((step, [(g, r.group(g.group_id)) for g in gs]))
+        return render(
+            "compare.html",
+            run=r,
+            tasks=repeated,
+            all_tasks=sorted(tasks),
+            task=task,
+            steps=steps,
+            a=a,
+            b=b,
+            sides=sides,
+            final_text=_final_text,
+        )
+
+    return app
+
+
+def _query(params: dict[str, str]) -> str:
+    from urllib.parse import urlencode
+
+    return urlencode(params)
+
+
+def _final_text(t: dict[str, Any]) -> str:
+    turns = t.get("turns") or []
+    return (turns[-1].get("text") or "") if turns else (t.get("error") or "")
+
+
+def _conversation(t: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trajectory as messages: the prompt, then each assistant turn (with its tool calls)
+    and the observation that followed it."""
+    turns = t.get("turns") or []
+    out: list[dict[str, Any]] = []
+    turn_i = 0
+    for seg in t.get("segments", []):
+        kind = seg.get("kind")
+        n = len(seg.get("token_ids", []))
+        if kind == "prompt":
+            out.append({"role": "prompt", "text": seg.get("text") or "", "tokens": n})
+        elif kind == "model":
+            turn = turns[turn_i] if turn_i < len(turns) else {}
+            out.append(
+                {
+                    "role": "assistant",
+                    "text": seg.get("text") or turn.get("text", ""),
+                    "tokens": n,
+                    "turn": turn,
+                }
+            )
+            turn_i += 1
+        else:
+            out.append({"role": "observation", "text": seg.get("text") or "", "tokens": n})
+    return out
+
+
+__all__ = ["create_app"]
