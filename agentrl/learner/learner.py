@@ -50,6 +50,7 @@ from agentrl.config import AlgorithmConfig, Config, LearnerConfig
 from agentrl.errors import CheckpointError
 from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel
+from agentrl.learner.distributed import Ranks, Strategy, rank_micro_batches, whole_rows
 from agentrl.learner.forward import PolicyForward
 from agentrl.learner.lora import load_policy, sampler_state, save_policy
 from agentrl.learner.metrics import WeightedMeans, as_floats, batch_metrics
@@ -131,14 +132,24 @@ class Learner:
                     "this model (LoRA layers, biases and other MLPs are left as they are)"
                 )
         self.pad_token_id = _pad_id(tokenizer)
+        # learner.world_size ranks (agentrl.learner.distributed); one rank: a no-op
+        self.ranks = Ranks.from_config(self.lcfg)
+        self.strategy = Strategy(self.ranks, self.device, bf16=self.bf16)
+        if self.ranks.parallel == "fsdp" and self.lcfg.share_prompt:
+            # the shared-prompt path calls the decoder outside the FSDP root's forward
+            self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
+        self.model = self.strategy.wrap(self.model)
 
         self.use_critic = self.objective.needs_critic
         self.critic = critic.to(self.device) if critic is not None else None
         if self.critic is not None and cfg.model.gradient_checkpointing:
             enable_checkpointing(self.critic.backbone)
+        if self.critic is not None:
+            self.critic = self.strategy.wrap(self.critic)
         self.value_head: ValueHead | None = None
         if self.use_critic and self.critic is None:
-            self.value_head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
+            head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
+            self.value_head = self.strategy.wrap_head(head)
         self.forward = PolicyForward(
             self.precision,
             temperature=self.temperature,
@@ -152,7 +163,7 @@ class Learner:
         self.ref_model = None
         if self.objective.use_kl:
             ref = ref_model if ref_model is not None else copy.deepcopy(self.model)
-            self.ref_model = ref.to(self.device).eval().requires_grad_(False)
+            self.ref_model = self.strategy.wrap(ref.to(self.device).eval().requires_grad_(False))
 
         groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
         if self.use_critic:
@@ -294,17 +305,21 @@ class Learner:
         t_fwd = time.perf_counter()
         if need_prox and not bypass and not current and len(trained_rows):
             self.model.eval()
-            prox_lp, start_entropy, old_values = self.forward.whole_rows(
+            prox_lp, start_entropy, old_values = whole_rows(
+                self.forward,
                 self.model,
                 batch,
                 layout,
                 trained_rows,
+                self.ranks,
                 with_values=self.use_critic,
                 with_entropy=not alg.entropy_coef,
             )
         ref_lp: Tensor | None = None
         if self.ref_model is not None and len(trained_rows):
-            ref_lp, _, _ = self.forward.whole_rows(self.ref_model, batch, layout, trained_rows)
+            ref_lp, _, _ = whole_rows(
+                self.forward, self.ref_model, batch, layout, trained_rows, self.ranks
+            )
         metrics["time/no_grad_pass_s"] = time.perf_counter() - t_fwd
 
         # 2. advantages
@@ -327,6 +342,7 @@ class Learner:
         means = WeightedMeans()
         first_pass_lp = torch.zeros(B, T) if prox_lp is None else None
         grad_norms: list[float] = []
+        update_losses: list[Tensor | float] = []  # each update's loss (this rank's share)
         nonfinite = 0
         skipped = 0  # fp16 updates the gradient scaler skipped (a gradient overflowed)
         dev = self.device
@@ -342,7 +358,7 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 step_loss: Tensor | float = 0.0
                 to_host: list[tuple[Tensor, Tensor, int, Tensor]] = []
-                for idx, L, P in layout.micro_batches(mb_rows):
+                for (idx, L, P), counts in rank_micro_batches(layout, mb_rows, self.ranks):
                     m = loss_mask[idx, :L].to(dev)
                     lp, ent, values = self.forward(
                         self.model,
@@ -366,7 +382,7 @@ class Learner:
                         )
                     else:
                         old = old_lp[idx, :L].to(dev)
-                    if epoch == 0:  # read to the host after the minibatch (no sync here)
+                    if epoch == 0 and counts:  # read to the host after the minibatch
                         to_host.append((used_old_lp, idx, L, old.detach().float() * m))
                     loss, mb_metrics = objective.loss(
                         lp,
@@ -381,6 +397,9 @@ class Learner:
                         returns=_rows(returns, idx, L, dev),
                         denominator=denominator,
                     )
+                    if not counts:  # a padding micro-batch: FSDP's collectives, no gradient
+                        self.scaler.scale(loss * 0.0).backward()
+                        continue
                     # a non-finite loss shows as a non-finite gradient norm below, checked
                     # once per update: no host synchronisation per micro-batch
                     self.scaler.scale(loss).backward()  # scaled up under fp16 only
@@ -391,9 +410,10 @@ class Learner:
                 updates += 1
                 params = self.trained_parameters()
                 scaled = self.scaler.is_enabled() and any(p.grad is not None for p in params)
+                self.strategy.reduce_gradients(params)  # summed over the ranks (DDP)
                 if scaled:
                     self.scaler.unscale_(self.optimizer)  # clip the true gradients
-                gn = torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip)
+                gn = self.strategy.local(torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip))
                 for target, idx, L, values in to_host:
                     target[idx, :L] = values.cpu()
                 if torch.isfinite(gn):  # one synchronisation per optimizer update
@@ -410,7 +430,7 @@ class Learner:
                     overflowed = self.scaler.get_scale() < scale
                     skipped += int(overflowed)
                 self.optimizer.zero_grad(set_to_none=True)
-                means.add({"loss/total": step_loss}, 1.0)
+                update_losses.append(step_loss)
         with warnings.catch_warnings():
             # a step with nothing to train skips optimizer.step(); the schedule still advances
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
@@ -420,7 +440,16 @@ class Learner:
         self.step_count += 1
         self.last_old_logprobs = used_old_lp
 
-        # 4. metrics
+        # 4. metrics (summed over the ranks first)
+        if self.ranks.distributed:
+            means.all_reduce(self.ranks, self.device)
+            if first_pass_lp is not None:
+                self.ranks.sum_(first_pass_lp, self.device)
+            self.ranks.sum_(used_old_lp, self.device)
+        if update_losses:
+            losses = torch.stack([torch.as_tensor(x, device=dev).float() for x in update_losses])
+            for total in self.ranks.sum_(losses, self.device):
+                means.add({"loss/total": total}, 1.0)
         metrics.update(means.means())
         if start_entropy is not None:
             metrics.update(objective.entropy_metrics(start_entropy, loss_mask))
