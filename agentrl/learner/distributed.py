@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -300,6 +301,9 @@ class Strategy:
             return model
         from torch.distributed.fsdp import fully_shard
 
+        # transformers' layers return views (never changed in place here); FSDP2 warns
+        # about every one of them on every forward
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
         kwargs = self._fsdp_kwargs()
         for layer in decoder_layers(model):
             fully_shard(layer, **kwargs)

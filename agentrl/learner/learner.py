@@ -48,6 +48,7 @@ from agentrl.checkpoint_files import (
 )
 from agentrl.config import AlgorithmConfig, Config, LearnerConfig
 from agentrl.errors import CheckpointError
+from agentrl.learner import sharded_checkpoint
 from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.distributed import Ranks, Strategy, rank_micro_batches, whole_rows
@@ -477,12 +478,17 @@ class Learner:
         weights, or with LoRA each adapted layer merged (:mod:`agentrl.learner.lora`)."""
         return sampler_state(self.model)
 
+    def gathered_sampler_weights(self) -> dict[str, Tensor]:
+        """:meth:`sampler_weights` whole: under FSDP gathered from the shards once, kept on
+        rank 0 (every rank must call it; the others get ``{}``)."""
+        return self.strategy.full_state(self.model, self.sampler_weights())
+
     def state_dict_for_sampler(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """The policy weights for the samplers (optionally cast). On CPU a copy, safe to hand
         to another thread; on CUDA the device tensors themselves, so a sampler on a GPU
         copies them device to device: valid until the next :meth:`step`, which the
         orchestrator starts only once the publish has returned."""
-        state = self.sampler_weights()
+        state = self.gathered_sampler_weights()
         if self.device.type == "cuda":
             return {k: v.detach().to(dtype=dtype or v.dtype) for k, v in state.items()}
         return {
@@ -490,7 +496,19 @@ class Learner:
         }
 
     def save_checkpoint(self, directory: str | Path) -> Path:
-        """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically."""
+        """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically.
+        Several ranks: rank 0 writes it (DDP), or every rank its shards
+        (:mod:`agentrl.learner.sharded_checkpoint`)."""
+        if self.ranks.parallel == "fsdp":
+            return sharded_checkpoint.save(self, directory)
+        if not self.ranks.is_main:  # DDP: the weights and optimizer are rank 0's too
+            self.ranks.barrier()
+            return Path(directory)
+        directory = self._save_whole(directory)
+        self.ranks.barrier()
+        return directory
+
+    def _save_whole(self, directory: str | Path) -> Path:
         from safetensors.torch import save_model
 
         directory = Path(directory)
@@ -529,15 +547,24 @@ class Learner:
                 f"learner has critic={self.use_critic}; use the config the run was started with"
             )
 
-        load_policy(self.model, directory, self.device)
-        if self.use_critic:
-            load_model(
-                self._critic_module(),
-                str(directory / "critic.safetensors"),
-                device=str(self.device),
-            )
         state = torch.load(directory / "trainer_state.pt", map_location="cpu", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        sharded, shards = self.ranks.parallel == "fsdp", sharded_checkpoint.has_shards(directory)
+        if sharded and shards:  # resharded to this world size by DCP
+            sharded_checkpoint.load_sharded_into_sharded(self, directory)
+        elif sharded:
+            sharded_checkpoint.load_whole_into_sharded(self, directory, state["optimizer"])
+        else:
+            load_policy(self.model, directory, self.device)
+            if self.use_critic:
+                load_model(
+                    self._critic_module(),
+                    str(directory / "critic.safetensors"),
+                    device=str(self.device),
+                )
+            if shards:  # a sharded learner's checkpoint: the optimizer by parameter name
+                sharded_checkpoint.load_optimizer_from_shards(self, directory)
+            else:
+                self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         if self.scaler.is_enabled() and state.get("scaler"):

@@ -1,0 +1,91 @@
+"""The learner group launched by the run layer: ``learner.world_size: 2`` in local
+processes (gloo), FSDP2. Weights published once (gathered on rank 0), sharded checkpoints
+resumed by the group and by a single learner (another world size), a dead rank named."""
+
+from __future__ import annotations
+
+import os
+import signal
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.errors import ConfigError
+from agentrl.learner import Learner
+from agentrl.models import tiny_llama
+from agentrl.placement.learner_process import LearnerError, LearnerProcess
+from agentrl.runtime import learner_worker
+from tests.learner.conftest import make_cfg, make_groups, one_torch_thread
+
+GROUP = {
+    "model": {"name": "tiny-llama", "seed": 0},
+    "orchestrator": {"cpu_threads": 1},
+    "learner": {"fused_logprobs": "off", "world_size": 2, "parallel": "fsdp"},
+}
+ONE = {**GROUP, "learner": {"fused_logprobs": "off"}}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - v).abs().max()) for k, v in b.items())
+
+
+def test_two_fsdp_ranks_train_publish_checkpoint_and_fail_by_name(tmp_path: Path) -> None:
+    with one_torch_thread():
+        groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
+        single = Learner(tiny_llama(seed=0), None, make_cfg(**ONE))
+    with closing(LearnerProcess(make_cfg(**GROUP))) as group:
+        for _ in range(2):
+            theirs = group.step(groups)
+            with one_torch_thread():
+                mine = single.step(groups)
+            assert theirs["loss/total"] == pytest.approx(mine["loss/total"], rel=1e-4, abs=1e-6)
+        assert group.version == 2
+        # the samplers' weights: whole, from rank 0's shared buffers
+        published = group.state_dict_for_sampler()
+        assert max_diff(published, single.model.state_dict()) < 1e-4
+
+        saved = group.save_checkpoint(tmp_path / "ckpt")
+        assert (saved / "sharded").is_dir()  # every rank's shards (DCP)
+        assert (saved / "model.safetensors").is_file()  # the whole policy for export
+        group.step(groups)
+        group.load_checkpoint(saved)
+        assert group.version == 2
+        assert max_diff(group.state_dict_for_sampler(), single.model.state_dict()) < 1e-4
+
+        # another world size: one process resumes the sharded checkpoint, AdamW included
+        with one_torch_thread():
+            resumed = Learner(tiny_llama(seed=1), None, make_cfg(**ONE))
+            resumed.load_checkpoint(saved)
+            assert resumed.version == 2
+            assert max_diff(resumed.model.state_dict(), single.model.state_dict()) < 1e-4
+            nxt, ref = resumed.step(groups), single.step(groups)
+        assert nxt["loss/total"] == pytest.approx(ref["loss/total"], rel=1e-3, abs=1e-5)
+
+        # a rank that dies: the step fails at once with an error naming it, nothing hangs
+        os.kill(group.pids[1], signal.SIGKILL)
+        with pytest.raises(LearnerError, match=r"learner rank 1 died while training a step"):
+            group.step(groups)
+    assert all(_gone(pid) for pid in group.pids or [])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_world_size_needs_the_learner_in_processes() -> None:
+    cfg = make_cfg(**GROUP)
+    assert learner_worker(cfg) == "process"
+    cfg.orchestrator.learner_worker = "thread"
+    with pytest.raises(ConfigError, match=r"learner\.world_size=2 runs the learner in 2 processes"):
+        learner_worker(cfg)
+
+
+def test_a_learner_outside_a_group_is_told_how_to_start_one() -> None:
+    with pytest.raises(ConfigError, match=r"joined no torch\.distributed group"):
+        Learner(tiny_llama(seed=0), None, make_cfg(**GROUP))
