@@ -279,6 +279,7 @@ class LearnerProcess:
         self._lock = threading.Lock()
         self._ready = False
         self._closed = False
+        self._stopped = False  # close() ran
         self.version = 0
         self.step_count = 0
         self._weights: dict[str, Tensor] = {}
@@ -286,6 +287,11 @@ class LearnerProcess:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 # a child that died at once is reported by wait_ready, with its exit status
                 rank.conn.send((cfg, [p for p in sys.path if p], plugin_modules()))
+
+    @property
+    def _proc(self) -> subprocess.Popen[bytes]:
+        """Rank 0's process (the only one of a single learner)."""
+        return self._ranks[0].proc
 
     @property
     def pids(self) -> list[int]:
@@ -408,9 +414,9 @@ class LearnerProcess:
     def close(self, timeout: float = 30.0) -> None:
         """Stop the children (after their current request); idempotent."""
         with self._lock:
-            if not self._ranks:
+            if self._stopped:
                 return
-            self._closed = True
+            self._stopped = self._closed = True
             for rank in self._ranks:
                 if rank.proc.poll() is None:
                     with contextlib.suppress(Exception):
@@ -426,7 +432,6 @@ class LearnerProcess:
                 rank.conn.close()
                 with contextlib.suppress(OSError):
                     os.close(rank.lifeline)
-            self._ranks = []
             self._weights = {}  # a sampler computing on them keeps them (and the lock) alive
 
     def _kill(self) -> None:
