@@ -89,3 +89,19 @@ def test_world_size_needs_the_learner_in_processes() -> None:
 def test_a_learner_outside_a_group_is_told_how_to_start_one() -> None:
     with pytest.raises(ConfigError, match=r"joined no torch\.distributed group"):
         Learner(tiny_llama(seed=0), None, make_cfg(**GROUP))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_run_trains_on_two_ranks_and_resumes_on_one(tmp_path: Path, parallel: str) -> None:
+    """The run layer end to end: 2 steps on 2 ranks, then --resume on one to step 3."""
+    from tests.orchestrator.test_train import _run, _weights_changed
+
+    two = ["learner.world_size=2", f"learner.parallel={parallel}", "orchestrator.max_steps=2"]
+    orch = _run(tmp_path, *two)
+    assert orch.step == 2 and _weights_changed(orch)
+    assert (orch.run_dir / "checkpoints" / "step_000002" / "learner" / "sharded").is_dir() == (
+        parallel == "fsdp"
+    )
+    resumed = _run(tmp_path, "orchestrator.max_steps=3", resume=True)
+    assert resumed.step == 3
