@@ -274,7 +274,7 @@ class LearnerProcess:
 
     def __init__(self, cfg: Any) -> None:
         self.world_size = int(cfg.learner.world_size)
-        address = f"tcp://127.0.0.1:{_free_port()}" if self.world_size > 1 else ""
+        address = f"tcp://127.0.0.1:{free_port()}" if self.world_size > 1 else ""
         self._ranks = [_Rank(r, self.world_size, address) for r in range(self.world_size)]
         self._lock = threading.Lock()
         self._ready = False
@@ -443,7 +443,7 @@ class _Timeout(Exception):
     """No reply within the time asked for."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A TCP port free on this machine now, for rank 0's rendezvous store."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -105,3 +105,17 @@ def test_a_run_trains_on_two_ranks_and_resumes_on_one(tmp_path: Path, parallel: 
     )
     resumed = _run(tmp_path, "orchestrator.max_steps=3", resume=True)
     assert resumed.step == 3
+
+
+@pytest.mark.integration
+def test_two_ranks_under_ray(tmp_path: Path) -> None:
+    """orchestrator.backend=ray: rank 0 on the driver's node, rank 1 in the learner's
+    placement group; 2 steps train, checkpoint sharded."""
+    pytest.importorskip("ray")
+    from tests.orchestrator.test_train import _run, _weights_changed
+    from tests.placement.test_ray_backend import SMALL
+
+    ranks = ["learner.world_size=2", "learner.parallel=fsdp", "orchestrator.max_steps=2"]
+    orch = _run(tmp_path, *SMALL, "ray.learner.num_cpus=0.25", *ranks)
+    assert orch.step == 2 and _weights_changed(orch)
+    assert (orch.run_dir / "checkpoints" / "step_000002" / "learner" / "sharded").is_dir()
