@@ -211,7 +211,7 @@ class LearnerShell:
         # request; the weights are gathered once per version, here
         self.peers = list(peers)
         if self.peers:
-            join_learner_group(cfg, 0, address)
+            join_learner_group(cfg, 0, address, local_rank=0)
         self.learner = load_learner(cfg)
         self._whole: dict[str, Any] | None = None
         if self.peers:
@@ -292,7 +292,7 @@ class LearnerRankShell:
     def __init__(self, cfg: Config, rank: int, address: str) -> None:
         _process_settings(cfg, cfg.ray.learner.num_cpus)
         self.rank = rank
-        join_learner_group(cfg, rank, address)
+        join_learner_group(cfg, rank, address, local_rank=0)
         self.learner = load_learner(cfg)
         self.learner.gathered_sampler_weights()  # rank 0 gathers the first version now
 

@@ -450,12 +450,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def join_learner_group(cfg: Any, rank: int, address: str) -> None:
-    """Join the learner's torch.distributed group as `rank` (before the learner is built)."""
+def join_learner_group(cfg: Any, rank: int, address: str, *, local_rank: int | None = None) -> None:
+    """Join the learner's torch.distributed group as `rank` (before the learner is built).
+    On CUDA it computes on ``cuda:local_rank``: the rank itself for processes on one node
+    (default), 0 in a Ray actor (Ray shows it only its own GPU)."""
     from agentrl.learner.distributed import init_rank_group
     from agentrl.learner.precision import resolve_device
 
-    os.environ.setdefault("LOCAL_RANK", str(rank))
+    os.environ["LOCAL_RANK"] = str(rank if local_rank is None else local_rank)
     device = torch.device("cuda" if resolve_device(cfg.learner.device).type == "cuda" else "cpu")
     init_rank_group(
         rank,
