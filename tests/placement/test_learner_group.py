@@ -119,3 +119,19 @@ def test_two_ranks_under_ray(tmp_path: Path) -> None:
     orch = _run(tmp_path, *SMALL, "ray.learner.num_cpus=0.25", *ranks)
     assert orch.step == 2 and _weights_changed(orch)
     assert (orch.run_dir / "checkpoints" / "step_000002" / "learner" / "sharded").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("learner", "message"),
+    [
+        ({"parallel": "fsdp", "fp16": "on"}, r"learner\.parallel=fsdp does not take learner\.fp16"),
+        ({"cpu_offload": True}, r"learner\.cpu_offload=true offloads FSDP2's shards"),
+        ({"world_size": 0}, r"world_size"),
+        ({"parallel": "zero3"}, r"parallel"),
+    ],
+)
+def test_bad_learner_group_settings_are_one_line(learner: dict, message: str) -> None:
+    from agentrl.config import config_from_dict
+
+    with pytest.raises(Exception, match=message):
+        config_from_dict({"learner": learner})
