@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,9 @@ def load_optimizer_from_shards(learner: Any, directory: Path) -> None:
     state = {"optimizer": optim_state}
     # one process (no group): every shard read here
     no_dist = not torch.distributed.is_initialized()
-    dcp.load(state, checkpoint_id=str(directory / SHARDED), no_dist=no_dist)
+    with warnings.catch_warnings():  # DCP says it assumes one process: it is one
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(directory / SHARDED), no_dist=no_dist)
     set_optimizer_state_dict(learner.model, learner.optimizer, state["optimizer"])
 
 

@@ -31,6 +31,9 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - v).abs().max()) for k, v in b.items())
 
 
+# 2 rank processes load the model: about a minute on 2 shared cores (the default suite has
+# the 2-rank equality test, tests/learner/test_distributed.py)
+@pytest.mark.integration
 def test_two_fsdp_ranks_train_publish_checkpoint_and_fail_by_name(tmp_path: Path) -> None:
     with one_torch_thread():
         groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
