@@ -139,6 +139,8 @@ class Learner:
         if self.ranks.parallel == "fsdp" and self.lcfg.share_prompt:
             # the shared-prompt path calls the decoder outside the FSDP root's forward
             self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
+        if self.ranks.parallel == "fsdp" and self.objective.use_kl and ref_model is None:
+            ref_model = copy.deepcopy(self.model)  # copied whole, sharded on its own below
         self.model = self.strategy.wrap(self.model)
 
         self.use_critic = self.objective.needs_critic
