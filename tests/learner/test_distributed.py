@@ -86,3 +86,30 @@ def tiny_llama_weights() -> dict[str, torch.Tensor]:
     from agentrl.models import tiny_llama
 
     return tiny_llama(seed=0).state_dict()
+
+
+def test_rows_are_shared_by_whole_groups_and_padded_in_lockstep() -> None:
+    from agentrl.learner.batching import BatchLayout
+    from agentrl.learner.distributed import Ranks, rank_micro_batches, share_rows
+
+    # 5 groups of 2 rows; group 0 long
+    group_index = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4, 4])
+    lengths = torch.tensor([90, 80, 10, 12, 20, 22, 30, 31, 15, 16])
+    layout = BatchLayout(lengths, group_index, None, micro_batch_size=2)
+    rows = torch.tensor([9, 0, 3, 5, 7, 1, 2, 4, 6, 8])  # a minibatch's permutation
+    shares = share_rows(layout, rows, 2)
+    assert sorted(torch.cat(shares).tolist()) == list(range(10))
+    for share in shares:  # whole groups, in the permutation's order
+        groups = {int(group_index[r]) for r in share}
+        assert all(int(group_index[r]) in groups for r in share)
+        assert sorted(share.tolist()) == sorted(
+            r for r in range(10) if int(group_index[r]) in groups
+        )
+        order = [rows.tolist().index(r) for r in share.tolist()]
+        assert order == sorted(order)
+    assert [int(group_index[r]) for r in shares[0]] == [0, 0]  # the long group alone
+    per_rank = [list(rank_micro_batches(layout, rows, Ranks(rank, 2, "fsdp"))) for rank in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1]) == 4  # lockstep: rank 0 padded to 4
+    assert [counts for _, counts in per_rank[0]] == [True, False, False, False]
+    ddp = list(rank_micro_batches(layout, rows, Ranks(0, 2, "ddp")))
+    assert len(ddp) == 1  # DDP runs only its own
