@@ -65,6 +65,13 @@ def save(learner: Any, directory: str | Path) -> Path:
     full = get_model_state_dict(
         learner.model, options=_options(full_state_dict=True, cpu_offload=True)
     )
+    # tied weights once, under the first of their names in sorted order (as a single
+    # learner writes them): the gathered copies no longer share storage
+    tied: dict[int, list[str]] = {}
+    for name, p in learner.model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(p), []).append(name)
+    dropped = {n for names in tied.values() for n in sorted(names)[1:]}
+    full = {k: v for k, v in full.items() if k not in dropped}
     if ranks.is_main:
         from safetensors.torch import save_file
 

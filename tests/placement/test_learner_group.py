@@ -106,6 +106,11 @@ def test_a_run_trains_on_two_ranks_and_resumes_on_one(tmp_path: Path, parallel: 
     assert (orch.run_dir / "checkpoints" / "step_000002" / "learner" / "sharded").is_dir() == (
         parallel == "fsdp"
     )
+    from agentrl.export import export_checkpoint
+
+    folder = export_checkpoint(orch.run_dir, tmp_path / "hf")  # one Hugging Face folder
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert not (folder / "sharded").exists()
     resumed = _run(tmp_path, "orchestrator.max_steps=3", resume=True)
     assert resumed.step == 3
 
