@@ -226,6 +226,17 @@ class LearnerConfig(_Section):
     # matmuls (full model.gradient_checkpointing: all of them for +33%). See
     # docs/performance.md#half-precision-and-activation-checkpointing
     recompute_mlp: bool = False
+    # ranks of one torch.distributed group training the policy together (gloo on CPU, NCCL
+    # on GPU, one GPU each), launched by the run layer: local processes, or Ray actors in a
+    # placement group under orchestrator.backend=ray. See agentrl.learner.distributed
+    world_size: int = Field(1, ge=1)
+    # ddp = every rank holds the model, gradients summed by all-reduce; fsdp = torch's
+    # FSDP2 per decoder layer: parameters, gradients and AdamW state sharded 1/world_size
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    # fsdp: keep the sharded parameters, gradients and optimizer state in host memory
+    cpu_offload: bool = False
+    # how long any collective of the learner group may wait before it fails (a dead rank)
+    collective_timeout_s: float = Field(600.0, gt=0)
 
     @field_validator("bf16", "fp16", "fused_logprobs", mode="before")
     @classmethod
@@ -239,6 +250,16 @@ class LearnerConfig(_Section):
             raise ValueError(
                 "learner.fp16=on and learner.bf16=on ask for two autocast dtypes: set "
                 "learner.bf16=auto (or off) to train in fp16, or learner.fp16=off for bf16"
+            )
+        if self.parallel == "fsdp" and self.fp16 == "on":
+            raise ValueError(
+                "learner.parallel=fsdp does not take learner.fp16=on (its gradient scaler is "
+                "not sharded): use learner.bf16, or learner.parallel=ddp"
+            )
+        if self.cpu_offload and self.parallel != "fsdp":
+            raise ValueError(
+                "learner.cpu_offload=true offloads FSDP2's shards: set learner.parallel=fsdp, "
+                "or learner.cpu_offload=false"
             )
         return self
 

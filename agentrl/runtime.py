@@ -53,6 +53,14 @@ log = logging.getLogger(__name__)
 def learner_worker(cfg: Config) -> str:
     """``orchestrator.learner_worker`` resolved: ``thread`` or ``process``."""
     worker = cfg.orchestrator.learner_worker
+    if cfg.learner.world_size > 1:  # the ranks are processes the run layer launches
+        if worker == "thread":
+            raise ConfigError(
+                f"learner.world_size={cfg.learner.world_size} runs the learner in "
+                f"{cfg.learner.world_size} processes: set orchestrator.learner_worker=process "
+                "(or auto), or learner.world_size=1"
+            )
+        return "process"
     if worker == "auto":
         return "process" if cfg.orchestrator.max_staleness > 0 else "thread"
     return worker

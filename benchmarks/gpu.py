@@ -529,7 +529,13 @@ def bench_async(args: argparse.Namespace, device: torch.device, root: Path) -> d
 def bench_extras(args: argparse.Namespace, device: torch.device, root: Path) -> dict[str, Any]:
     """Paths nothing else exercises on a GPU; each row records its own failure."""
     out: dict[str, Any] = {}
-    for name, fn in (("lora", extra_lora), ("fp16", extra_fp16), ("memory", extra_memory)):
+    extras = (
+        ("lora", extra_lora),
+        ("fp16", extra_fp16),
+        ("memory", extra_memory),
+        ("fsdp", extra_fsdp),
+    )
+    for name, fn in extras:
         t0 = time.perf_counter()
         try:
             out[name] = fn(args, device, root)
@@ -646,6 +652,52 @@ def extra_memory(args: argparse.Namespace, device: torch.device, root: Path) -> 
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
     return {"refused_at_start": refused, "allocation_past_cap_refused": capped}
+
+
+def extra_fsdp(args: argparse.Namespace, device: torch.device, root: Path) -> dict[str, Any]:
+    """learner.parallel=fsdp at world size 1 (FSDP2 over a group of one, NCCL on CUDA):
+    2 steps in bf16, the whole weights gathered for a sampler, a sharded checkpoint
+    (torch.distributed.checkpoint) resumed by a second FSDP2 learner."""
+    from agentrl.config import config_from_dict
+    from agentrl.learner import Learner
+    from agentrl.models import load_tokenizer
+
+    cfg = config_from_dict(
+        {"learner": {"device": str(device), "lr": 1e-5, "parallel": "fsdp", "bf16": "auto"}}
+    )
+    tokenizer = load_tokenizer("tiny-llama")
+    try:
+        learner = Learner(llama(args.extras_shape, device), tokenizer, cfg)
+        groups = make_groups(2, 4, (16, 64), (16, 64))
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        steps = []
+        for _ in range(2):
+            sync(device)
+            t0 = time.perf_counter()
+            m = learner.step(groups)
+            sync(device)
+            steps.append({"step_s": time.perf_counter() - t0, "loss": m.get("loss/total")})
+        weights = learner.gathered_sampler_weights()
+        saved = learner.save_checkpoint(root / "fsdp_checkpoint")
+        resumed = Learner(llama(args.extras_shape, device), tokenizer, cfg)
+        resumed.load_checkpoint(saved)
+        same = all(
+            torch.equal(v.cpu(), weights[k].cpu())
+            for k, v in resumed.gathered_sampler_weights().items()
+        )
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        return {
+            "shape": args.extras_shape,
+            "steps": steps,
+            "gathered_tensors": len(weights),
+            "sharded_checkpoint": (saved / "sharded").is_dir(),
+            "resumed_weights_equal": same,
+            "peak_allocated_mb": peak / 2**20 if peak is not None else None,
+        }
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 # --- main -----------------------------------------------------------------------------------

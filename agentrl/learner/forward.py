@@ -54,7 +54,18 @@ def decoder_hidden(model: Any, input_ids: Tensor, position_ids: Tensor | None = 
     if base is None or base is model:
         out = model(input_ids=input_ids, output_hidden_states=True, use_cache=False, **kw)
         return out.hidden_states[-1]
+    if _fsdp_root(model):  # FSDP2 gathers the root's weights in the root's forward only
+        out = model(
+            input_ids=input_ids, output_hidden_states=True, use_cache=False, logits_to_keep=1, **kw
+        )
+        return out.hidden_states[-1]
     return base(input_ids=input_ids, use_cache=False, **kw)[0]
+
+
+def _fsdp_root(model: Any) -> bool:
+    """Whether `model` is an FSDP2 root (``learner.parallel: fsdp``; see
+    :mod:`agentrl.learner.distributed`)."""
+    return any(cls.__name__ == "FSDPModule" for cls in type(model).__mro__)
 
 
 def checkpointing_active(model: Any) -> bool:

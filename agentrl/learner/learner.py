@@ -49,8 +49,10 @@ from agentrl.checkpoint_files import (
 from agentrl.config import AlgorithmConfig, Config, LearnerConfig
 from agentrl.devices import to_device, to_host
 from agentrl.errors import CheckpointError
+from agentrl.learner import sharded_checkpoint
 from agentrl.learner.batching import BatchLayout, minibatch_rows
 from agentrl.learner.critic import ValueHead, ValueModel
+from agentrl.learner.distributed import Ranks, Strategy, rank_micro_batches, whole_rows
 from agentrl.learner.forward import PolicyForward
 from agentrl.learner.lora import load_policy, sampler_state, save_policy
 from agentrl.learner.metrics import WeightedMeans, as_floats, batch_metrics
@@ -135,14 +137,26 @@ class Learner:
                     "this model (LoRA layers, biases and other MLPs are left as they are)"
                 )
         self.pad_token_id = _pad_id(tokenizer)
+        # learner.world_size ranks (agentrl.learner.distributed); one rank: a no-op
+        self.ranks = Ranks.from_config(self.lcfg)
+        self.strategy = Strategy(self.ranks, self.device, bf16=self.bf16)
+        if self.ranks.parallel == "fsdp" and self.lcfg.share_prompt:
+            # the shared-prompt path calls the decoder outside the FSDP root's forward
+            self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
+        if self.ranks.parallel == "fsdp" and self.objective.use_kl and ref_model is None:
+            ref_model = copy.deepcopy(self.model)  # copied whole, sharded on its own below
+        self.model = self.strategy.wrap(self.model)
 
         self.use_critic = self.objective.needs_critic
         self.critic = critic.to(self.device) if critic is not None else None
         if self.critic is not None and cfg.model.gradient_checkpointing:
             enable_checkpointing(self.critic.backbone)
+        if self.critic is not None:
+            self.critic = self.strategy.wrap(self.critic)
         self.value_head: ValueHead | None = None
         if self.use_critic and self.critic is None:
-            self.value_head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
+            head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
+            self.value_head = self.strategy.wrap_head(head)
         self.forward = PolicyForward(
             self.precision,
             temperature=self.temperature,
@@ -156,7 +170,7 @@ class Learner:
         self.ref_model = None
         if self.objective.needs_ref:
             ref = ref_model if ref_model is not None else copy.deepcopy(self.model)
-            self.ref_model = ref.to(self.device).eval().requires_grad_(False)
+            self.ref_model = self.strategy.wrap(ref.to(self.device).eval().requires_grad_(False))
 
         groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
         if self.use_critic:
@@ -301,17 +315,21 @@ class Learner:
         t_fwd = time.perf_counter()
         if need_prox and not bypass and not current and len(trained_rows):
             self.model.eval()
-            prox_lp, start_entropy, old_values = self.forward.whole_rows(
+            prox_lp, start_entropy, old_values = whole_rows(
+                self.forward,
                 self.model,
                 batch,
                 layout,
                 trained_rows,
+                self.ranks,
                 with_values=self.use_critic,
                 with_entropy=not alg.entropy_coef,
             )
         ref_lp: Tensor | None = None
         if self.ref_model is not None and len(trained_rows):
-            ref_lp, _, _ = self.forward.whole_rows(self.ref_model, batch, layout, trained_rows)
+            ref_lp, _, _ = whole_rows(
+                self.forward, self.ref_model, batch, layout, trained_rows, self.ranks
+            )
         metrics["time/no_grad_pass_s"] = time.perf_counter() - t_fwd
 
         # 2. advantages
@@ -334,6 +352,7 @@ class Learner:
         means = WeightedMeans()
         first_pass_lp = torch.zeros(B, T) if prox_lp is None else None
         grad_norms: list[float] = []
+        update_losses: list[Tensor | float] = []  # each update's loss (this rank's share)
         nonfinite = 0
         skipped = 0  # fp16 updates the gradient scaler skipped (a gradient overflowed)
         dev = self.device
@@ -355,7 +374,7 @@ class Learner:
                 # one autocast region per update: each weight is cast once for all of its
                 # micro-batches (Precision.casts_once), ended before the weights change
                 with self.precision.casts_once():
-                    for idx, L, P in layout.micro_batches(mb_rows):
+                    for (idx, L, P), counts in rank_micro_batches(layout, mb_rows, self.ranks):
                         # host -> device without waiting (pinned); the forward finds the loss
                         # positions in the host-side mask, so nothing here reads the device
                         m = to_device(loss_mask[idx, :L], dev)
@@ -381,7 +400,7 @@ class Learner:
                             )
                         else:
                             old = to_device(old_lp[idx, :L], dev)
-                        if epoch == 0:  # read to the host at the end of the step (no wait here)
+                        if epoch == 0 and counts:  # read to the host at the step's end
                             pending.append((used_old_lp, idx, L, old.detach().float() * m))
                         loss, mb_metrics = objective.loss(
                             lp,
@@ -397,6 +416,9 @@ class Learner:
                             denominator=denominator,
                             rows=idx,
                         )
+                        if not counts:  # a padding micro-batch: FSDP's collectives, no gradient
+                            self.scaler.scale(loss * 0.0).backward()
+                            continue
                         # a non-finite loss shows as a non-finite gradient norm below, checked
                         # once per update: no host synchronisation per micro-batch
                         self.scaler.scale(loss).backward()  # scaled up under fp16 only
@@ -407,9 +429,10 @@ class Learner:
                 updates += 1
                 params = self.trained_parameters()
                 scaled = self.scaler.is_enabled() and any(p.grad is not None for p in params)
+                self.strategy.reduce_gradients(params)  # summed over the ranks (DDP)
                 if scaled:
                     self.scaler.unscale_(self.optimizer)  # clip the true gradients
-                gn = torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip)
+                gn = self.strategy.local(torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip))
                 if torch.isfinite(gn):  # one synchronisation per optimizer update
                     if scaled:  # skipped by the scaler when a gradient overflowed
                         self.scaler.step(self.optimizer)
@@ -424,7 +447,7 @@ class Learner:
                     overflowed = self.scaler.get_scale() < scale
                     skipped += int(overflowed)
                 self.optimizer.zero_grad(set_to_none=True)
-                means.add({"loss/total": step_loss}, 1.0)
+                update_losses.append(step_loss)
         for (target, idx, L, _), values in zip(
             pending, to_host([p[3] for p in pending]), strict=True
         ):
@@ -438,7 +461,16 @@ class Learner:
         self.step_count += 1
         self.last_old_logprobs = used_old_lp
 
-        # 4. metrics
+        # 4. metrics (summed over the ranks first)
+        if self.ranks.distributed:
+            means.all_reduce(self.ranks, self.device)
+            if first_pass_lp is not None:
+                self.ranks.sum_(first_pass_lp, self.device)
+            self.ranks.sum_(used_old_lp, self.device)
+        if update_losses:
+            losses = torch.stack([torch.as_tensor(x, device=dev).float() for x in update_losses])
+            for total in self.ranks.sum_(losses, self.device):
+                means.add({"loss/total": total}, 1.0)
         metrics.update(means.means())
         if start_entropy is not None:
             metrics.update(objective.entropy_metrics(start_entropy, loss_mask))
@@ -466,12 +498,17 @@ class Learner:
         weights, or with LoRA each adapted layer merged (:mod:`agentrl.learner.lora`)."""
         return sampler_state(self.model)
 
+    def gathered_sampler_weights(self) -> dict[str, Tensor]:
+        """:meth:`sampler_weights` whole: under FSDP gathered from the shards once, kept on
+        rank 0 (every rank must call it; the others get ``{}``)."""
+        return self.strategy.full_state(self.model, self.sampler_weights())
+
     def state_dict_for_sampler(self, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """The policy weights for the samplers (optionally cast). On CPU a copy, safe to hand
         to another thread; on CUDA the device tensors themselves, so a sampler on a GPU
         copies them device to device: valid until the next :meth:`step`, which the
         orchestrator starts only once the publish has returned."""
-        state = self.sampler_weights()
+        state = self.gathered_sampler_weights()
         if self.device.type == "cuda":
             return {k: v.detach().to(dtype=dtype or v.dtype) for k, v in state.items()}
         return {
@@ -479,7 +516,19 @@ class Learner:
         }
 
     def save_checkpoint(self, directory: str | Path) -> Path:
-        """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically."""
+        """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically.
+        Several ranks: rank 0 writes it (DDP), or every rank its shards
+        (:mod:`agentrl.learner.sharded_checkpoint`)."""
+        if self.ranks.parallel == "fsdp":
+            return sharded_checkpoint.save(self, directory)
+        if not self.ranks.is_main:  # DDP: the weights and optimizer are rank 0's too
+            self.ranks.barrier()
+            return Path(directory)
+        directory = self._save_whole(directory)
+        self.ranks.barrier()
+        return directory
+
+    def _save_whole(self, directory: str | Path) -> Path:
         from safetensors.torch import save_model
 
         directory = Path(directory)
@@ -518,15 +567,24 @@ class Learner:
                 f"learner has critic={self.use_critic}; use the config the run was started with"
             )
 
-        load_policy(self.model, directory, self.device)
-        if self.use_critic:
-            load_model(
-                self._critic_module(),
-                str(directory / "critic.safetensors"),
-                device=str(self.device),
-            )
         state = torch.load(directory / "trainer_state.pt", map_location="cpu", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        sharded, shards = self.ranks.parallel == "fsdp", sharded_checkpoint.has_shards(directory)
+        if sharded and shards:  # resharded to this world size by DCP
+            sharded_checkpoint.load_sharded_into_sharded(self, directory)
+        elif sharded:
+            sharded_checkpoint.load_whole_into_sharded(self, directory, state["optimizer"])
+        else:
+            load_policy(self.model, directory, self.device)
+            if self.use_critic:
+                load_model(
+                    self._critic_module(),
+                    str(directory / "critic.safetensors"),
+                    device=str(self.device),
+                )
+            if shards:  # a sharded learner's checkpoint: the optimizer by parameter name
+                sharded_checkpoint.load_optimizer_from_shards(self, directory)
+            else:
+                self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         if self.scaler.is_enabled() and state.get("scaler"):

@@ -42,6 +42,21 @@ class WeightedMeans:
             self._sums[k] = self._sums[k] + v * weight
             self._weights[k] += weight
 
+    def all_reduce(self, ranks: Any, device: torch.device) -> None:
+        """Sum the sums and weights over the learner's ranks (``ranks``:
+        :class:`~agentrl.learner.distributed.Ranks`), in one collective."""
+        keys = ranks.union(self._sums)
+        packed = torch.stack(
+            [
+                torch.as_tensor(self._sums.get(k, 0.0), device=device).float().reshape(())
+                for k in keys
+            ]
+            + [torch.tensor(float(self._weights.get(k, 0.0)), device=device) for k in keys]
+        )
+        ranks.sum_(packed, device)
+        self._sums = defaultdict(float, zip(keys, packed[: len(keys)].unbind(), strict=True))
+        self._weights = defaultdict(float, zip(keys, packed[len(keys) :].tolist(), strict=True))
+
     def means(self) -> dict[str, float]:
         return as_floats({k: v / max(self._weights[k], 1e-12) for k, v in self._sums.items()})
 

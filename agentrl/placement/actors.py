@@ -23,6 +23,7 @@ from agentrl.components import build_engine, build_env, build_sampler, load_lear
 from agentrl.config import Config
 from agentrl.devices import resolve_device
 from agentrl.models import load_tokenizer
+from agentrl.placement.learner_process import LearnerError, join_learner_group
 from agentrl.placement.router import ReplicaRouter
 from agentrl.process_settings import apply_process_settings
 from agentrl.resources import ResourceScope
@@ -202,10 +203,19 @@ class LearnerShell:
     An async actor: ``publish`` awaits the replicas; the blocking calls (``step``,
     checkpoints) hold the actor's loop, which is what they mean (one step at a time)."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, peers: Sequence[Any] = (), address: str = "") -> None:
         _process_settings(cfg, cfg.ray.learner.num_cpus)
         self.cfg = cfg
+        # learner.world_size > 1: this actor is rank 0; `peers` (LearnerRankShell actors,
+        # ranks 1..n-1) join the group at `address` as this one starts, and follow each
+        # request; the weights are gathered once per version, here
+        self.peers = list(peers)
+        if self.peers:
+            join_learner_group(cfg, 0, address, local_rank=0)
         self.learner = load_learner(cfg)
+        self._whole: dict[str, Any] | None = None
+        if self.peers:
+            self._whole = self.learner.gathered_sampler_weights()
         self.replicas: list[ReplicaClient] = []
         self.bus: Any = None
         self._transport: Any = None
@@ -230,13 +240,20 @@ class LearnerShell:
             self.bus.register(client)
 
     def step(self, groups: list[Any]) -> tuple[dict[str, float], int, int]:
+        follow = [p.step.remote(groups) for p in self.peers]
         metrics = self.learner.step(groups)
+        if self.peers:
+            self._whole = self.learner.gathered_sampler_weights()
+        _followed(follow, "training a step")
         return metrics, self.learner.version, self.learner.step_count
 
     async def publish(self) -> dict[str, Any]:
         """Publish the current weights to every replica; returns what each one holds."""
         version = self.learner.version
-        weights = self.learner.state_dict_for_sampler()
+        if self._whole is not None:  # gathered after the step: a copy the next step keeps
+            weights = {k: v.detach().clone() for k, v in self._whole.items()}
+        else:
+            weights = self.learner.state_dict_for_sampler()
         report = await self.bus.publish(version, weights)
         return {
             "version": version,
@@ -248,13 +265,60 @@ class LearnerShell:
         }
 
     def save_checkpoint(self, directory: str) -> str:
-        return str(self.learner.save_checkpoint(Path(directory)))
+        follow = [p.save_checkpoint.remote(directory) for p in self.peers]
+        saved = str(self.learner.save_checkpoint(Path(directory)))
+        _followed(follow, "saving a checkpoint")
+        return saved
 
     def load_checkpoint(self, directory: str) -> tuple[int, int]:
+        follow = [p.load_checkpoint.remote(directory) for p in self.peers]
         self.learner.load_checkpoint(Path(directory))
+        if self.peers:
+            self._whole = self.learner.gathered_sampler_weights()
+        _followed(follow, "loading a checkpoint")
         return self.learner.version, self.learner.step_count
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
         self.learner.close()
+
+
+class LearnerRankShell:
+    """Rank `rank` (> 0) of the learner group in a Ray actor (``learner.world_size > 1``):
+    it joins rank 0's group, and runs each request rank 0 forwards at the same time, so
+    the collectives meet (see :mod:`agentrl.learner.distributed`)."""
+
+    def __init__(self, cfg: Config, rank: int, address: str) -> None:
+        _process_settings(cfg, cfg.ray.learner.num_cpus)
+        self.rank = rank
+        join_learner_group(cfg, rank, address, local_rank=0)
+        self.learner = load_learner(cfg)
+        self.learner.gathered_sampler_weights()  # rank 0 gathers the first version now
+
+    def step(self, groups: list[Any]) -> None:
+        self.learner.step(groups)
+        self.learner.gathered_sampler_weights()
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.learner.save_checkpoint(Path(directory))
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.learner.load_checkpoint(Path(directory))
+        self.learner.gathered_sampler_weights()
+
+
+def _followed(refs: list[Any], doing: str) -> None:
+    """Wait for the peer ranks' share of a request; a dead or failed rank is named."""
+    import ray
+
+    for rank, ref in enumerate(refs, start=1):
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise LearnerError(
+                f"learner rank {rank} died while {doing} ({type(e).__name__}); the last "
+                "checkpoint is intact"
+            ) from None
+        except ray.exceptions.RayTaskError as e:
+            raise LearnerError(f"learner rank {rank} failed while {doing}: {e}") from None

@@ -22,13 +22,20 @@ from agentrl.components import Run, build_env
 from agentrl.config import Config
 from agentrl.errors import ConfigError, PluginError
 from agentrl.models import load_tokenizer, prepare_files
-from agentrl.placement.actors import ActorReplica, LearnerShell, RolloutWorkerShell, SamplerShell
+from agentrl.placement.actors import (
+    ActorReplica,
+    LearnerRankShell,
+    LearnerShell,
+    RolloutWorkerShell,
+    SamplerShell,
+)
 from agentrl.placement.driver import (
     DriverSampler,
     RayWeightBus,
     RemoteEngine,
     RemoteLearner,
 )
+from agentrl.placement.learner_process import free_port
 from agentrl.placement.router import ReplicaRouter
 from agentrl.resources import ResourceScope
 
@@ -58,6 +65,29 @@ def _ready(ray: Any, refs: list[Any], what: str, timeout_s: float) -> list[Any]:
         cause = getattr(e, "cause", None) or e
         first = str(cause).strip().splitlines()[-1] if str(cause).strip() else repr(cause)
         raise PluginError(f"{what} failed to start: {type(cause).__name__}: {first}") from None
+
+
+def _learner_ranks(
+    conn: cluster.Connection, cfg: Config, options: dict[str, Any], timeout: float
+) -> tuple[list[Any], str]:
+    """Ranks 1..n-1 of a learner group (``learner.world_size: n``) as Ray actors in a
+    placement group (one bundle of ``ray.learner`` each, ``ray.placement_strategy``), and
+    the rendezvous address of rank 0, which runs on the driver's node (it writes the run's
+    checkpoints)."""
+    world = cfg.learner.world_size
+    if world == 1:
+        return [], ""
+    ray = conn.ray
+    address = f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+    pg = cluster.placement_group(conn, cfg, "learner", world - 1, timeout)
+    rank_cls = ray.remote(LearnerRankShell)
+    peers = [
+        rank_cls.options(**options, max_concurrency=1, **cluster.scheduling(pg, r - 1)).remote(
+            cfg, r, address
+        )
+        for r in range(1, world)
+    ]
+    return peers, address
 
 
 def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Run:
@@ -105,7 +135,9 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Run:
             **options(rc.learner, max_restarts=0, max_concurrency=1),
             **cluster.on_this_node(ray),
         )
-        learner_handle = learner_cls.remote(cfg)
+        peers, address = _learner_ranks(conn, cfg, options(rc.learner, max_restarts=0), timeout)
+        actors.extend(peers)
+        learner_handle = learner_cls.remote(cfg, peers, address)
         actors.append(learner_handle)
         sampler_cls = ray.remote(SamplerShell)
         samplers = []

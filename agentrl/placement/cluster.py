@@ -188,11 +188,11 @@ def local_num_cpus(cfg: Config) -> int:
 
 
 def total_demand(cfg: Config) -> dict[str, float]:
-    """What all roles reserve together (samplers + rollout workers + one learner)."""
+    """What all roles reserve together (samplers + rollout workers + learner.world_size learner ranks)."""
     needed: dict[str, float] = {}
     for role in ROLES:
         rc: RayRoleConfig = getattr(cfg.ray, role)
-        n = 1 if role == "learner" else rc.replicas
+        n = cfg.learner.world_size if role == "learner" else rc.replicas
         for k, v in demand(rc).items():
             needed[k] = needed.get(k, 0.0) + v * n
     return needed
@@ -210,7 +210,7 @@ def check_resources(cfg: Config, ray: Any) -> None:
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     for role in ROLES:
         rc: RayRoleConfig = getattr(cfg.ray, role)
-        n = 1 if role == "learner" else rc.replicas
+        n = cfg.learner.world_size if role == "learner" else rc.replicas
         one = demand(rc)
         for k, v in one.items():
             if total.get(k, 0.0) < v * n:

@@ -45,7 +45,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,9 @@ log = logging.getLogger(__name__)
 
 # how long the child may take to load the model and build the learner
 START_TIMEOUT_S = 600.0
+# a learner group's rank, and rank 0's rendezvous address, for each spawned rank
+RANK_ENV = "AGENTRL_LEARNER_RANK"
+ADDRESS_ENV = "AGENTRL_LEARNER_ADDRESS"
 
 
 class LearnerError(AgentRLError):
@@ -102,11 +105,26 @@ def _reply_error(conn: Connection, e: BaseException) -> None:
         conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}"), tb))
 
 
+class _NotShared:
+    """A rank > 0 of a learner group: it takes part in gathering the weights that rank 0
+    shares with the parent, and holds no buffers of its own."""
+
+    def refresh(self, state: Any) -> None:
+        pass
+
+    def handle(self) -> None:
+        return None
+
+    def unlink(self) -> None:
+        pass
+
+
 def _serve(conn: Connection, lifeline: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(lifeline)
-    shared: SharedWeights | CudaSharedWeights | None = None
+    shared: SharedWeights | CudaSharedWeights | _NotShared | None = None
+    rank = int(os.environ.get(RANK_ENV, "0"))
     try:
         cfg, path, plugins = conn.recv()
         sys.path[:] = path + [p for p in sys.path if p not in path]
@@ -117,12 +135,20 @@ def _serve(conn: Connection, lifeline: int) -> None:
         apply_process_settings(cfg)
         learner_process_threads(cfg.orchestrator.cpu_threads, cfg.orchestrator.learner_cpu_threads)
         limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
+        if cfg.learner.world_size > 1:
+            join_learner_group(cfg, rank, os.environ[ADDRESS_ENV])
         learner = load_learner(cfg)
-        kind = sharing_kind(cfg.learner.weight_sharing, learner.device)
-        shared = share_weights(learner.sampler_weights(), kind, shared_dtype(cfg, kind))
-        if kind == "shared_memory" and adopt(learner.model, shared):
-            # the parameters live in the shared buffers: one copy of the weights here
-            release_freed_memory()  # the parameters' old storage
+        weights = learner.gathered_sampler_weights()  # all ranks gather; rank 0 keeps them
+        if rank == 0:
+            kind = sharing_kind(cfg.learner.weight_sharing, learner.device)
+            shared = share_weights(weights, kind, shared_dtype(cfg, kind))
+            sharded = learner.ranks.parallel == "fsdp"
+            if kind == "shared_memory" and not sharded and adopt(learner.model, shared):
+                # the parameters live in the shared buffers: one copy of the weights here
+                release_freed_memory()  # the parameters' old storage
+        else:
+            shared = _NotShared()
+        del weights
         ready = (learner.version, learner.step_count, shared.handle())
         conn.send(("ready", ready))
     except BaseException as e:
@@ -148,12 +174,12 @@ def _serve(conn: Connection, lifeline: int) -> None:
         try:
             if op == "step":
                 result: Any = learner.step(arg)
-                shared.refresh(learner.sampler_weights())
+                shared.refresh(learner.gathered_sampler_weights())
             elif op == "save":
                 result = str(learner.save_checkpoint(arg))
             elif op == "load":
                 learner.load_checkpoint(arg)
-                shared.refresh(learner.sampler_weights())
+                shared.refresh(learner.gathered_sampler_weights())
                 result = None
             else:
                 raise ValueError(f"unknown learner request {op!r}")
@@ -185,19 +211,15 @@ def shared_dtype(cfg: Any, kind: str = "shared_memory") -> torch.dtype | None:
     return getattr(torch, cfg.model.dtype)
 
 
-class LearnerProcess:
-    """A :class:`~agentrl.learner.Learner` running in a spawned child process.
+class _Rank:
+    """One spawned learner process (a rank of the group) and the parent's end of its pipe."""
 
-    Offers what the orchestrator uses: :meth:`step`, :meth:`state_dict_for_sampler`,
-    :meth:`save_checkpoint`, :meth:`load_checkpoint`, :attr:`version`, plus :meth:`close`.
-    Requests are served one at a time (calls from several threads queue on a lock).
-    """
-
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, rank: int, world_size: int, address: str) -> None:
         # a fresh interpreter, not multiprocessing's spawn: that re-runs the user's __main__
         # module in the child, which breaks any training script without a __main__ guard
+        self.rank = rank
         mine, theirs = socket.socketpair()
-        lifeline_r, self._lifeline = os.pipe()  # the child exits when this end closes
+        lifeline_r, self.lifeline = os.pipe()  # the child exits when this end closes
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # where `agentrl` imports from
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
@@ -205,7 +227,9 @@ class LearnerProcess:
         # the sampler's threads in the other process (2 cores: 19-23 vs 28 traj/s in
         # benchmarks/async_vs_sync.py)
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        self._proc = subprocess.Popen(
+        if world_size > 1:  # one GPU per rank on this node (torch.cuda.set_device)
+            env.update({RANK_ENV: str(rank), ADDRESS_ENV: address, "LOCAL_RANK": str(rank)})
+        self.proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
@@ -218,16 +242,61 @@ class LearnerProcess:
         )
         theirs.close()
         os.close(lifeline_r)
-        self._conn = Connection(mine.detach())
+        self.conn = Connection(mine.detach())
+
+    def name(self, world_size: int) -> str:
+        return "the learner process" if world_size == 1 else f"learner rank {self.rank}"
+
+    def why_dead(self) -> str:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        code = self.proc.returncode
+        return f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+class LearnerProcess:
+    """A :class:`~agentrl.learner.Learner` running in spawned child processes: one, or
+    ``learner.world_size`` ranks of one torch.distributed group on this machine
+    (:mod:`agentrl.learner.distributed`).
+
+    Offers what the orchestrator uses: :meth:`step`, :meth:`state_dict_for_sampler`,
+    :meth:`save_checkpoint`, :meth:`load_checkpoint`, :attr:`version`, plus :meth:`close`.
+    Requests are served one at a time (calls from several threads queue on a lock); every
+    rank gets each request, rank 0 answers it and shares the weights. A rank that dies or
+    fails ends the request with an error naming it, and stops the others (the group is
+    broken; the last checkpoint is intact for ``--resume``).
+    """
+
+    def __init__(self, cfg: Any) -> None:
+        self.world_size = int(cfg.learner.world_size)
+        address = f"tcp://127.0.0.1:{free_port()}" if self.world_size > 1 else ""
+        self._ranks = [_Rank(r, self.world_size, address) for r in range(self.world_size)]
         self._lock = threading.Lock()
         self._ready = False
         self._closed = False
+        self._stopped = False  # close() ran
         self.version = 0
         self.step_count = 0
         self._weights: dict[str, Tensor] = {}
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            # a child that died at once is reported by wait_ready, with its exit status
-            self._conn.send((cfg, [p for p in sys.path if p], plugin_modules()))
+        for rank in self._ranks:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                # a child that died at once is reported by wait_ready, with its exit status
+                rank.conn.send((cfg, [p for p in sys.path if p], plugin_modules()))
+
+    @property
+    def _proc(self) -> subprocess.Popen[bytes]:
+        """Rank 0's process (the only one of a single learner)."""
+        return self._ranks[0].proc
+
+    @property
+    def pids(self) -> list[int]:
+        """The process id of each rank, in rank order."""
+        return [rank.proc.pid for rank in self._ranks]
 
     # the child loads the model while the parent builds the rest; the first request waits
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> None:
@@ -239,62 +308,80 @@ class LearnerProcess:
             raise LearnerError("the learner process was closed")
         if self._ready:
             return
-        if not self._conn.poll(timeout):
+        try:
+            replies = self._replies("starting", timeout)
+        except _Timeout:
             self._kill()
             raise LearnerError(
                 f"the learner process did not start within {timeout:.0f} s (loading the model "
                 "and building the learner); set orchestrator.learner_worker=thread to train "
                 "in this process"
-            )
-        kind, payload = self._recv("starting")
-        if kind == "error":
-            exc, tb = payload
-            self._kill()
-            raise LearnerError(
-                f"the learner process failed to start: {type(exc).__name__}: {exc}\n"
-                f"(in the learner process)\n{tb}"
-                "Algorithms registered in an importable module are registered there too, but "
-                "not ones registered in a script's __main__; move them into a module, or set "
-                "orchestrator.learner_worker=thread to train in this process"
-            ) from exc
-        self.version, self.step_count, handle = payload
+            ) from None
+        for rank, (kind, payload) in replies:
+            if kind == "error":
+                exc, tb = payload
+                self._kill()
+                raise LearnerError(
+                    f"{rank.name(self.world_size)} failed to start: {type(exc).__name__}: "
+                    f"{exc}\n(in the learner process)\n{tb}"
+                    "Algorithms registered in an importable module are registered there too, "
+                    "but not ones registered in a script's __main__; move them into a module, "
+                    "or set orchestrator.learner_worker=thread to train in this process"
+                ) from exc
+        self.version, self.step_count, handle = replies[0][1][1]
         # shared-memory files are unlinked once mapped here (nothing left to clean up);
         # CUDA IPC buffers are the child's device memory, opened by handle
         self._weights = attach(handle)
         self._ready = True
 
-    def _recv(self, doing: str) -> tuple[str, Any]:
-        try:
-            msg = self._conn.recv()
-        except (EOFError, OSError):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
-            code = self._proc.returncode
-            why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
-            raise LearnerError(
-                f"the learner process died while {doing} ({why}); the last checkpoint is "
-                "intact (out of memory? try a smaller learner.micro_batch_size)"
-            ) from None
-        kind = msg[0]
-        if kind == "error":
-            return "error", msg[1:]
-        return kind, msg[1]
+    def _replies(self, doing: str, timeout: float | None = None) -> list[tuple[_Rank, Any]]:
+        """One reply from every rank, in rank order. A rank that dies, or (with several
+        ranks) one that reports an error, stops the rest: their collectives would wait."""
+        waiting = {rank.conn: rank for rank in self._ranks}
+        got: dict[int, Any] = {}
+        while waiting:
+            ready = wait(list(waiting), timeout)
+            if not ready:
+                raise _Timeout
+            for conn in ready:
+                rank = waiting.pop(conn)  # type: ignore[call-overload]
+                try:
+                    msg = conn.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    why = rank.why_dead()
+                    self._kill()
+                    raise LearnerError(
+                        f"{rank.name(self.world_size)} died while {doing} ({why}); the last "
+                        "checkpoint is intact (out of memory? try a smaller "
+                        "learner.micro_batch_size)"
+                    ) from None
+                reply = ("error", msg[1:]) if msg[0] == "error" else (msg[0], msg[1])
+                got[rank.rank] = reply
+                if reply[0] == "error" and self.world_size > 1 and waiting:
+                    self._kill()  # the others wait on a collective with the failed rank
+                    return [(rank, reply)]
+        return [(rank, got[rank.rank]) for rank in self._ranks]
 
     def _call(self, op: str, arg: Any, doing: str) -> Any:
         with self._lock:
             self._wait_ready_locked(START_TIMEOUT_S)
-            try:
-                self._conn.send((op, arg))
-            except (BrokenPipeError, OSError):
-                pass  # the reply read below reports why
-            kind, payload = self._recv(doing)
-        if kind == "error":
-            exc, tb = payload
+            for rank in self._ranks:
+                try:
+                    rank.conn.send((op, arg))
+                except (BrokenPipeError, OSError):
+                    pass  # the reply read below reports why
+            replies = self._replies(doing)
+            failed = [(rank, payload) for rank, (kind, payload) in replies if kind == "error"]
+            if failed and self.world_size > 1:
+                self._closed = True  # a group with a failed rank cannot go on
+        if failed:
+            rank, (exc, tb) = failed[0]
+            where = "the learner process" if self.world_size == 1 else f"learner rank {rank.rank}"
             if isinstance(exc, Exception):
-                exc.add_note(f"(raised in the learner process)\n{tb}")
+                exc.add_note(f"(raised in {where})\n{tb}")
                 raise exc
-            raise LearnerError(f"{doing} failed in the learner process:\n{tb}")
-        result, self.version, self.step_count = payload
+            raise LearnerError(f"{doing} failed in {where}:\n{tb}")
+        result, self.version, self.step_count = replies[0][1][1]
         return result
 
     # --- what the orchestrator calls -----------------------------------------------------
@@ -325,28 +412,60 @@ class LearnerProcess:
         self._call("load", str(directory), "loading a checkpoint")
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the child (after its current request); idempotent."""
-        if self._closed:
-            return
+        """Stop the children (after their current request); idempotent."""
         with self._lock:
-            self._closed = True
-            if self._proc.poll() is None:
+            if self._stopped:
+                return
+            self._stopped = self._closed = True
+            for rank in self._ranks:
+                if rank.proc.poll() is None:
+                    with contextlib.suppress(Exception):
+                        rank.conn.send(("close", None))
+            for rank in self._ranks:
                 with contextlib.suppress(Exception):
-                    self._conn.send(("close", None))
-                    if self._conn.poll(timeout):
-                        self._conn.recv()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=5)
+                    if rank.proc.poll() is None and rank.conn.poll(timeout):
+                        rank.conn.recv()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    rank.proc.wait(timeout=5)
             self._kill()
-            self._conn.close()
-            with contextlib.suppress(OSError):
-                os.close(self._lifeline)
+            for rank in self._ranks:
+                rank.conn.close()
+                with contextlib.suppress(OSError):
+                    os.close(rank.lifeline)
             self._weights = {}  # a sampler computing on them keeps them (and the lock) alive
 
     def _kill(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=5)
+        for rank in self._ranks:
+            rank.kill()
+
+
+class _Timeout(Exception):
+    """No reply within the time asked for."""
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for rank 0's rendezvous store."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def join_learner_group(cfg: Any, rank: int, address: str, *, local_rank: int | None = None) -> None:
+    """Join the learner's torch.distributed group as `rank` (before the learner is built).
+    On CUDA it computes on ``cuda:local_rank``: the rank itself for processes on one node
+    (default), 0 in a Ray actor (Ray shows it only its own GPU)."""
+    from agentrl.learner.distributed import init_rank_group
+    from agentrl.learner.precision import resolve_device
+
+    os.environ["LOCAL_RANK"] = str(rank if local_rank is None else local_rank)
+    device = torch.device("cuda" if resolve_device(cfg.learner.device).type == "cuda" else "cpu")
+    init_rank_group(
+        rank,
+        int(cfg.learner.world_size),
+        address,
+        device=device,
+        timeout_s=float(cfg.learner.collective_timeout_s),
+    )
 
 
 if __name__ == "__main__":

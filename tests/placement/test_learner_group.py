@@ -1,0 +1,145 @@
+"""The learner group launched by the run layer: ``learner.world_size: 2`` in local
+processes (gloo), FSDP2. Weights published once (gathered on rank 0), sharded checkpoints
+resumed by the group and by a single learner (another world size), a dead rank named."""
+
+from __future__ import annotations
+
+import os
+import signal
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.errors import ConfigError
+from agentrl.learner import Learner
+from agentrl.models import tiny_llama
+from agentrl.placement.learner_process import LearnerError, LearnerProcess
+from agentrl.runtime import learner_worker
+from tests.learner.conftest import make_cfg, make_groups, one_torch_thread
+
+GROUP = {
+    "model": {"name": "tiny-llama", "seed": 0},
+    "orchestrator": {"cpu_threads": 1},
+    "learner": {"fused_logprobs": "off", "world_size": 2, "parallel": "fsdp"},
+}
+ONE = {**GROUP, "learner": {"fused_logprobs": "off"}}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[k] - v).abs().max()) for k, v in b.items())
+
+
+# 2 rank processes load the model: about a minute on 2 shared cores (the default suite has
+# the 2-rank equality test, tests/learner/test_distributed.py)
+@pytest.mark.integration
+def test_two_fsdp_ranks_train_publish_checkpoint_and_fail_by_name(tmp_path: Path) -> None:
+    with one_torch_thread():
+        groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
+        single = Learner(tiny_llama(seed=0), None, make_cfg(**ONE))
+    with closing(LearnerProcess(make_cfg(**GROUP))) as group:
+        for _ in range(2):
+            theirs = group.step(groups)
+            with one_torch_thread():
+                mine = single.step(groups)
+            assert theirs["loss/total"] == pytest.approx(mine["loss/total"], rel=1e-4, abs=1e-6)
+        assert group.version == 2
+        # the samplers' weights: whole, from rank 0's shared buffers
+        published = group.state_dict_for_sampler()
+        assert max_diff(published, single.model.state_dict()) < 1e-4
+
+        saved = group.save_checkpoint(tmp_path / "ckpt")
+        assert (saved / "sharded").is_dir()  # every rank's shards (DCP)
+        assert (saved / "model.safetensors").is_file()  # the whole policy for export
+        group.step(groups)
+        group.load_checkpoint(saved)
+        assert group.version == 2
+        assert max_diff(group.state_dict_for_sampler(), single.model.state_dict()) < 1e-4
+
+        # another world size: one process resumes the sharded checkpoint, AdamW included
+        with one_torch_thread():
+            resumed = Learner(tiny_llama(seed=1), None, make_cfg(**ONE))
+            resumed.load_checkpoint(saved)
+            assert resumed.version == 2
+            assert max_diff(resumed.model.state_dict(), single.model.state_dict()) < 1e-4
+            nxt, ref = resumed.step(groups), single.step(groups)
+        assert nxt["loss/total"] == pytest.approx(ref["loss/total"], rel=1e-3, abs=1e-5)
+
+        # a rank that dies: the step fails at once with an error naming it, nothing hangs
+        os.kill(group.pids[1], signal.SIGKILL)
+        with pytest.raises(LearnerError, match=r"learner rank 1 died while training a step"):
+            group.step(groups)
+    assert all(_gone(pid) for pid in group.pids or [])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_world_size_needs_the_learner_in_processes() -> None:
+    cfg = make_cfg(**GROUP)
+    assert learner_worker(cfg) == "process"
+    cfg.orchestrator.learner_worker = "thread"
+    with pytest.raises(ConfigError, match=r"learner\.world_size=2 runs the learner in 2 processes"):
+        learner_worker(cfg)
+
+
+def test_a_learner_outside_a_group_is_told_how_to_start_one() -> None:
+    with pytest.raises(ConfigError, match=r"joined no torch\.distributed group"):
+        Learner(tiny_llama(seed=0), None, make_cfg(**GROUP))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_run_trains_on_two_ranks_and_resumes_on_one(tmp_path: Path, parallel: str) -> None:
+    """The run layer end to end: 2 steps on 2 ranks, then --resume on one to step 3."""
+    from tests.orchestrator.test_train import _run, _weights_changed
+
+    two = ["learner.world_size=2", f"learner.parallel={parallel}", "orchestrator.max_steps=2"]
+    orch = _run(tmp_path, *two)
+    assert orch.step == 2 and _weights_changed(orch)
+    assert (orch.run_dir / "checkpoints" / "step_000002" / "learner" / "sharded").is_dir() == (
+        parallel == "fsdp"
+    )
+    from agentrl.export import export_checkpoint
+
+    folder = export_checkpoint(orch.run_dir, tmp_path / "hf")  # one Hugging Face folder
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert not (folder / "sharded").exists()
+    resumed = _run(tmp_path, "orchestrator.max_steps=3", resume=True)
+    assert resumed.step == 3
+
+
+@pytest.mark.integration
+def test_two_ranks_under_ray(tmp_path: Path) -> None:
+    """orchestrator.backend=ray: rank 0 on the driver's node, rank 1 in the learner's
+    placement group; 2 steps train, checkpoint sharded."""
+    pytest.importorskip("ray")
+    from tests.orchestrator.test_train import _run, _weights_changed
+    from tests.placement.test_ray_backend import SMALL
+
+    ranks = ["learner.world_size=2", "learner.parallel=fsdp", "orchestrator.max_steps=2"]
+    orch = _run(tmp_path, *SMALL, "ray.learner.num_cpus=0.25", *ranks)
+    assert orch.step == 2 and _weights_changed(orch)
+    assert (orch.run_dir / "checkpoints" / "step_000002" / "learner" / "sharded").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("learner", "message"),
+    [
+        ({"parallel": "fsdp", "fp16": "on"}, r"learner\.parallel=fsdp does not take learner\.fp16"),
+        ({"cpu_offload": True}, r"learner\.cpu_offload=true offloads FSDP2's shards"),
+        ({"world_size": 0}, r"world_size"),
+        ({"parallel": "zero3"}, r"parallel"),
+    ],
+)
+def test_bad_learner_group_settings_are_one_line(learner: dict, message: str) -> None:
+    from agentrl.config import config_from_dict
+
+    with pytest.raises(Exception, match=message):
+        config_from_dict({"learner": learner})
