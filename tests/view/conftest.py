@@ -26,7 +26,9 @@ def chromium_path() -> str:
     )
 
 
-@pytest.fixture(scope="session")
+# package scope: playwright's sync API holds an asyncio loop on this thread while it is
+# open, and the anyio tests that run after tests/view could not start their own
+@pytest.fixture(scope="package")
 def browser() -> Iterator[object]:
     try:
         from playwright.sync_api import sync_playwright
@@ -38,7 +40,7 @@ def browser() -> Iterator[object]:
         b.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fixture_server() -> Iterator[object]:
     from agentrl.view import serve_in_thread
 
