@@ -20,6 +20,7 @@ from agentrl.orchestrator import Orchestrator
 from agentrl.placement.learner_process import LearnerProcess
 from agentrl.plotting import read_steps
 from tests.procs import alive
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -320,6 +321,82 @@ def test_resume_after_sigkill(tmp_path):
     assert sorted(set(steps)) == list(range(1, killed_at + 3))  # nothing lost
     ckpt_state = json.loads((latest_checkpoint(run_dir) / "orchestrator.json").read_text())
     assert ckpt_state["step"] == ckpt_state["version"] == killed_at + 2  # nothing repeated
+
+
+def _cli_train(config: Path, run_dir: Path, *sets: str, resume: bool = False) -> list[str]:
+    args = [sys.executable, "-m", "agentrl.cli", "train", str(config), "--no-summary"]
+    args += ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
+    for s in [*BASE, *sets]:
+        args += ["--set", s]
+    return args
+
+
+@pytest.mark.slow  # three CLI processes (~30 s alone): make test-slow, and CI
+def test_resume_after_sigkill_gives_the_uninterrupted_weights(tmp_path):
+    # synchronous and deterministic: 2 steps straight vs 1 step, SIGKILL once the step-1
+    # checkpoint is complete, --resume for the second step; the weights must be bit-equal
+    from safetensors.torch import load_file
+
+    (tmp_path / "c.yaml").write_text("{}\n")
+    sets = [
+        "env.name=tests.orchestrator.parity_env:HeldParityEnv",
+        "orchestrator.max_staleness=0",
+        "orchestrator.max_steps=2",
+        "orchestrator.checkpoint_every=1",
+        "sampler.seed=7",  # each episode's tokens from its own stream: no batch-mate effects
+        # and each sequence decoded alone with no reused KV, so the sampler's log-probs
+        # (pi_old here) are the same bits whatever order the requests arrive in
+        "sampler.max_batch_size=1",
+        "sampler.options.prefix_cache_tokens=0",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cfg, killed_dir = tmp_path / "c.yaml", tmp_path / "killed"
+    # the two first runs side by side. Episodes of tasks 2+ (step 2's, 2 groups a step)
+    # never start in the held one: it trains, checkpoints step 1 and waits there, so the
+    # kill lands at a known point
+    straight = subprocess.Popen(
+        _cli_train(cfg, tmp_path / "straight", *sets),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    held = subprocess.Popen(
+        _cli_train(cfg, killed_dir, *sets, "env.options.hold_from=2"),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(
+            lambda: (ck := latest_checkpoint(killed_dir)) is not None and ck.name == "step_000001",
+            "the step-1 checkpoint of the run to kill",
+            abort=lambda: None if held.poll() is None else held.stderr.read().decode()[-2000:],
+        )
+    finally:
+        os.kill(held.pid, signal.SIGKILL)
+        held.wait()
+        _, err = straight.communicate(timeout=600)
+    assert straight.returncode == 0, err.decode()[-3000:]
+    resumed = subprocess.run(
+        _cli_train(cfg, killed_dir, *sets, resume=True),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr.decode()[-3000:]
+    assert [s["step"] for s in read_steps(killed_dir)] == [1, 2]
+
+    final = {}
+    for name in ("straight", "killed"):
+        ckpt = latest_checkpoint(tmp_path / name)
+        assert ckpt is not None and ckpt.name == "step_000002", ckpt
+        final[name] = load_file(str(ckpt / "learner" / "model.safetensors"))
+    assert final["straight"].keys() == final["killed"].keys()
+    differ = [k for k, v in final["straight"].items() if not v.equal(final["killed"][k])]
+    assert not differ, f"resumed weights differ from the uninterrupted run's in {differ[:5]}"
 
 
 def test_config_error_names_the_field(tmp_path):
