@@ -136,33 +136,35 @@ def test_put_reports_a_group_that_went_stale_while_waiting_for_room() -> None:
 
 
 @pytest.mark.parametrize(
-    ("rewards", "statuses"),
+    ("rewards", "statuses", "kept"),
     [
-        ([1.0, 1.0, 1.0], None),
-        ([0.0, 1.0], None),
-        ([0.3, 0.1 + 0.2], None),  # differ in float64 only: float32 would call them equal
-        ([0.5, 0.5 + 1e-12, 0.5], None),
-        ([2.0, 2.0, 2.0 + 2**-40], None),
-        ([1.0, 0.0, 1.0], ["ok", "infra_error", "ok"]),  # the infra sample does not count
-        ([0.7, float("nan"), 0.2], ["ok", "infra_error", "ok"]),
-        ([1.0, 0.0], ["ok", "infra_error"]),  # one valid sample: nothing to compare
+        ([1.0, 1.0, 1.0], None, False),
+        ([0.0, 1.0], None, True),
+        ([0.3, 0.1 + 0.2], None, True),  # differ in float64 only: float32 would call them equal
+        ([0.5, 0.5 + 1e-12, 0.5], None, True),
+        ([2.0, 2.0, 2.0 + 2**-40], None, True),
+        ([1.0, 0.0, 1.0], ["ok", "infra_error", "ok"], False),  # the infra sample does not count
+        ([0.7, float("nan"), 0.2], ["ok", "infra_error", "ok"], True),
+        ([1.0, 0.0], ["ok", "infra_error"], False),  # one valid sample: nothing to compare
     ],
 )
-def test_dynamic_sampling_is_the_algos_mask(
-    rewards: list[float], statuses: list[str] | None
+def test_dynamic_sampling_keeps_exactly_groups_whose_rewards_differ(
+    rewards: list[float], statuses: list[str] | None, kept: bool
 ) -> None:
-    """The buffer drops exactly the groups DAPO's mask in agentrl.algos drops."""
+    """The buffer's keep/drop decisions, and DAPO's mask in agentrl.algos, each against the
+    expected answer written out by hand."""
     import torch
 
     group = make_group(rewards, statuses=statuses)
+    buf = Buffer(max_staleness=None, dynamic_sampling=True, min_valid=1)
+    assert buf.check(group) == (None if kept else "dropped_all_equal")
     valid = torch.tensor([s != "infra_error" for s in statuses or ["ok"] * len(rewards)])
     keep = dynamic_sampling_mask(
         torch.tensor(rewards, dtype=torch.float64),
         torch.zeros(len(rewards), dtype=torch.long),
         valid,
     )
-    buf = Buffer(max_staleness=None, dynamic_sampling=True, min_valid=1)
-    assert (buf.check(group) == "dropped_all_equal") == (not bool(keep.any()))
+    assert keep.tolist() == [kept] * len(rewards)
 
 
 def test_dynamic_sampling_off_keeps_all_equal_groups() -> None:
