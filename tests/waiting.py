@@ -40,3 +40,21 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not seen within {timeout:.0f} s")
         time.sleep(interval)  # allow-sleep: polling another process's observable effect
+
+
+async def wait_until_async(
+    condition: Callable[[], T | bool | None],
+    what: str,
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    interval: float = 0.01,
+) -> T:
+    """`wait_until` inside an event loop, for state that has no event of its own (a
+    counter another task advances); the loop keeps running the tasks that advance it."""
+    import anyio
+
+    with anyio.move_on_after(timeout):
+        while not (value := condition()):
+            await anyio.sleep(interval)  # allow-sleep: polling a condition, yielding the loop
+        return value  # type: ignore[return-value]
+    raise AssertionError(f"{what}: not seen within {timeout:.0f} s")
