@@ -10,6 +10,7 @@ import pytest
 from agentrl.algos import dynamic_sampling_mask
 from agentrl.buffer import Admission, Buffer, BufferClosedError
 from agentrl.types import Segment, Trajectory, TrajectoryGroup
+from tests.waiting import wait_until_async
 
 
 def make_group(
@@ -125,7 +126,7 @@ def test_put_reports_a_group_that_went_stale_while_waiting_for_room() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer)
-            await anyio.sleep(0.02)
+            await wait_until_async(lambda: buf.waiting_tasks == 1, "the producer waiting for room")
             # the learner moves on: "first" is evicted, which frees the room "late" waited
             # for, but "late" is stale by now too
             await buf.set_learner_version(1)
@@ -189,7 +190,7 @@ def test_get_batch_waits_and_backpressure() -> None:
         got: list[str] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer)
-            await anyio.sleep(0.05)
+            await wait_until_async(lambda: buf.waiting_tasks == 1, "the producer waiting for room")
             # capacity 2: the producer is blocked on the third put
             assert len(buf) == 2 and order == ["put0", "put1"]
             for _ in range(2):
@@ -214,7 +215,7 @@ def test_eviction_unblocks_waiting_producer() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer)
-            await anyio.sleep(0.02)
+            await wait_until_async(lambda: buf.waiting_tasks == 1, "the producer waiting for room")
             assert not done.is_set()
             with anyio.fail_after(2):
                 [g] = await buf.get_batch(1, learner_version=1)
@@ -230,7 +231,7 @@ def test_close_wakes_get_batch() -> None:
         await buf.put(make_group([0.0, 1.0]))
 
         async def closer() -> None:
-            await anyio.sleep(0.02)
+            await wait_until_async(lambda: buf.waiting_tasks == 1, "get_batch waiting")
             await buf.close()
 
         async with anyio.create_task_group() as tg:
