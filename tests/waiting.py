@@ -30,14 +30,14 @@ def wait_until(
     `abort` is checked on every poll: a message from it (e.g. "the run exited early: ...")
     fails at once instead of waiting out the timeout. Raises AssertionError naming `what`.
     """
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # allow-clock: bounds a hang, proves nothing
     while True:
         value = condition()
         if value:
             return value  # type: ignore[return-value]
         if abort is not None and (message := abort()):
             raise AssertionError(f"while waiting for {what}: {message}")
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline:  # allow-clock: bounds a hang, proves nothing
             raise AssertionError(f"{what}: not seen within {timeout:.0f} s")
         time.sleep(interval)  # allow-sleep: polling another process's observable effect
 
