@@ -32,11 +32,9 @@ PENDING = {
     "tests/envs/test_search_qa.py": 4,  # index built once (< 1 s), concurrent delayed calls
     "tests/faults/harness.py": 6,  # polling child processes with deadlines -> wait_until
     "tests/faults/scenarios.py": 17,  # kills at seeded random offsets; stop-time bounds
-    "tests/gateway/test_gateway.py": 1,  # sleep(0.05) before a mid-call weight swap
     "tests/gpu/test_cuda.py": 1,  # polling on the GPU machine (not run here)
     "tests/placement/test_ray_backend.py": 16,  # polling Ray actors with deadlines
     "tests/placement/test_remote_engine.py": 2,  # a probe's recovery after sleep(0.6)
-    "tests/rewards/test_reward_functions.py": 2,  # config errors within 5 s
     "tests/samplers/test_openai_sampler.py": 5,  # vllm tier (not run here)
     "tests/samplers/test_vllm_sampler.py": 6,  # vllm tier (not run here)
     "tests/samplers/vllm_train.py": 3,  # vllm tier (not run here)
