@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
 
-.PHONY: setup test test-all test-integration test-vllm wheel-check gpu-check gpu-bundle gpu-rehearsal demo demo-search lint format bench clean
+.PHONY: setup test test-all test-integration test-slow test-vllm wheel-check gpu-check gpu-bundle gpu-rehearsal demo demo-search lint format bench clean
 
 setup: $(STAMP)
 
@@ -14,8 +14,13 @@ $(STAMP): pyproject.toml scripts/setup.sh
 test: setup
 	$(PY) -m pytest -q
 
+# the marked tiers make test leaves out (pyproject's addopts): the real SmolLM2-135M model
+# (its conversion, sampling, the CLI's default path), and tiny-model runs of a minute or more
 test-integration: setup
 	$(PY) -m pytest -q -m integration
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
 
 # the built wheel in a scratch venv without the source tree: every module imports (core
 # dependencies only, then with every extra), agentrl --help, a 1-step tiny agentrl train

@@ -124,6 +124,11 @@ class Buffer:
         self._cond = anyio.Condition()
         self._closed = False
 
+    @property
+    def waiting_tasks(self) -> int:
+        """Tasks blocked here now: producers waiting for room, a learner waiting for a batch."""
+        return self._cond.statistics().tasks_waiting
+
     # --- checks --------------------------------------------------------------------
 
     @staticmethod

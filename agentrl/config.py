@@ -49,6 +49,10 @@ class SamplerConfig(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     max_new_tokens: int = Field(256, ge=1, description="per assistant turn")
+    # seeded sampling: each episode's turn draws from its own stream, derived from this
+    # seed and the task's index, so a run and its resume sample the same tokens whatever
+    # the batch-mates; null = unseeded
+    seed: int | None = None
     # what in-flight sequences do when new weights arrive (docs/off_policy.md): keep = go
     # on with the KV the old weights computed (tokens after the swap see a mix); reprefill =
     # recompute the whole context's KV under the new weights, then go on (AReaL's

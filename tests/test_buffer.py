@@ -10,6 +10,7 @@ import pytest
 from agentrl.algos import dynamic_sampling_mask
 from agentrl.buffer import Admission, Buffer, BufferClosedError
 from agentrl.types import Segment, Trajectory, TrajectoryGroup
+from tests.waiting import wait_until_async
 
 
 def make_group(
@@ -125,7 +126,7 @@ def test_put_reports_a_group_that_went_stale_while_waiting_for_room() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer)
-            await anyio.sleep(0.02)
+            await wait_until_async(lambda: buf.waiting_tasks == 1, "the producer waiting for room")
             # the learner moves on: "first" is evicted, which frees the room "late" waited
             # for, but "late" is stale by now too
             await buf.set_learner_version(1)
@@ -136,33 +137,35 @@ def test_put_reports_a_group_that_went_stale_while_waiting_for_room() -> None:
 
 
 @pytest.mark.parametrize(
-    ("rewards", "statuses"),
+    ("rewards", "statuses", "kept"),
     [
-        ([1.0, 1.0, 1.0], None),
-        ([0.0, 1.0], None),
-        ([0.3, 0.1 + 0.2], None),  # differ in float64 only: float32 would call them equal
-        ([0.5, 0.5 + 1e-12, 0.5], None),
-        ([2.0, 2.0, 2.0 + 2**-40], None),
-        ([1.0, 0.0, 1.0], ["ok", "infra_error", "ok"]),  # the infra sample does not count
-        ([0.7, float("nan"), 0.2], ["ok", "infra_error", "ok"]),
-        ([1.0, 0.0], ["ok", "infra_error"]),  # one valid sample: nothing to compare
+        ([1.0, 1.0, 1.0], None, False),
+        ([0.0, 1.0], None, True),
+        ([0.3, 0.1 + 0.2], None, True),  # differ in float64 only: float32 would call them equal
+        ([0.5, 0.5 + 1e-12, 0.5], None, True),
+        ([2.0, 2.0, 2.0 + 2**-40], None, True),
+        ([1.0, 0.0, 1.0], ["ok", "infra_error", "ok"], False),  # the infra sample does not count
+        ([0.7, float("nan"), 0.2], ["ok", "infra_error", "ok"], True),
+        ([1.0, 0.0], ["ok", "infra_error"], False),  # one valid sample: nothing to compare
     ],
 )
-def test_dynamic_sampling_is_the_algos_mask(
-    rewards: list[float], statuses: list[str] | None
+def test_dynamic_sampling_keeps_exactly_groups_whose_rewards_differ(
+    rewards: list[float], statuses: list[str] | None, kept: bool
 ) -> None:
-    """The buffer drops exactly the groups DAPO's mask in agentrl.algos drops."""
+    """The buffer's keep/drop decisions, and DAPO's mask in agentrl.algos, each against the
+    expected answer written out by hand."""
     import torch
 
     group = make_group(rewards, statuses=statuses)
+    buf = Buffer(max_staleness=None, dynamic_sampling=True, min_valid=1)
+    assert buf.check(group) == (None if kept else "dropped_all_equal")
     valid = torch.tensor([s != "infra_error" for s in statuses or ["ok"] * len(rewards)])
     keep = dynamic_sampling_mask(
         torch.tensor(rewards, dtype=torch.float64),
         torch.zeros(len(rewards), dtype=torch.long),
         valid,
     )
-    buf = Buffer(max_staleness=None, dynamic_sampling=True, min_valid=1)
-    assert (buf.check(group) == "dropped_all_equal") == (not bool(keep.any()))
+    assert keep.tolist() == [kept] * len(rewards)
 
 
 def test_dynamic_sampling_off_keeps_all_equal_groups() -> None:
@@ -187,7 +190,7 @@ def test_get_batch_waits_and_backpressure() -> None:
         got: list[str] = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer)
-            await anyio.sleep(0.05)
+            await wait_until_async(lambda: buf.waiting_tasks == 1, "the producer waiting for room")
             # capacity 2: the producer is blocked on the third put
             assert len(buf) == 2 and order == ["put0", "put1"]
             for _ in range(2):
@@ -212,7 +215,7 @@ def test_eviction_unblocks_waiting_producer() -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(producer)
-            await anyio.sleep(0.02)
+            await wait_until_async(lambda: buf.waiting_tasks == 1, "the producer waiting for room")
             assert not done.is_set()
             with anyio.fail_after(2):
                 [g] = await buf.get_batch(1, learner_version=1)
@@ -228,7 +231,7 @@ def test_close_wakes_get_batch() -> None:
         await buf.put(make_group([0.0, 1.0]))
 
         async def closer() -> None:
-            await anyio.sleep(0.02)
+            await wait_until_async(lambda: buf.waiting_tasks == 1, "get_batch waiting")
             await buf.close()
 
         async with anyio.create_task_group() as tg:

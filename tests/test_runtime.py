@@ -115,7 +115,8 @@ def test_scope_creates_each_resource_once_and_closes_in_reverse_order():
             async def make(stack, name="a"):
                 nonlocal made
                 made += 1
-                await anyio.sleep(0.01)  # concurrent first uses wait for this one
+                # allow-sleep: the factory's work is a delay; concurrent first uses wait for it
+                await anyio.sleep(0.01)
 
                 async def close() -> None:
                     order.append(name)

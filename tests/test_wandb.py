@@ -65,13 +65,14 @@ def _finished_records(run_folder: Path) -> list:
     file a few milliseconds later (seen here: a 7-byte file right after finish, whole 10 ms on).
     """
     (wandb_file,) = run_folder.glob("run-*.wandb")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 30  # allow-clock: polling another process's file
     while True:
         records = _records(wandb_file)
         if any(r.WhichOneof("record_type") == "exit" for r in records):
             return records
+        # allow-clock: the bound only ends a hang
         assert time.monotonic() < deadline, f"{wandb_file} has no exit record after 30 s"
-        time.sleep(0.01)
+        time.sleep(0.01)  # allow-sleep: polling wandb-core's writer (another process)
 
 
 def _history(run_folder: Path) -> dict[int, dict[str, float]]:

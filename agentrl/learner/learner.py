@@ -313,7 +313,9 @@ class Learner:
         start_entropy: Tensor | None = None
         old_values: Tensor | None = None
         t_fwd = time.perf_counter()
+        no_grad_passes = 0  # counted, so a test can prove a pass was skipped
         if need_prox and not bypass and not current and len(trained_rows):
+            no_grad_passes += 1
             self.model.eval()
             prox_lp, start_entropy, old_values = whole_rows(
                 self.forward,
@@ -327,10 +329,12 @@ class Learner:
             )
         ref_lp: Tensor | None = None
         if self.ref_model is not None and len(trained_rows):
+            no_grad_passes += 1
             ref_lp, _, _ = whole_rows(
                 self.forward, self.ref_model, batch, layout, trained_rows, self.ranks
             )
         metrics["time/no_grad_pass_s"] = time.perf_counter() - t_fwd
+        metrics["learner/no_grad_passes"] = float(no_grad_passes)
 
         # 2. advantages
         old_lp = prox_lp if (alg.off_policy != "none" and prox_lp is not None) else None

@@ -64,6 +64,7 @@ def sampling_params_from(sampler_cfg: Any, renderer: Renderer) -> SamplingParams
         top_k=sampler_cfg.top_k,
         max_new_tokens=sampler_cfg.max_new_tokens,
         stop_token_ids=tuple(renderer.stop_token_ids),
+        seed=sampler_cfg.seed,
     )
 
 

@@ -33,6 +33,7 @@ class SleepTool(Tool):
     Args: ClassVar[type[BaseModel]] = SleepArgs
 
     async def call(self, args: BaseModel, ctx: ToolContext) -> ToolOutput:
+        # allow-sleep: a tool whose work is a delay
         await anyio.sleep(args.seconds)  # type: ignore[attr-defined]
         return ToolOutput("done")
 
@@ -114,7 +115,7 @@ def serve_search(port: int) -> None:
     SearchServer(LocalSearchIndex(docs), port=port).start()
     print("serving", flush=True)
     while True:
-        time.sleep(3600)
+        time.sleep(3600)  # allow-sleep: a server process idling until it is killed
 
 
 if __name__ == "__main__":

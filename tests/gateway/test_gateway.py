@@ -14,6 +14,7 @@ import pytest
 from agentrl.gateway import Gateway
 from agentrl.types import Trajectory, TrajectoryGroup
 from tests.gateway.conftest import RecordingSampler, ScriptedSampler, start_gateway
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -249,7 +250,10 @@ async def test_a_weight_update_mid_call_waits_and_tags_versions(
     async with anyio.create_task_group() as tg:
         for s in sessions:
             tg.start_soon(agent, s)
-        await anyio.sleep(0.05)
+        # the swap lands while sequences are decoding (the sampler's active count)
+        await wait_until_async(
+            lambda: hf_sampler.inner.stats()["active"] > 0, "calls decoding", interval=0.002
+        )
         await hf_sampler.update_weights(state, 1)
     assert len(results) == 8  # every call finished; none failed during the swap
     versions = {v for s in sessions for t in _close(gateway, s) for v in t.versions if v >= 0}

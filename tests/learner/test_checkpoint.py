@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -127,6 +126,15 @@ CHILD = textwrap.dedent(
     model = tiny_llama(seed=0)
     groups = make_groups(model, n_groups=1, group_size=2, seed=1)
     learner = Learner(model, None, make_cfg())
+    real_save = torch.save
+
+    def save_then_hold(obj, path, *args, **kwargs):  # the "saving" signal of a later save
+        real_save(obj, path, *args, **kwargs)
+        if learner.version > 1:
+            print("inside save", learner.version, flush=True)
+            sys.stdin.readline()  # held here, mid-save, until the parent kills it
+
+    torch.save = save_then_hold
     while True:
         learner.step(groups)
         learner.save_checkpoint({ckpt!r})
@@ -141,20 +149,23 @@ def test_sigkill_mid_save_leaves_a_loadable_checkpoint(
     ckpt = tmp_path / "ckpt"
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD.format(repo=str(REPO), ckpt=str(ckpt))],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # first save finished
-        assert line.startswith("saved"), line
-        time.sleep(random.Random(0).uniform(0.05, 0.4))  # somewhere inside a later save
+        assert line.startswith("saved 1"), line
+        # the second save has written its weights and trainer state, not its metadata
+        line = proc.stdout.readline()
+        assert line.startswith("inside save 2"), line
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     learner = Learner(fresh_model(), None, make_cfg())
     learner.load_checkpoint(ckpt)
-    assert learner.version >= 1
+    assert learner.version == 1  # the complete first save, untouched by the killed one
 
 
 def test_lr_schedules() -> None:

@@ -66,7 +66,7 @@ def test_loglinear_interpolates_after_the_first_update(fresh_model):
     exact_rows = ((used - recomputed).abs() * batch.loss_mask).sum(dim=1) < 1e-3
     assert 0 < int(exact_rows.sum()) < len(exact_rows)
     assert float(gap.max()) < float((behaviour - recomputed).abs()[mask].max())
-    assert metrics["time/no_grad_pass_s"] < 0.05
+    assert metrics["learner/no_grad_passes"] == 0  # loglinear: no pi_prox forward
     assert all(math.isfinite(v) for v in metrics.values())
 
 

@@ -16,6 +16,7 @@ from agentrl.placement.learner_process import LearnerError, LearnerProcess
 from agentrl.types import TrajectoryGroup
 from tests.learner.conftest import make_cfg
 from tests.procs import alive
+from tests.waiting import wait_until
 
 CFG = {
     "model": {"name": "tiny-llama", "seed": 0},
@@ -163,7 +164,6 @@ def test_the_child_outlives_the_thread_that_started_it(groups) -> None:
 def test_the_child_exits_when_its_parent_dies(tmp_path) -> None:
     import subprocess
     import sys
-    import time
 
     script = tmp_path / "parent.py"
     script.write_text(
@@ -189,10 +189,7 @@ def test_the_child_exits_when_its_parent_dies(tmp_path) -> None:
     finally:
         parent.kill()
         parent.wait()
-    deadline = time.time() + 10
-    while alive(child) and time.time() < deadline:
-        time.sleep(0.05)
-    assert not alive(child)
+    wait_until(lambda: not alive(child), "the orphaned learner child to exit")
 
 
 def test_a_bf16_run_shares_the_float32_masters_themselves(

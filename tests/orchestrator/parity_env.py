@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
+
 from agentrl.envs.base import AssistantTurn, Environment, StepResult
 
 
@@ -35,3 +37,20 @@ class ConstantEnv(ParityEnv):
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         return StepResult(reward=0.0, done=True, info={"extracted": "0"})
+
+
+class HeldParityEnv(ParityEnv):
+    """ParityEnv whose episodes for tasks at index >= ``options.hold_from`` never start.
+
+    A synchronous run with ``batch_groups`` groups a step then trains and checkpoints
+    exactly ``hold_from / batch_groups`` steps and waits: a test kills it at a known point
+    (after that checkpoint) instead of at a random time.
+    """
+
+    name = "held_parity"
+
+    async def reset(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        hold_from = self.options.get("hold_from")
+        if hold_from is not None and int(task["id"].rsplit("-", 1)[1]) >= int(hold_from):
+            await anyio.Event().wait()  # held until the process is killed
+        return await super().reset(task)

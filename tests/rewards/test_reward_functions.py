@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import anyio
@@ -120,10 +119,8 @@ def test_bad_functions_fail_before_any_model_loads(data: Path) -> None:
         (f"reward.functions=[{FNS}:CALLS]", ConfigError, "is list, not a function"),
     ]
     for override, error, match in cases:
-        t0 = time.perf_counter()
         with pytest.raises(error, match=match):
             assemble(_cfg(data, override), "rollout")
-        assert time.perf_counter() - t0 < 5
     with pytest.raises(ConfigError, match=r"reward\.weights has 1 entries for 2 reward\.functions"):
         _cfg(data, f"reward.functions=[{FNS}:short, {FNS}:raises]", "reward.weights=[1]")
 

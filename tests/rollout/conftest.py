@@ -56,6 +56,14 @@ class RecordingSampler(Sampler):
     def __init__(self, inner: Sampler) -> None:
         self.inner = inner
         self.calls: list[tuple[list[int], SamplingParams, Generation]] = []
+        self._waiters: list[tuple[int, anyio.Event]] = []
+
+    async def wait_for_calls(self, n: int) -> None:
+        """Return once `n` generations have been recorded (an event, not a guess of time)."""
+        if len(self.calls) < n:
+            event = anyio.Event()
+            self._waiters.append((n, event))
+            await event.wait()
 
     @property
     def version(self) -> int:
@@ -79,6 +87,9 @@ class RecordingSampler(Sampler):
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         gen = await self.inner.generate(prompt_ids, params)
         self.calls.append((list(prompt_ids), params, gen))
+        for n, event in self._waiters:
+            if len(self.calls) >= n:
+                event.set()
         return gen
 
     async def update_weights(self, weights: Any, version: int) -> None:

@@ -98,7 +98,7 @@ class ScriptedToolEnv(Environment):
             reward = float(len(turn.token_ids) % 2)
             return StepResult(reward=reward, done=True, info={"final_len": len(turn.token_ids)})
         if self.tool_delay_s:
-            await anyio.sleep(self.tool_delay_s)
+            await anyio.sleep(self.tool_delay_s)  # allow-sleep: a tool whose work is a delay
         records, obs = [], []
         for c in range(self.calls_per_turn):
             result = f"turn {self.turn} call {c}: saw {len(turn.token_ids)} tokens"
@@ -217,7 +217,7 @@ class SandboxPythonEnv(ScriptedToolEnv):
         code = f"x = {self.turn} if {self.turn} == 1 else x + 1\\nprint(x)"
         call = '<tool_call>{"name": "python", "arguments": {"code": "' + code + '"}}</tool_call>'
         if self.tool_delay_s:
-            await anyio.sleep(self.tool_delay_s)
+            await anyio.sleep(self.tool_delay_s)  # allow-sleep: a tool whose work is a delay
         results = await run_tool_calls(prepare_calls(call, [self.tool]), self.ctx)
         return StepResult(
             observations=[r.message for r in results],

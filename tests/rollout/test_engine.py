@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from agentrl.config import RolloutConfig, SamplerConfig
 from agentrl.rollout import JsonlSink, RolloutEngine
 from agentrl.rollout.sinks import read_groups
 from agentrl.types import TrajectoryGroup
+from tests.waiting import wait_until_async
 
 from .scripted import ScriptedToolEnv
 
@@ -86,10 +88,17 @@ async def test_run_forever_is_backpressured_by_a_bounded_stream(sampler, rendere
     send, receive = anyio.create_memory_object_stream[TrajectoryGroup](1)
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.produce, None, send)
-        await anyio.sleep(3.0)  # nobody reads: the engine must stop taking tasks
-        stalled = engine.cursor.next_index
-        assert stalled <= engine.max_groups_in_flight + 1
-        await anyio.sleep(1.0)
+        # nobody reads: the first group fills the stream, the next ones block in emit
+        # holding every slot, so the engine takes exactly max_groups_in_flight + 1 tasks
+        stalled = engine.max_groups_in_flight + 1
+        await wait_until_async(
+            lambda: (
+                engine.cursor.next_index == stalled and send.statistics().current_buffer_used == 1
+            ),
+            "the engine filling its slots and the stream",
+        )
+        for _ in range(200):  # the loop runs everything else that is ready: nothing is taken
+            await anyio.lowlevel.checkpoint()
         assert engine.cursor.next_index == stalled
         got = [await receive.receive() for _ in range(6)]  # reading lets it go on
         assert engine.cursor.next_index > stalled

@@ -28,7 +28,7 @@ async def test_token_exact_across_many_multiturn_episodes(sampler, renderer, tin
     engine = _engine(env, rec, renderer, max_turns=5)
 
     async def bump_version() -> None:  # a weight update while episodes are in flight
-        await anyio.sleep(0.3)
+        await rec.wait_for_calls(8)  # of the 96 generations (24 episodes x 4 turns)
         state = {k: v.clone() for k, v in tiny[0].state_dict().items()}
         await sampler.update_weights(state, version=1)
 

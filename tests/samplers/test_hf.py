@@ -132,7 +132,7 @@ async def test_64_concurrent_callers_all_finish(pair):
 async def wait_for(condition, timeout: float = 10.0) -> None:
     with anyio.fail_after(timeout):
         while not condition():
-            await anyio.sleep(0.005)
+            await anyio.sleep(0.005)  # allow-sleep: polling `condition`, yielding the loop
 
 
 async def test_cancelling_a_caller_frees_its_slot(pair):

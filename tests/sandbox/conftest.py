@@ -45,12 +45,13 @@ def descendants(root: int) -> list[int]:
 
 def wait_gone(marker: str, timeout: float = 2.0) -> list[int]:
     """Poll until no process carries `marker` (the kernel tears namespaces down async)."""
+    # allow-clock: polling the kernel's teardown of other processes; the bound ends a hang
     deadline = time.monotonic() + timeout
     while True:
         left = [p for p in processes_with(marker) if not _is_zombie(p)]
-        if not left or time.monotonic() > deadline:
+        if not left or time.monotonic() > deadline:  # allow-clock: the same bound
             return left
-        time.sleep(0.02)
+        time.sleep(0.02)  # allow-sleep: the same polling
 
 
 def _is_zombie(pid: int) -> bool:

@@ -44,9 +44,9 @@ async def test_docker_sessions_limits_and_reuse(marker: str) -> None:
             assert (await s.run("x = 41\nopen('/tmp/left', 'w').write('secret')")).ok
             r = await s.run("import os\nprint(x + 1, os.getuid())")
             assert (r.status, r.stdout) == ("ok", "42 65534\n")
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()  # allow-clock: the sandbox's wall limit is a time limit
             r = await s.run("while True: pass", timeout=1)
-            assert r.status == "timeout" and time.perf_counter() - t0 < 2.5
+            assert r.status == "timeout" and time.perf_counter() - t0 < 2.5  # allow-clock: same
             r = await s.run("print('x' in globals())")
             assert r.state_lost and r.stdout == "False\n"
             r = await s.run("import sys\nsys.stdout.write('y' * (64 << 20))", timeout=10)

@@ -82,11 +82,11 @@ async def test_acquire_timeout_raises_sandbox_error(marker: str) -> None:
     async with create_sandbox(label=marker, max_sessions=1, acquire_timeout_s=0.3) as sb:
         async with sb.session() as s:
             await s.run("pass")
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()  # allow-clock: acquire_timeout_s is itself a time limit
             with pytest.raises(SandboxError, match="acquire_timeout_s"):
                 async with sb.session():
                     pass
-            assert time.perf_counter() - t0 < 2
+            assert time.perf_counter() - t0 < 2  # allow-clock: the same limit (0.3 s)
         async with sb.session() as s:  # the slot came back
             assert (await s.run("print(1)")).stdout == "1\n"
 
@@ -216,10 +216,8 @@ def test_limits_are_validated() -> None:
 
 
 def test_create_sandbox_returns_quickly() -> None:
-    t0 = time.perf_counter()
     sb = create_sandbox()
-    assert time.perf_counter() - t0 < 0.05
-    assert sb.live_processes == 0  # nothing started yet
+    assert sb.live_processes == 0  # nothing started yet: creating one is cheap
 
 
 @pytest.mark.parametrize("cgroups", [True, False])

@@ -115,7 +115,7 @@ async def test_session_is_closed_when_the_episode_ends():
         for _ in range(50):  # reaped asynchronously
             if not (live_descendants(os.getpid()) & (during - before)):
                 break
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # allow-sleep: polling the OS reaping other processes
         assert not (live_descendants(os.getpid()) & (during - before))
     finally:
         await sb.close()

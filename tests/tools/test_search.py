@@ -151,7 +151,7 @@ def scripted_server(
             request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append(request)
             status, body, delay = answer(len(seen), request)
-            time.sleep(delay)
+            time.sleep(delay)  # allow-sleep: a slow server, what the client must handle
             data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             try:
                 self.send_response(status)
@@ -183,9 +183,10 @@ async def test_transient_failures_are_retried_with_backoff():
         seen,
     ):
         backend = HttpSearchBackend(url, retries=3, backoff_s=0.1)
+        # allow-clock: the backoff is itself a delay; it must have been waited, not skipped
         start = time.perf_counter()
         hits = await backend.search("peru", 2)
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start  # allow-clock: the same
         await backend.aclose()
     assert [(h.title, h.snippet, h.id, h.score) for h in hits] == [
         ("Peru", "Capital: Lima", "pe", 3.5)
