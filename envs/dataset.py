@@ -338,7 +338,8 @@ def _read_parquet(path: Path) -> list[tuple[str, Any]]:
     return [(f"{path}: row {i + 1}", row) for i, row in enumerate(rows)]
 
 
-def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
+def read_jsonl(path: Path) -> list[tuple[str, Any]]:
+    """(``path:line``, parsed row) of every non-blank line; bad JSON names its line."""
     out: list[tuple[str, Any]] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -362,7 +363,7 @@ def load_task_file(
     suffix = path.suffix.lower()
     if suffix not in TASK_FILE_FORMATS:
         raise DatasetError(f"{path}: unsupported task file type {suffix!r}; use .jsonl or .parquet")
-    rows = _read_parquet(path) if suffix == ".parquet" else _read_jsonl(path)
+    rows = _read_parquet(path) if suffix == ".parquet" else read_jsonl(path)
     if not rows:
         raise DatasetError(f"{path}: the file holds no tasks")
     tasks = []

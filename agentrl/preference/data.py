@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError
 from agentrl.sft import encode_transcript
 
@@ -170,16 +171,7 @@ def read_jsonl_rows(path: str | Path) -> list[Row]:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such preference file")
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{where}: invalid JSON ({e.msg})") from None
-        rows.append(parse_row(raw, where))
+    rows = [parse_row(raw, where) for where, raw in read_jsonl(path)]
     if not rows:
         raise DatasetError(f"{path}: no rows")
     return rows
