@@ -27,6 +27,7 @@ from typing import Any
 from agentrl.chat import ChatRenderer, ChatTranscript
 from agentrl.config import Config
 from agentrl.envs import make_env
+from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError, TemplateMismatchError
 from agentrl.export import write_model_folder
 from agentrl.models import load_model
@@ -105,14 +106,7 @@ def read_transcripts(path: str | Path) -> list[tuple[str, list[Message], list[An
     if not path.is_file():
         raise DatasetError(f"{path}: no such transcript file")
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{where}: invalid JSON ({e.msg})") from None
+    for where, row in read_jsonl(path):
         messages = row.get("messages") if isinstance(row, dict) else None
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and "role" in m for m in messages

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.chat import load_template
+from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError, ModelLoadError
 from agentrl.models import load_model, resolve_model_dir
 from agentrl.rewards.reward_model import encode_batch, ensure_pad_token, render_for_reward
@@ -68,14 +69,7 @@ def read_pairs(path: str | Path) -> list[PreferencePair]:
     if not path.is_file():
         raise DatasetError(f"{path}: no such preference file")
     pairs = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{where}: invalid JSON ({e.msg})") from None
+    for where, row in read_jsonl(path):
         if not isinstance(row, dict):
             raise DatasetError(f"{where}: expected an object with chosen and rejected")
         for key in ("chosen", "rejected"):
