@@ -22,6 +22,7 @@ import anyio
 from agentrl.components import build_engine, build_env, build_sampler, load_learner
 from agentrl.config import Config
 from agentrl.devices import resolve_device
+from agentrl.learner.distributed import set_collective_timeout
 from agentrl.models import load_tokenizer
 from agentrl.placement.learner_process import LearnerError, join_learner_group
 from agentrl.placement.router import ReplicaRouter
@@ -216,6 +217,7 @@ class LearnerShell:
         self._whole: dict[str, Any] | None = None
         if self.peers:
             self._whole = self.learner.gathered_sampler_weights()
+            set_collective_timeout(float(cfg.learner.collective_timeout_s))
         self.replicas: list[ReplicaClient] = []
         self.bus: Any = None
         self._transport: Any = None
@@ -295,6 +297,7 @@ class LearnerRankShell:
         join_learner_group(cfg, rank, address, local_rank=0)
         self.learner = load_learner(cfg)
         self.learner.gathered_sampler_weights()  # rank 0 gathers the first version now
+        set_collective_timeout(float(cfg.learner.collective_timeout_s))
 
     def step(self, groups: list[Any]) -> None:
         self.learner.step(groups)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
@@ -15,7 +17,13 @@ import torch
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.models import tiny_llama
-from agentrl.placement.learner_process import LearnerError, LearnerProcess
+from agentrl.placement.learner_process import (
+    FAULT_ENV,
+    Fault,
+    LearnerError,
+    LearnerProcess,
+    RankPhase,
+)
 from agentrl.runtime import learner_worker
 from tests.learner.conftest import make_cfg, make_groups, one_torch_thread
 
@@ -71,6 +79,111 @@ def test_two_fsdp_ranks_train_publish_checkpoint_and_fail_by_name(tmp_path: Path
         with pytest.raises(LearnerError, match=r"learner rank 1 died while training a step"):
             group.step(groups)
     assert all(_gone(pid) for pid in group.pids or [])
+
+
+class _InThread:
+    """`call()` in a thread (a blocking step the test acts on meanwhile); its outcome."""
+
+    def __init__(self, call: Callable[[], object]) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self.thread.start()
+
+    def _run(self, call: Callable[[], object]) -> None:
+        try:
+            call()
+        except BaseException as e:  # the test reads it
+            self.error = e
+
+    def outcome(self) -> BaseException | None:
+        self.thread.join(timeout=300)  # bounds a hang (the failure this test is about)
+        assert not self.thread.is_alive(), "the step hung"
+        return self.error
+
+
+# each spawns 2 rank processes: integration (about a minute each on 2 shared cores)
+@pytest.mark.integration
+def test_a_rank_killed_mid_step_is_named_and_the_checkpoint_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 killed inside step 2's backward (FSDP2: rank 0 is inside the same step's
+    collectives): one line naming the rank and where it was, no hang, the step-1
+    checkpoint intact and resumable."""
+    monkeypatch.setenv(FAULT_ENV, "1:2:backward:hold")  # rank 1 stops there; killed below
+    with one_torch_thread():
+        groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
+        single = Learner(tiny_llama(seed=0), None, make_cfg(**ONE))
+    with closing(LearnerProcess(make_cfg(**GROUP))) as group:
+        group.step(groups)
+        assert [p.phase for p in group.phases().values()] == ["metrics all-reduce"] * 2
+        saved = group.save_checkpoint(tmp_path / "ckpt")
+        step = _InThread(lambda: group.step(groups))
+        assert group.wait_for_phase(1, "backward", fault="hold") == RankPhase(2, "backward", "hold")
+        group.wait_for_phase(0, "backward")  # rank 0 is in step 2 too, waiting on rank 1
+        os.kill(group.pids[1], signal.SIGKILL)
+        error = step.outcome()
+    assert isinstance(error, LearnerError)
+    message = str(error)
+    assert "\n" not in message
+    assert message.startswith(
+        "learner rank 1 died while training a step (killed by signal 9; it was in backward "
+        "of step 2, held there by AGENTRL_LEARNER_FAULT); the last checkpoint is intact"
+    ), message
+    assert all(_gone(pid) for pid in group.pids)
+    with one_torch_thread():
+        single.step(groups)
+        resumed = Learner(tiny_llama(seed=1), None, make_cfg(**ONE))
+        resumed.load_checkpoint(saved)
+    assert resumed.version == 1
+    assert max_diff(resumed.model.state_dict(), single.model.state_dict()) < 1e-4
+
+
+@pytest.mark.integration
+def test_a_rank_that_stops_taking_part_times_the_collective_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DDP: rank 1 holds in its first backward, rank 0 waits in the gradient all-reduce,
+    which gives up after learner.collective_timeout_s with one line naming both ranks."""
+    monkeypatch.setenv(FAULT_ENV, "1:1:backward:hold")
+    cfg = make_cfg(
+        **{**GROUP, "learner": {**GROUP["learner"], "parallel": "ddp", "collective_timeout_s": 3}}
+    )
+    with one_torch_thread():
+        groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
+    with closing(LearnerProcess(cfg)) as group:
+        step = _InThread(lambda: group.step(groups))
+        group.wait_for_phase(1, "backward", fault="hold")
+        group.wait_for_phase(0, "gradient all-reduce")  # the collective rank 1 never joins
+        error = step.outcome()
+    assert isinstance(error, LearnerError)
+    assert str(error) == (
+        "learner rank 0 waited 3 s (learner.collective_timeout_s) for the other ranks in a "
+        "collective in gradient all-reduce of step 1 while training a step: rank 1 last seen "
+        "in backward of step 1, held there by AGENTRL_LEARNER_FAULT; the group is stopped, "
+        "the last checkpoint is intact"
+    )
+    assert "Timed out" in str(error.__cause__)  # gloo's own timeout ended the wait
+    assert all(_gone(pid) for pid in group.pids)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1:2:backward",
+        "x:2:backward:kill",
+        "1:2:sideways:kill",
+        "1:0:forward:kill",
+        "1:2:forward:pause",
+    ],
+)
+def test_a_malformed_fault_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(FAULT_ENV, value)
+    with pytest.raises(
+        ConfigError, match=r"AGENTRL_LEARNER_FAULT=.* is not RANK:STEP:PHASE:ACTION"
+    ):
+        Fault.from_env()
+    monkeypatch.setenv(FAULT_ENV, "1:2:gradient all-reduce:hold")
+    assert Fault.from_env() == Fault(1, 2, "gradient all-reduce", "hold")
 
 
 def _gone(pid: int) -> bool:
