@@ -24,6 +24,7 @@ from agentrl.placement.learner_process import (
     LearnerProcess,
     RankPhase,
 )
+from agentrl.plotting import read_steps
 from agentrl.runtime import learner_worker
 from tests.learner.conftest import make_cfg, make_groups, one_torch_thread
 
@@ -164,6 +165,79 @@ def test_a_rank_that_stops_taking_part_times_the_collective_out(
     )
     assert "Timed out" in str(error.__cause__)  # gloo's own timeout ended the wait
     assert all(_gone(pid) for pid in group.pids)
+
+
+@pytest.mark.integration  # three CLI runs on 2 ranks (~7 min on 2 cores shared by others)
+@pytest.mark.timeout(1200)
+def test_a_run_whose_rank_dies_mid_step_resumes_through_the_cli(tmp_path: Path) -> None:
+    """`agentrl train` on 2 FSDP ranks; rank 1 SIGKILLed inside step 2's backward: the run
+    exits with one line naming it, the step-1 checkpoint intact; `--resume` finishes step 2
+    with the very weights of a run that was never interrupted."""
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from agentrl.checkpoint_files import latest_checkpoint
+    from tests.orchestrator.test_train import REPO, _cli_train
+
+    (tmp_path / "c.yaml").write_text("{}\n")
+    sets = [
+        "learner.world_size=2",
+        "learner.parallel=fsdp",
+        "orchestrator.max_staleness=0",
+        "orchestrator.max_steps=2",
+        "orchestrator.checkpoint_every=1",
+        # the same episodes in every run (see test_resume_after_sigkill_gives_the_...)
+        "sampler.seed=7",
+        "sampler.max_batch_size=1",
+        "sampler.options.prefix_cache_tokens=0",
+        "rollout.concurrency=4",
+    ]
+    cfg, killed_dir, straight_dir = tmp_path / "c.yaml", tmp_path / "killed", tmp_path / "straight"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(FAULT_ENV, None)
+    runs = {
+        name: subprocess.Popen(
+            _cli_train(cfg, run_dir, *sets),
+            cwd=REPO,
+            env={**env, FAULT_ENV: "1:2:backward:kill"} if name == "killed" else env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, run_dir in (("straight", straight_dir), ("killed", killed_dir))
+    }
+    out = {name: proc.communicate(timeout=900)[1] for name, proc in runs.items()}
+    assert runs["straight"].returncode == 0, out["straight"][-3000:]
+    assert runs["killed"].returncode != 0
+    assert out["killed"].strip().splitlines()[-1] == (
+        "error: learner rank 1 died while training a step (killed by signal 9; it was in "
+        "backward of step 2, killed there by AGENTRL_LEARNER_FAULT); the last checkpoint "
+        "is intact"
+    ), out["killed"][-3000:]
+    ckpt = latest_checkpoint(killed_dir)
+    assert ckpt is not None and ckpt.name == "step_000001"
+    step1 = load_file(str(ckpt / "learner" / "model.safetensors"))
+
+    resumed = subprocess.run(
+        _cli_train(cfg, killed_dir, *sets, resume=True),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [s["step"] for s in read_steps(killed_dir)] == [1, 2]
+    final = {}
+    for name, run_dir in (("straight", straight_dir), ("killed", killed_dir)):
+        last = latest_checkpoint(run_dir)
+        assert last is not None and last.name == "step_000002", last
+        final[name] = load_file(str(last / "learner" / "model.safetensors"))
+    assert final["killed"].keys() == final["straight"].keys() == step1.keys()
+    assert any(not v.equal(step1[k]) for k, v in final["killed"].items())  # step 2 trained
+    differ = [k for k, v in final["straight"].items() if not v.equal(final["killed"][k])]
+    assert not differ, f"resumed weights differ from the uninterrupted run's in {differ[:5]}"
 
 
 @pytest.mark.parametrize(
