@@ -316,6 +316,56 @@ def test_two_ranks_under_ray(tmp_path: Path) -> None:
     assert (orch.run_dir / "checkpoints" / "step_000002" / "learner" / "sharded").is_dir()
 
 
+@pytest.mark.integration
+def test_two_ranks_under_ray_match_one_process(tmp_path: Path) -> None:
+    """The Ray placement of the group (rank 0 a LearnerShell on the driver's node, rank 1 a
+    LearnerRankShell in the learner's placement group, as a run assembles them): 3 steps
+    on the same batches give one process's weights (float32 tolerance) and losses."""
+    ray = pytest.importorskip("ray")
+    from safetensors.torch import load_file
+
+    from agentrl.placement import cluster
+    from agentrl.placement.actors import LearnerShell
+    from agentrl.placement.assemble import _learner_ranks
+
+    cfg = make_cfg(
+        **{
+            **GROUP,
+            "orchestrator": {"cpu_threads": 1, "backend": "ray"},
+            "ray": {"num_cpus": 2, "learner": {"num_cpus": 0.5}},
+        }
+    )
+    with one_torch_thread():
+        groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
+        single = Learner(tiny_llama(seed=0), None, make_cfg(**ONE))
+    conn = cluster.connect(cfg)
+    try:
+        on_ray = {"num_cpus": 0.5, "max_restarts": 0}
+        peers, address = _learner_ranks(conn, cfg, on_ray, cfg.ray.start_timeout_s)
+        assert len(peers) == 1 and len(conn.placement_groups) == 1
+        rank0 = (
+            ray.remote(LearnerShell)
+            .options(**on_ray, max_concurrency=1, **cluster.on_this_node(ray))
+            .remote(cfg, peers, address)
+        )
+        for step in range(1, 4):
+            theirs, version, _ = ray.get(rank0.step.remote(groups))
+            with one_torch_thread():
+                mine = single.step(groups)
+            assert version == step
+            assert theirs["loss/total"] == pytest.approx(mine["loss/total"], rel=1e-4, abs=1e-6)
+        saved = Path(ray.get(rank0.save_checkpoint.remote(str(tmp_path / "ckpt"))))
+    finally:
+        conn.close()
+    assert (saved / "sharded").is_dir()
+    trained = load_file(str(saved / "model.safetensors"))  # gathered on rank 0
+    reference = single.model.state_dict()
+    assert trained.keys() <= reference.keys()
+    for name, w in trained.items():
+        torch.testing.assert_close(w, reference[name], rtol=1e-4, atol=2e-5, msg=name)
+    assert max_diff(tiny_llama(seed=0).state_dict(), trained) > 1e-4  # the steps trained
+
+
 @pytest.mark.parametrize(
     ("learner", "message"),
     [
