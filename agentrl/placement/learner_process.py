@@ -182,18 +182,21 @@ class _NotShared:
         pass
 
 
-def _report_phases(conn: Connection, learner: Any, rank: int) -> None:
-    """Send the parent each phase of a step as this rank starts it (``("phase", ...)``
-    messages before the request's reply), and act on ``AGENTRL_LEARNER_FAULT``."""
+def report_phases(learner: Any, rank: int, send: Any = None) -> None:
+    """Hand `send` each phase of a step as this rank starts it (``(step, phase, fault)``),
+    and act on ``AGENTRL_LEARNER_FAULT`` where it names this rank (without `send`: only
+    that, as a Ray rank does)."""
     fault = Fault.from_env()
     if fault is not None and fault.rank != rank:
         fault = None
+    if fault is None and send is None:
+        return
 
     def report(phase: str) -> None:
         step = learner.step_count + 1
         hit = fault is not None and step == fault.step and phase == fault.phase
-        # plain values: this module is the child's __main__, its classes do not unpickle
-        conn.send(("phase", (step, phase, fault.action if hit else "")))
+        if send is not None:
+            send((step, phase, fault.action if hit else ""))
         if hit:
             fault.act()  # type: ignore[union-attr]
 
@@ -221,7 +224,9 @@ def _serve(conn: Connection, lifeline: int) -> None:
         learner = load_learner(cfg)
         weights = learner.gathered_sampler_weights()  # all ranks gather; rank 0 keeps them
         if cfg.learner.world_size > 1:
-            _report_phases(conn, learner, rank)
+            # ("phase", ...) messages before the request's reply; plain values: this module
+            # is the child's __main__, its classes do not unpickle in the parent
+            report_phases(learner, rank, lambda seen: conn.send(("phase", seen)))
             # every rank has loaded: from now on a collective waits collective_timeout_s
             from agentrl.learner.distributed import set_collective_timeout
 
@@ -527,7 +532,7 @@ class LearnerProcess:
         if failed:
             rank, (exc, tb) = failed[0]
             where = "the learner process" if self.world_size == 1 else f"learner rank {rank.rank}"
-            if self.world_size > 1 and _timed_out(exc):
+            if self.world_size > 1 and timed_out(exc):
                 raise LearnerError(self._timeout_message(rank.rank, doing)) from exc
             if isinstance(exc, Exception):
                 exc.add_note(f"(raised in {where})\n{tb}")
@@ -609,7 +614,7 @@ class _Timeout(Exception):
     """No reply within the time asked for."""
 
 
-def _timed_out(exc: BaseException) -> bool:
+def timed_out(exc: BaseException) -> bool:
     """Whether a rank's error is a collective that gave up waiting (gloo: "Timed out
     waiting ... for recv"; NCCL's watchdog: "collective operation timeout")."""
     text = str(exc).lower()

@@ -317,11 +317,15 @@ def test_two_ranks_under_ray(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_two_ranks_under_ray_match_one_process(tmp_path: Path) -> None:
+def test_two_ranks_under_ray_match_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The Ray placement of the group (rank 0 a LearnerShell on the driver's node, rank 1 a
     LearnerRankShell in the learner's placement group, as a run assembles them): 3 steps
-    on the same batches give one process's weights (float32 tolerance) and losses."""
+    on the same batches give one process's weights (float32 tolerance) and losses; rank 1
+    killed inside step 4's backward is named by the failed step."""
     ray = pytest.importorskip("ray")
+    monkeypatch.setenv(FAULT_ENV, "1:4:backward:kill")  # the local Ray's workers inherit it
     from safetensors.torch import load_file
 
     from agentrl.placement import cluster
@@ -355,6 +359,13 @@ def test_two_ranks_under_ray_match_one_process(tmp_path: Path) -> None:
             assert version == step
             assert theirs["loss/total"] == pytest.approx(mine["loss/total"], rel=1e-4, abs=1e-6)
         saved = Path(ray.get(rank0.save_checkpoint.remote(str(tmp_path / "ckpt"))))
+        with pytest.raises(ray.exceptions.RayTaskError) as failed:
+            ray.get(rank0.step.remote(groups))
+        assert isinstance(failed.value.cause, LearnerError)
+        assert str(failed.value.cause) == (
+            "learner rank 1 died while training a step (ActorDiedError); the last checkpoint "
+            "is intact"
+        )
     finally:
         conn.close()
     assert (saved / "sharded").is_dir()
