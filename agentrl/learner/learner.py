@@ -167,7 +167,11 @@ class Learner:
             self.critic = self.strategy.wrap(self.critic)
         self.value_head: ValueHead | None = None
         if self.use_critic and self.critic is None:
-            head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
+            # initialised from the run's seed, not the process's random state: every rank
+            # of a group starts from the same head, as one process would
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.orchestrator.seed if seed is None else seed)
+                head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
             self.value_head = self.strategy.wrap_head(head)
         self.forward = PolicyForward(
             self.precision,
