@@ -28,7 +28,12 @@ before the publish returns, which the orchestrator awaits before the next step.
 
 Failure handling: an exception inside a request comes back and is raised here with the
 child's traceback; a child that dies (killed, out of memory) raises :class:`LearnerError`
-with its exit code. The child ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process
+with its exit code. With several ranks, each reports the phase of the step it starts
+(:attr:`Learner.on_phase`, :meth:`LearnerProcess.phases`), so a rank that dies is named
+with where it was, and one that stops taking part ends the step once its peers' collective
+gives up (``learner.collective_timeout_s``), named the same way; ``AGENTRL_LEARNER_FAULT``
+(:class:`Fault`) kills or holds a rank at a named phase, for drills and tests. The child
+ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process
 group; the orchestrator finishes the step and asks for the checkpoint) and exits as soon
 as its parent is gone (a lifeline pipe only the parent holds), so no orphan is left.
 """
