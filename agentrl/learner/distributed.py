@@ -27,7 +27,8 @@ gradients are *summed* across ranks, not averaged:
 The no-grad pass at the start of a step (proximal / reference log-probs, values) is split
 the same way and its ``[B, T]`` results summed across ranks. Metrics are summed across
 ranks before they are read. Every collective runs under the group's timeout
-(``learner.collective_timeout_s``), so a dead rank is an error, never a hang.
+(``learner.collective_timeout_s``, :func:`set_collective_timeout`), so a dead or stuck rank
+is an error, never a hang.
 """
 
 from __future__ import annotations
@@ -83,6 +84,18 @@ def init_rank_group(
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+
+
+def set_collective_timeout(timeout_s: float) -> None:
+    """How long each collective of the learner group waits from now on before it fails
+    (``learner.collective_timeout_s``): set once every rank has loaded, so the ranks meet
+    and load under the longer start timeout. A rank that stops taking part (hung, stopped)
+    makes its peers' collective fail after this long; one that dies fails it at once (its
+    sockets close)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(datetime.timedelta(seconds=timeout_s))
 
 
 @dataclass(frozen=True)

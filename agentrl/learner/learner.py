@@ -32,7 +32,7 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,18 @@ from agentrl.learner.schedule import lr_lambda
 from agentrl.types import Batch, TrajectoryGroup
 
 log = logging.getLogger(__name__)
+
+# the phases of a step, in order, as :attr:`Learner.on_phase` reports them (forward and
+# backward once per micro-batch; the all-reduces with several ranks)
+PHASES = (
+    "no-grad pass",
+    "reference pass",
+    "forward",
+    "backward",
+    "gradient all-reduce",
+    "optimizer",
+    "metrics all-reduce",
+)
 
 
 def _fused_adamw_supported(groups: list[dict[str, Any]]) -> bool | None:
@@ -155,7 +167,11 @@ class Learner:
             self.critic = self.strategy.wrap(self.critic)
         self.value_head: ValueHead | None = None
         if self.use_critic and self.critic is None:
-            head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
+            # initialised from the run's seed, not the process's random state: every rank
+            # of a group starts from the same head, as one process would
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(cfg.orchestrator.seed if seed is None else seed)
+                head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
             self.value_head = self.strategy.wrap_head(head)
         self.forward = PolicyForward(
             self.precision,
@@ -217,6 +233,13 @@ class Learner:
         self.step_count = 0
         # the pi_old log-probs the loss used in the last step's first epoch (for inspection)
         self.last_old_logprobs: Tensor | None = None
+        # called with each phase of a step as it starts (PHASES): a learner rank reports
+        # where it is, so a dead or stuck rank is named with its place in the step
+        self.on_phase: Callable[[str], None] | None = None
+
+    def _phase(self, name: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name)
 
     def _critic_module(self) -> torch.nn.Module:
         module = self.critic if self.critic is not None else self.value_head
@@ -316,6 +339,7 @@ class Learner:
         no_grad_passes = 0  # counted, so a test can prove a pass was skipped
         if need_prox and not bypass and not current and len(trained_rows):
             no_grad_passes += 1
+            self._phase("no-grad pass")
             self.model.eval()
             prox_lp, start_entropy, old_values = whole_rows(
                 self.forward,
@@ -330,6 +354,7 @@ class Learner:
         ref_lp: Tensor | None = None
         if self.ref_model is not None and len(trained_rows):
             no_grad_passes += 1
+            self._phase("reference pass")
             ref_lp, _, _ = whole_rows(
                 self.forward, self.ref_model, batch, layout, trained_rows, self.ranks
             )
@@ -381,6 +406,7 @@ class Learner:
                     for (idx, L, P), counts in rank_micro_batches(layout, mb_rows, self.ranks):
                         # host -> device without waiting (pinned); the forward finds the loss
                         # positions in the host-side mask, so nothing here reads the device
+                        self._phase("forward")
                         m = to_device(loss_mask[idx, :L], dev)
                         lp, ent, values = self.forward(
                             self.model,
@@ -420,6 +446,7 @@ class Learner:
                             denominator=denominator,
                             rows=idx,
                         )
+                        self._phase("backward")
                         if not counts:  # a padding micro-batch: FSDP's collectives, no gradient
                             self.scaler.scale(loss * 0.0).backward()
                             continue
@@ -433,7 +460,10 @@ class Learner:
                 updates += 1
                 params = self.trained_parameters()
                 scaled = self.scaler.is_enabled() and any(p.grad is not None for p in params)
+                if self.ranks.world_size > 1 and self.ranks.parallel == "ddp":
+                    self._phase("gradient all-reduce")
                 self.strategy.reduce_gradients(params)  # summed over the ranks (DDP)
+                self._phase("optimizer")
                 if scaled:
                     self.scaler.unscale_(self.optimizer)  # clip the true gradients
                 gn = self.strategy.local(torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip))
@@ -467,6 +497,7 @@ class Learner:
 
         # 4. metrics (summed over the ranks first)
         if self.ranks.distributed:
+            self._phase("metrics all-reduce")
             means.all_reduce(self.ranks, self.device)
             if first_pass_lp is not None:
                 self.ranks.sum_(first_pass_lp, self.device)

@@ -35,6 +35,7 @@ from agentrl.weights.files import unshared
 
 SHARDED = "sharded"  # the DCP folder inside a learner checkpoint
 POLICY = "model.safetensors"
+CRITIC = "critic.safetensors"  # the value head or critic model, whole (a single learner's)
 
 
 def _options(**kw: Any) -> Any:
@@ -43,16 +44,21 @@ def _options(**kw: Any) -> Any:
     return StateDictOptions(**kw)
 
 
+def trained(learner: Any) -> torch.nn.Module:
+    """The module whose parameters are exactly the optimizer's: the policy, or with a
+    critic (``algorithm.critic``: a value head or a separate critic model) both under one
+    parent, as ``policy.*`` and ``critic.*`` (torch's state-dict helpers map an optimizer's
+    state to names through one module)."""
+    if not learner.use_critic:
+        return learner.model
+    return torch.nn.ModuleDict({"policy": learner.model, "critic": learner._critic_module()})
+
+
 def save(learner: Any, directory: str | Path) -> Path:
     """Write a sharded learner's checkpoint to `directory` (atomically, by rank 0)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-    if learner.use_critic:
-        raise CheckpointError(
-            "learner.parallel=fsdp checkpoints the policy and its optimizer; a critic "
-            "(algorithm.critic=true) is not checkpointed sharded yet: use learner.parallel=ddp"
-        )
     directory = Path(directory)
     ranks = learner.ranks
     # every rank writes its shards here first; rank 0 moves them into the atomic folder
@@ -60,11 +66,16 @@ def save(learner: Any, directory: str | Path) -> Path:
     if ranks.is_main:
         shutil.rmtree(staging, ignore_errors=True)
     ranks.barrier()
-    model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
+    model_state, optim_state = get_state_dict(trained(learner), learner.optimizer)
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(staging))
     full = get_model_state_dict(
         learner.model, options=_options(full_state_dict=True, cpu_offload=True)
     )
+    critic: dict[str, Tensor] = {}
+    if learner.use_critic:  # whole too, for a single or DDP learner (critic.safetensors)
+        critic = get_model_state_dict(
+            learner._critic_module(), options=_options(full_state_dict=True, cpu_offload=True)
+        )
     # tied weights once, under the first of their names in sorted order (as a single
     # learner writes them): the gathered copies no longer share storage
     tied: dict[int, list[str]] = {}
@@ -78,6 +89,8 @@ def save(learner: Any, directory: str | Path) -> Path:
         with atomic_directory(directory) as tmp:
             os.rename(staging, tmp / SHARDED)
             save_file(unshared(dict(sorted(full.items()))), str(tmp / POLICY), {"format": "pt"})
+            if critic:
+                save_file(unshared(critic), str(tmp / CRITIC), {"format": "pt"})
             torch.save(
                 {
                     "scheduler": learner.scheduler.state_dict(),
@@ -91,7 +104,7 @@ def save(learner: Any, directory: str | Path) -> Path:
                 "version": learner.version,
                 "step": learner.step_count,
                 "advantage": learner.alg.advantage,
-                "critic": False,
+                "critic": learner.use_critic,
                 "world_size": ranks.world_size,
                 "parallel": ranks.parallel,
             }
@@ -109,11 +122,11 @@ def load_sharded_into_sharded(learner: Any, directory: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model_state, optim_state = get_state_dict(learner.model, learner.optimizer)
+    model_state, optim_state = get_state_dict(trained(learner), learner.optimizer)
     state = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=str(directory / SHARDED))
     set_state_dict(
-        learner.model,
+        trained(learner),
         learner.optimizer,
         model_state_dict=state["model"],
         optim_state_dict=state["optimizer"],
@@ -128,14 +141,14 @@ def load_optimizer_from_shards(learner: Any, directory: Path) -> None:
         set_optimizer_state_dict,
     )
 
-    optim_state = get_optimizer_state_dict(learner.model, learner.optimizer)
+    optim_state = get_optimizer_state_dict(trained(learner), learner.optimizer)
     state = {"optimizer": optim_state}
     # one process (no group): every shard read here
     no_dist = not torch.distributed.is_initialized()
     with warnings.catch_warnings():  # DCP says it assumes one process: it is one
         warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
         dcp.load(state, checkpoint_id=str(directory / SHARDED), no_dist=no_dist)
-    set_optimizer_state_dict(learner.model, learner.optimizer, state["optimizer"])
+    set_optimizer_state_dict(trained(learner), learner.optimizer, state["optimizer"])
 
 
 def load_whole_into_sharded(learner: Any, directory: Path, optimizer: dict[str, Any]) -> None:
@@ -147,22 +160,21 @@ def load_whole_into_sharded(learner: Any, directory: Path, optimizer: dict[str, 
         set_optimizer_state_dict,
     )
 
-    if learner.use_critic:
-        raise CheckpointError(
-            f"checkpoint {directory} has a critic; learner.parallel=fsdp resumes the policy "
-            "only: use learner.parallel=ddp"
-        )
     if (directory / "adapter.safetensors").is_file():
         raise CheckpointError(
             f"checkpoint {directory} holds a LoRA adapter; learner.parallel=fsdp trains full "
             "weights: resume with the config the run was started with"
         )
     state = load_file(str(directory / POLICY))
-    set_model_state_dict(learner.model, state, options=_options(full_state_dict=True, strict=False))
+    if learner.use_critic:
+        state = {f"policy.{k}": v for k, v in state.items()}
+        state.update({f"critic.{k}": v for k, v in load_file(str(directory / CRITIC)).items()})
+    module = trained(learner)
+    set_model_state_dict(module, state, options=_options(full_state_dict=True, strict=False))
     set_optimizer_state_dict(
-        learner.model,
+        module,
         learner.optimizer,
-        by_name(learner.model, optimizer),
+        by_name(module, optimizer),
         options=_options(full_state_dict=True),
     )
 

@@ -10,10 +10,11 @@ process settings (seed, allocator) with torch threads sized to the CPUs Ray gave
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,15 @@ import anyio
 from agentrl.components import build_engine, build_env, build_sampler, load_learner
 from agentrl.config import Config
 from agentrl.devices import resolve_device
+from agentrl.learner.distributed import set_collective_timeout
 from agentrl.models import load_tokenizer
-from agentrl.placement.learner_process import LearnerError, join_learner_group
+from agentrl.placement.learner_process import (
+    ATTRIBUTE_S,
+    LearnerError,
+    join_learner_group,
+    report_phases,
+    timed_out,
+)
 from agentrl.placement.router import ReplicaRouter
 from agentrl.process_settings import apply_process_settings
 from agentrl.resources import ResourceScope
@@ -216,6 +224,7 @@ class LearnerShell:
         self._whole: dict[str, Any] | None = None
         if self.peers:
             self._whole = self.learner.gathered_sampler_weights()
+            set_collective_timeout(float(cfg.learner.collective_timeout_s))
         self.replicas: list[ReplicaClient] = []
         self.bus: Any = None
         self._transport: Any = None
@@ -241,11 +250,40 @@ class LearnerShell:
 
     def step(self, groups: list[Any]) -> tuple[dict[str, float], int, int]:
         follow = [p.step.remote(groups) for p in self.peers]
-        metrics = self.learner.step(groups)
-        if self.peers:
-            self._whole = self.learner.gathered_sampler_weights()
+        with self._led(follow, "training a step"):
+            metrics = self.learner.step(groups)
+            if self.peers:
+                self._whole = self.learner.gathered_sampler_weights()
         _followed(follow, "training a step")
         return metrics, self.learner.version, self.learner.step_count
+
+    @contextlib.contextmanager
+    def _led(self, follow: list[Any], doing: str) -> Iterator[None]:
+        """Rank 0's share of a request the peers follow. When it fails, a peer's death or
+        failure is the cause if one shows within ATTRIBUTE_S (a dead peer fails rank 0's
+        collective as its sockets close); a collective that timed out is said so."""
+        try:
+            yield
+        except Exception as e:
+            if follow:
+                import ray
+
+                ready, _ = ray.wait(follow, num_returns=len(follow), timeout=ATTRIBUTE_S)
+                for rank, ref in enumerate(follow, start=1):
+                    if ref in ready:
+                        try:
+                            ray.get(ref)
+                        except ray.exceptions.RayActorError as dead:
+                            raise LearnerError(_died(rank, doing, dead)) from None
+                        except Exception:  # failed after rank 0 (a collective it left)
+                            pass
+                if timed_out(e):
+                    raise LearnerError(
+                        f"learner rank 0 waited {self.cfg.learner.collective_timeout_s:g} s "
+                        "(learner.collective_timeout_s) for the other ranks in a collective "
+                        f"while {doing}; the last checkpoint is intact"
+                    ) from e
+            raise
 
     async def publish(self) -> dict[str, Any]:
         """Publish the current weights to every replica; returns what each one holds."""
@@ -266,15 +304,17 @@ class LearnerShell:
 
     def save_checkpoint(self, directory: str) -> str:
         follow = [p.save_checkpoint.remote(directory) for p in self.peers]
-        saved = str(self.learner.save_checkpoint(Path(directory)))
+        with self._led(follow, "saving a checkpoint"):
+            saved = str(self.learner.save_checkpoint(Path(directory)))
         _followed(follow, "saving a checkpoint")
         return saved
 
     def load_checkpoint(self, directory: str) -> tuple[int, int]:
         follow = [p.load_checkpoint.remote(directory) for p in self.peers]
-        self.learner.load_checkpoint(Path(directory))
-        if self.peers:
-            self._whole = self.learner.gathered_sampler_weights()
+        with self._led(follow, "loading a checkpoint"):
+            self.learner.load_checkpoint(Path(directory))
+            if self.peers:
+                self._whole = self.learner.gathered_sampler_weights()
         _followed(follow, "loading a checkpoint")
         return self.learner.version, self.learner.step_count
 
@@ -295,6 +335,8 @@ class LearnerRankShell:
         join_learner_group(cfg, rank, address, local_rank=0)
         self.learner = load_learner(cfg)
         self.learner.gathered_sampler_weights()  # rank 0 gathers the first version now
+        set_collective_timeout(float(cfg.learner.collective_timeout_s))
+        report_phases(self.learner, rank)  # AGENTRL_LEARNER_FAULT, where it names this rank
 
     def step(self, groups: list[Any]) -> None:
         self.learner.step(groups)
@@ -308,6 +350,13 @@ class LearnerRankShell:
         self.learner.gathered_sampler_weights()
 
 
+def _died(rank: int, doing: str, e: Exception) -> str:
+    return (
+        f"learner rank {rank} died while {doing} ({type(e).__name__}); the last checkpoint "
+        "is intact"
+    )
+
+
 def _followed(refs: list[Any], doing: str) -> None:
     """Wait for the peer ranks' share of a request; a dead or failed rank is named."""
     import ray
@@ -316,9 +365,6 @@ def _followed(refs: list[Any], doing: str) -> None:
         try:
             ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            raise LearnerError(
-                f"learner rank {rank} died while {doing} ({type(e).__name__}); the last "
-                "checkpoint is intact"
-            ) from None
+            raise LearnerError(_died(rank, doing, e)) from None
         except ray.exceptions.RayTaskError as e:
             raise LearnerError(f"learner rank {rank} failed while {doing}: {e}") from None

@@ -28,7 +28,12 @@ before the publish returns, which the orchestrator awaits before the next step.
 
 Failure handling: an exception inside a request comes back and is raised here with the
 child's traceback; a child that dies (killed, out of memory) raises :class:`LearnerError`
-with its exit code. The child ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process
+with its exit code. With several ranks, each reports the phase of the step it starts
+(:attr:`Learner.on_phase`, :meth:`LearnerProcess.phases`), so a rank that dies is named
+with where it was, and one that stops taking part ends the step once its peers' collective
+gives up (``learner.collective_timeout_s``), named the same way; ``AGENTRL_LEARNER_FAULT``
+(:class:`Fault`) kills or holds a rank at a named phase, for drills and tests. The child
+ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process
 group; the orchestrator finishes the step and asks for the checkpoint) and exits as soon
 as its parent is gone (a lifeline pipe only the parent holds), so no orphan is left.
 """
@@ -43,8 +48,10 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -56,7 +63,8 @@ from agentrl.algos.registry import plugin_modules
 from agentrl.components import load_learner
 from agentrl.cpu import learner_process_threads, release_freed_memory
 from agentrl.devices import limit_process_memory, sharing_kind
-from agentrl.errors import AgentRLError
+from agentrl.errors import AgentRLError, ConfigError
+from agentrl.learner.learner import PHASES
 from agentrl.process_settings import apply_process_settings
 from agentrl.weights.shared import (
     CudaSharedWeights,
@@ -73,10 +81,70 @@ START_TIMEOUT_S = 600.0
 # a learner group's rank, and rank 0's rendezvous address, for each spawned rank
 RANK_ENV = "AGENTRL_LEARNER_RANK"
 ADDRESS_ENV = "AGENTRL_LEARNER_ADDRESS"
+# fault injection for drills and tests: RANK:STEP:PHASE:ACTION (see Fault)
+FAULT_ENV = "AGENTRL_LEARNER_FAULT"
+# after one rank fails, how long the others may take to show whether one of them died first
+# (its death is the cause: a peer's collective fails as soon as its sockets close)
+ATTRIBUTE_S = 5.0
 
 
 class LearnerError(AgentRLError):
     """The learner process failed to start or died."""
+
+
+@dataclass(frozen=True)
+class RankPhase:
+    """Where a rank was last seen: the phase of a step it started (``Learner.on_phase``)
+    and, when ``AGENTRL_LEARNER_FAULT`` acted there, what it did (``hold`` / ``kill``)."""
+
+    step: int
+    phase: str
+    fault: str = ""
+
+    def __str__(self) -> str:
+        held = {"hold": ", held there by " + FAULT_ENV, "kill": ", killed there by " + FAULT_ENV}
+        return f"{self.phase} of step {self.step}{held.get(self.fault, '')}"
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault a learner rank injects into itself, for drills and tests of the failure
+    path: ``AGENTRL_LEARNER_FAULT=RANK:STEP:PHASE:ACTION`` (e.g. ``1:2:backward:kill``).
+    When rank RANK first starts PHASE (one of :data:`~agentrl.learner.learner.PHASES`) in
+    step STEP (1-based, counted over resumes) it reports that to the parent, then
+    ``kill``: SIGKILLs itself (a rank dying mid-step, its peers inside the step's
+    collectives), or ``hold``: stays there for good (a rank that stops taking part: its
+    peers' collectives fail after ``learner.collective_timeout_s``)."""
+
+    rank: int
+    step: int
+    phase: str
+    action: str
+
+    @classmethod
+    def from_env(cls) -> Fault | None:
+        value = os.environ.get(FAULT_ENV, "").strip()
+        if not value:
+            return None
+        parts = value.split(":")
+        fix = (
+            f"{FAULT_ENV}={value!r} is not RANK:STEP:PHASE:ACTION (e.g. 1:2:backward:kill; "
+            f"PHASE one of {', '.join(PHASES)}; ACTION kill or hold)"
+        )
+        if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
+            raise ConfigError(fix)
+        fault = cls(int(parts[0]), int(parts[1]), parts[2], parts[3])
+        if fault.phase not in PHASES or fault.action not in ("kill", "hold") or fault.step < 1:
+            raise ConfigError(fix)
+        return fault
+
+    def act(self) -> None:
+        log.warning("%s: learner rank %d %ss itself now", FAULT_ENV, self.rank, self.action)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Event().wait()  # hold: until the parent kills this rank or goes away
 
 
 # --- the child -----------------------------------------------------------------------------
@@ -119,6 +187,27 @@ class _NotShared:
         pass
 
 
+def report_phases(learner: Any, rank: int, send: Any = None) -> None:
+    """Hand `send` each phase of a step as this rank starts it (``(step, phase, fault)``),
+    and act on ``AGENTRL_LEARNER_FAULT`` where it names this rank (without `send`: only
+    that, as a Ray rank does)."""
+    fault = Fault.from_env()
+    if fault is not None and fault.rank != rank:
+        fault = None
+    if fault is None and send is None:
+        return
+
+    def report(phase: str) -> None:
+        step = learner.step_count + 1
+        hit = fault is not None and step == fault.step and phase == fault.phase
+        if send is not None:
+            send((step, phase, fault.action if hit else ""))
+        if hit:
+            fault.act()  # type: ignore[union-attr]
+
+    learner.on_phase = report
+
+
 def _serve(conn: Connection, lifeline: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -139,6 +228,14 @@ def _serve(conn: Connection, lifeline: int) -> None:
             join_learner_group(cfg, rank, os.environ[ADDRESS_ENV])
         learner = load_learner(cfg)
         weights = learner.gathered_sampler_weights()  # all ranks gather; rank 0 keeps them
+        if cfg.learner.world_size > 1:
+            # ("phase", ...) messages before the request's reply; plain values: this module
+            # is the child's __main__, its classes do not unpickle in the parent
+            report_phases(learner, rank, lambda seen: conn.send(("phase", seen)))
+            # every rank has loaded: from now on a collective waits collective_timeout_s
+            from agentrl.learner.distributed import set_collective_timeout
+
+            set_collective_timeout(float(cfg.learner.collective_timeout_s))
         if rank == 0:
             kind = sharing_kind(cfg.learner.weight_sharing, learner.device)
             shared = share_weights(weights, kind, shared_dtype(cfg, kind))
@@ -274,6 +371,11 @@ class LearnerProcess:
 
     def __init__(self, cfg: Any) -> None:
         self.world_size = int(cfg.learner.world_size)
+        Fault.from_env()  # a malformed AGENTRL_LEARNER_FAULT fails here, in one line
+        self.collective_timeout_s = float(cfg.learner.collective_timeout_s)
+        # where each rank has been in the request under way (RankPhase, in order)
+        self._seen = threading.Condition()
+        self._history: dict[int, list[RankPhase]] = {}
         address = f"tcp://127.0.0.1:{free_port()}" if self.world_size > 1 else ""
         self._ranks = [_Rank(r, self.world_size, address) for r in range(self.world_size)]
         self._lock = threading.Lock()
@@ -335,8 +437,9 @@ class LearnerProcess:
         self._ready = True
 
     def _replies(self, doing: str, timeout: float | None = None) -> list[tuple[_Rank, Any]]:
-        """One reply from every rank, in rank order. A rank that dies, or (with several
-        ranks) one that reports an error, stops the rest: their collectives would wait."""
+        """One reply from every rank, in rank order (phase reports are recorded on the way).
+        A rank that dies, or (with several ranks) one that reports an error, stops the rest:
+        their collectives would wait."""
         waiting = {rank.conn: rank for rank in self._ranks}
         got: dict[int, Any] = {}
         while waiting:
@@ -345,26 +448,83 @@ class LearnerProcess:
                 raise _Timeout
             for conn in ready:
                 rank = waiting.pop(conn)  # type: ignore[call-overload]
-                try:
-                    msg = conn.recv()  # type: ignore[union-attr]
-                except (EOFError, OSError):
-                    why = rank.why_dead()
-                    self._kill()
-                    raise LearnerError(
-                        f"{rank.name(self.world_size)} died while {doing} ({why}); the last "
-                        "checkpoint is intact (out of memory? try a smaller "
-                        "learner.micro_batch_size)"
-                    ) from None
-                reply = ("error", msg[1:]) if msg[0] == "error" else (msg[0], msg[1])
+                reply = self._receive(rank, doing)
+                if reply[0] == "phase":
+                    waiting[rank.conn] = rank  # still inside the request
+                    continue
                 got[rank.rank] = reply
                 if reply[0] == "error" and self.world_size > 1 and waiting:
+                    self._dead_first(waiting, doing)  # the cause, when a peer died first
                     self._kill()  # the others wait on a collective with the failed rank
                     return [(rank, reply)]
         return [(rank, got[rank.rank]) for rank in self._ranks]
 
+    def _receive(self, rank: _Rank, doing: str) -> tuple[str, Any]:
+        """The next message of `rank`: ``(kind, payload)``; raises when it died."""
+        try:
+            msg = rank.conn.recv()
+        except (EOFError, OSError):
+            why = rank.why_dead()
+            seen = self.phases().get(rank.rank)
+            self._kill()
+            where = f"; it was in {seen}" if seen is not None else ""
+            hint = (
+                ""
+                if seen is not None and seen.fault
+                else " (out of memory? try a smaller learner.micro_batch_size)"
+            )
+            raise LearnerError(
+                f"{rank.name(self.world_size)} died while {doing} ({why}{where}); the last "
+                f"checkpoint is intact{hint}"
+            ) from None
+        if msg[0] == "phase":
+            seen = RankPhase(*msg[1])
+            with self._seen:
+                self._history.setdefault(rank.rank, []).append(seen)
+                self._seen.notify_all()
+            return ("phase", seen)
+        return ("error", msg[1:]) if msg[0] == "error" else (msg[0], msg[1])
+
+    def _dead_first(self, waiting: dict[Any, _Rank], doing: str) -> None:
+        """After one rank failed: raise the death of another if it shows within
+        :data:`ATTRIBUTE_S` (its peers' collectives fail when its sockets close, which
+        is also when its pipe does: the death is the cause, not their errors)."""
+        deadline = time.monotonic() + ATTRIBUTE_S
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            for conn in wait(list(waiting), left):
+                rank = waiting.pop(conn)  # type: ignore[call-overload]
+                if self._receive(rank, doing)[0] == "phase":  # raises if it died
+                    waiting[conn] = rank
+
+    def phases(self) -> dict[int, RankPhase]:
+        """Where each rank was last seen in the request under way (or the last one): the
+        phase of the step it started last. Ranks report with ``learner.world_size > 1``."""
+        with self._seen:
+            return {r: seen[-1] for r, seen in self._history.items() if seen}
+
+    def wait_for_phase(
+        self, rank: int, phase: str, *, fault: str = "", timeout: float | None = None
+    ) -> RankPhase:
+        """Block until `rank` has started `phase` in the request under way (with `fault`:
+        and ``AGENTRL_LEARNER_FAULT`` acted there); returns that report. For drills and
+        tests that act on a rank at a known point of a step."""
+
+        def reached() -> RankPhase | None:
+            for seen in self._history.get(rank, []):
+                if seen.phase == phase and (not fault or seen.fault == fault):
+                    return seen
+            return None
+
+        with self._seen:
+            if not self._seen.wait_for(lambda: reached() is not None, timeout):
+                raise TimeoutError(f"learner rank {rank} did not reach {phase} in {timeout} s")
+            return reached()  # type: ignore[return-value]
+
     def _call(self, op: str, arg: Any, doing: str) -> Any:
         with self._lock:
             self._wait_ready_locked(START_TIMEOUT_S)
+            with self._seen:
+                self._history.clear()
             for rank in self._ranks:
                 try:
                     rank.conn.send((op, arg))
@@ -377,12 +537,28 @@ class LearnerProcess:
         if failed:
             rank, (exc, tb) = failed[0]
             where = "the learner process" if self.world_size == 1 else f"learner rank {rank.rank}"
+            if self.world_size > 1 and timed_out(exc):
+                raise LearnerError(self._timeout_message(rank.rank, doing)) from exc
             if isinstance(exc, Exception):
                 exc.add_note(f"(raised in {where})\n{tb}")
                 raise exc
             raise LearnerError(f"{doing} failed in {where}:\n{tb}")
         result, self.version, self.step_count = replies[0][1][1]
         return result
+
+    def _timeout_message(self, rank: int, doing: str) -> str:
+        seen = self.phases()
+        others = "; ".join(
+            f"rank {r} last seen in {seen[r]}" if r in seen else f"rank {r} not seen in the step"
+            for r in range(self.world_size)
+            if r != rank
+        )
+        where = f" in {seen[rank]}" if rank in seen else ""
+        return (
+            f"learner rank {rank} waited {self.collective_timeout_s:g} s "
+            f"(learner.collective_timeout_s) for the other ranks in a collective{where} "
+            f"while {doing}: {others}; the group is stopped, the last checkpoint is intact"
+        )
 
     # --- what the orchestrator calls -----------------------------------------------------
 
@@ -443,6 +619,13 @@ class _Timeout(Exception):
     """No reply within the time asked for."""
 
 
+def timed_out(exc: BaseException) -> bool:
+    """Whether a rank's error is a collective that gave up waiting (gloo: "Timed out
+    waiting ... for recv"; NCCL's watchdog: "collective operation timeout")."""
+    text = str(exc).lower()
+    return "timed out" in text or "operation timeout" in text
+
+
 def free_port() -> int:
     """A TCP port free on this machine now, for rank 0's rendezvous store."""
     with socket.socket() as s:
@@ -459,12 +642,14 @@ def join_learner_group(cfg: Any, rank: int, address: str, *, local_rank: int | N
 
     os.environ["LOCAL_RANK"] = str(rank if local_rank is None else local_rank)
     device = torch.device("cuda" if resolve_device(cfg.learner.device).type == "cuda" else "cpu")
+    # the ranks meet and load the model under the start timeout; once every rank is ready
+    # the group's collectives wait learner.collective_timeout_s (set_collective_timeout)
     init_rank_group(
         rank,
         int(cfg.learner.world_size),
         address,
         device=device,
-        timeout_s=float(cfg.learner.collective_timeout_s),
+        timeout_s=max(START_TIMEOUT_S, float(cfg.learner.collective_timeout_s)),
     )
 
 

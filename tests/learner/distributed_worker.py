@@ -30,6 +30,12 @@ CASES: dict[str, dict[str, Any]] = {
         "learner": {"parallel": "fsdp", "ppo_epochs": 2},
         "algorithm": {"agg": "seq-mean-token-sum-norm", "off_policy": "tis"},
     },
+    # PPO with GAE: the value head sharded and trained beside the policy, its values from
+    # the split no-grad pass (the policy's update depends on them from step 2 on)
+    "fsdp_critic": {
+        "learner": {"parallel": "fsdp"},
+        "algorithm": {"advantage": "gae", "critic": True, "lam": 0.95, "vf_coef": 0.5},
+    },
 }
 
 

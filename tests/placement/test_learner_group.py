@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
@@ -15,7 +17,14 @@ import torch
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.models import tiny_llama
-from agentrl.placement.learner_process import LearnerError, LearnerProcess
+from agentrl.placement.learner_process import (
+    FAULT_ENV,
+    Fault,
+    LearnerError,
+    LearnerProcess,
+    RankPhase,
+)
+from agentrl.plotting import read_steps
 from agentrl.runtime import learner_worker
 from tests.learner.conftest import make_cfg, make_groups, one_torch_thread
 
@@ -73,6 +82,184 @@ def test_two_fsdp_ranks_train_publish_checkpoint_and_fail_by_name(tmp_path: Path
     assert all(_gone(pid) for pid in group.pids or [])
 
 
+class _InThread:
+    """`call()` in a thread (a blocking step the test acts on meanwhile); its outcome."""
+
+    def __init__(self, call: Callable[[], object]) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self.thread.start()
+
+    def _run(self, call: Callable[[], object]) -> None:
+        try:
+            call()
+        except BaseException as e:  # the test reads it
+            self.error = e
+
+    def outcome(self) -> BaseException | None:
+        self.thread.join(timeout=300)  # bounds a hang (the failure this test is about)
+        assert not self.thread.is_alive(), "the step hung"
+        return self.error
+
+
+# each spawns 2 rank processes: integration (about a minute each on 2 shared cores)
+@pytest.mark.integration
+def test_a_rank_killed_mid_step_is_named_and_the_checkpoint_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 killed inside step 2's backward (FSDP2: rank 0 is inside the same step's
+    collectives): one line naming the rank and where it was, no hang, the step-1
+    checkpoint intact and resumable."""
+    monkeypatch.setenv(FAULT_ENV, "1:2:backward:hold")  # rank 1 stops there; killed below
+    with one_torch_thread():
+        groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
+        single = Learner(tiny_llama(seed=0), None, make_cfg(**ONE))
+    with closing(LearnerProcess(make_cfg(**GROUP))) as group:
+        group.step(groups)
+        assert [p.phase for p in group.phases().values()] == ["metrics all-reduce"] * 2
+        saved = group.save_checkpoint(tmp_path / "ckpt")
+        step = _InThread(lambda: group.step(groups))
+        assert group.wait_for_phase(1, "backward", fault="hold") == RankPhase(2, "backward", "hold")
+        group.wait_for_phase(0, "backward")  # rank 0 is in step 2 too, waiting on rank 1
+        os.kill(group.pids[1], signal.SIGKILL)
+        error = step.outcome()
+    assert isinstance(error, LearnerError)
+    message = str(error)
+    assert "\n" not in message
+    assert message.startswith(
+        "learner rank 1 died while training a step (killed by signal 9; it was in backward "
+        "of step 2, held there by AGENTRL_LEARNER_FAULT); the last checkpoint is intact"
+    ), message
+    assert all(_gone(pid) for pid in group.pids)
+    with one_torch_thread():
+        single.step(groups)
+        resumed = Learner(tiny_llama(seed=1), None, make_cfg(**ONE))
+        resumed.load_checkpoint(saved)
+    assert resumed.version == 1
+    assert max_diff(resumed.model.state_dict(), single.model.state_dict()) < 1e-4
+
+
+@pytest.mark.integration
+def test_a_rank_that_stops_taking_part_times_the_collective_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DDP: rank 1 holds in its first backward, rank 0 waits in the gradient all-reduce,
+    which gives up after learner.collective_timeout_s with one line naming both ranks."""
+    monkeypatch.setenv(FAULT_ENV, "1:1:backward:hold")
+    cfg = make_cfg(
+        **{**GROUP, "learner": {**GROUP["learner"], "parallel": "ddp", "collective_timeout_s": 3}}
+    )
+    with one_torch_thread():
+        groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
+    with closing(LearnerProcess(cfg)) as group:
+        step = _InThread(lambda: group.step(groups))
+        group.wait_for_phase(1, "backward", fault="hold")
+        group.wait_for_phase(0, "gradient all-reduce")  # the collective rank 1 never joins
+        error = step.outcome()
+    assert isinstance(error, LearnerError)
+    assert str(error) == (
+        "learner rank 0 waited 3 s (learner.collective_timeout_s) for the other ranks in a "
+        "collective in gradient all-reduce of step 1 while training a step: rank 1 last seen "
+        "in backward of step 1, held there by AGENTRL_LEARNER_FAULT; the group is stopped, "
+        "the last checkpoint is intact"
+    )
+    assert "Timed out" in str(error.__cause__)  # gloo's own timeout ended the wait
+    assert all(_gone(pid) for pid in group.pids)
+
+
+@pytest.mark.integration  # three CLI runs on 2 ranks (~7 min on 2 cores shared by others)
+@pytest.mark.timeout(1200)
+def test_a_run_whose_rank_dies_mid_step_resumes_through_the_cli(tmp_path: Path) -> None:
+    """`agentrl train` on 2 FSDP ranks; rank 1 SIGKILLed inside step 2's backward: the run
+    exits with one line naming it, the step-1 checkpoint intact; `--resume` finishes step 2
+    with the very weights of a run that was never interrupted."""
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    from agentrl.checkpoint_files import latest_checkpoint
+    from tests.orchestrator.test_train import REPO, _cli_train
+
+    (tmp_path / "c.yaml").write_text("{}\n")
+    sets = [
+        "learner.world_size=2",
+        "learner.parallel=fsdp",
+        "orchestrator.max_staleness=0",
+        "orchestrator.max_steps=2",
+        "orchestrator.checkpoint_every=1",
+        # the same episodes in every run (see test_resume_after_sigkill_gives_the_...)
+        "sampler.seed=7",
+        "sampler.max_batch_size=1",
+        "sampler.options.prefix_cache_tokens=0",
+        "rollout.concurrency=4",
+    ]
+    cfg, killed_dir, straight_dir = tmp_path / "c.yaml", tmp_path / "killed", tmp_path / "straight"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(FAULT_ENV, None)
+    runs = {
+        name: subprocess.Popen(
+            _cli_train(cfg, run_dir, *sets),
+            cwd=REPO,
+            env={**env, FAULT_ENV: "1:2:backward:kill"} if name == "killed" else env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, run_dir in (("straight", straight_dir), ("killed", killed_dir))
+    }
+    out = {name: proc.communicate(timeout=900)[1] for name, proc in runs.items()}
+    assert runs["straight"].returncode == 0, out["straight"][-3000:]
+    assert runs["killed"].returncode != 0
+    assert out["killed"].strip().splitlines()[-1] == (
+        "error: learner rank 1 died while training a step (killed by signal 9; it was in "
+        "backward of step 2, killed there by AGENTRL_LEARNER_FAULT); the last checkpoint "
+        "is intact"
+    ), out["killed"][-3000:]
+    ckpt = latest_checkpoint(killed_dir)
+    assert ckpt is not None and ckpt.name == "step_000001"
+    step1 = load_file(str(ckpt / "learner" / "model.safetensors"))
+
+    resumed = subprocess.run(
+        _cli_train(cfg, killed_dir, *sets, resume=True),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [s["step"] for s in read_steps(killed_dir)] == [1, 2]
+    final = {}
+    for name, run_dir in (("straight", straight_dir), ("killed", killed_dir)):
+        last = latest_checkpoint(run_dir)
+        assert last is not None and last.name == "step_000002", last
+        final[name] = load_file(str(last / "learner" / "model.safetensors"))
+    assert final["killed"].keys() == final["straight"].keys() == step1.keys()
+    assert any(not v.equal(step1[k]) for k, v in final["killed"].items())  # step 2 trained
+    differ = [k for k, v in final["straight"].items() if not v.equal(final["killed"][k])]
+    assert not differ, f"resumed weights differ from the uninterrupted run's in {differ[:5]}"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1:2:backward",
+        "x:2:backward:kill",
+        "1:2:sideways:kill",
+        "1:0:forward:kill",
+        "1:2:forward:pause",
+    ],
+)
+def test_a_malformed_fault_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(FAULT_ENV, value)
+    with pytest.raises(
+        ConfigError, match=r"AGENTRL_LEARNER_FAULT=.* is not RANK:STEP:PHASE:ACTION"
+    ):
+        Fault.from_env()
+    monkeypatch.setenv(FAULT_ENV, "1:2:gradient all-reduce:hold")
+    assert Fault.from_env() == Fault(1, 2, "gradient all-reduce", "hold")
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -127,6 +314,67 @@ def test_two_ranks_under_ray(tmp_path: Path) -> None:
     orch = _run(tmp_path, *SMALL, "ray.learner.num_cpus=0.25", *ranks)
     assert orch.step == 2 and _weights_changed(orch)
     assert (orch.run_dir / "checkpoints" / "step_000002" / "learner" / "sharded").is_dir()
+
+
+@pytest.mark.integration
+def test_two_ranks_under_ray_match_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Ray placement of the group (rank 0 a LearnerShell on the driver's node, rank 1 a
+    LearnerRankShell in the learner's placement group, as a run assembles them): 3 steps
+    on the same batches give one process's weights (float32 tolerance) and losses; rank 1
+    killed inside step 4's backward is named by the failed step."""
+    ray = pytest.importorskip("ray")
+    monkeypatch.setenv(FAULT_ENV, "1:4:backward:kill")  # the local Ray's workers inherit it
+    from safetensors.torch import load_file
+
+    from agentrl.placement import cluster
+    from agentrl.placement.actors import LearnerShell
+    from agentrl.placement.assemble import _learner_ranks
+
+    cfg = make_cfg(
+        **{
+            **GROUP,
+            "orchestrator": {"cpu_threads": 1, "backend": "ray"},
+            "ray": {"num_cpus": 2, "learner": {"num_cpus": 0.5}},
+        }
+    )
+    with one_torch_thread():
+        groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
+        single = Learner(tiny_llama(seed=0), None, make_cfg(**ONE))
+    conn = cluster.connect(cfg)
+    try:
+        on_ray = {"num_cpus": 0.5, "max_restarts": 0}
+        peers, address = _learner_ranks(conn, cfg, on_ray, cfg.ray.start_timeout_s)
+        assert len(peers) == 1 and len(conn.placement_groups) == 1
+        rank0 = (
+            ray.remote(LearnerShell)
+            .options(**on_ray, max_concurrency=1, **cluster.on_this_node(ray))
+            .remote(cfg, peers, address)
+        )
+        for step in range(1, 4):
+            theirs, version, _ = ray.get(rank0.step.remote(groups))
+            with one_torch_thread():
+                mine = single.step(groups)
+            assert version == step
+            assert theirs["loss/total"] == pytest.approx(mine["loss/total"], rel=1e-4, abs=1e-6)
+        saved = Path(ray.get(rank0.save_checkpoint.remote(str(tmp_path / "ckpt"))))
+        with pytest.raises(ray.exceptions.RayTaskError) as failed:
+            ray.get(rank0.step.remote(groups))
+        assert isinstance(failed.value.cause, LearnerError)
+        assert str(failed.value.cause) == (
+            "learner rank 1 died while training a step (ActorDiedError); the last checkpoint "
+            "is intact"
+        )
+    finally:
+        conn.close()
+    assert (saved / "sharded").is_dir()
+    trained = load_file(str(saved / "model.safetensors"))  # gathered on rank 0
+    reference = single.model.state_dict()
+    assert trained.keys() <= reference.keys()
+    for name, w in trained.items():
+        torch.testing.assert_close(w, reference[name], rtol=1e-4, atol=2e-5, msg=name)
+    assert max_diff(tiny_llama(seed=0).state_dict(), trained) > 1e-4  # the steps trained
 
 
 @pytest.mark.parametrize(
