@@ -29,17 +29,13 @@ PROGRAM_TEXT = re.compile(r"""(['"]).*(time\.sleep|import time).*""")
 # NOT YET CONVERTED (issue #40 left these; the count may only go down): per file, how many
 # clock lines remain. A new clock line anywhere else, or one more in these, fails the test
 PENDING = {
-    "tests/envs/test_search_qa.py": 4,  # index built once (< 1 s), concurrent delayed calls
     "tests/faults/harness.py": 6,  # polling child processes with deadlines -> wait_until
     "tests/faults/scenarios.py": 17,  # kills at seeded random offsets; stop-time bounds
     "tests/gpu/test_cuda.py": 1,  # polling on the GPU machine (not run here)
     "tests/placement/test_ray_backend.py": 16,  # polling Ray actors with deadlines
-    "tests/placement/test_remote_engine.py": 2,  # a probe's recovery after sleep(0.6)
     "tests/samplers/test_openai_sampler.py": 5,  # vllm tier (not run here)
     "tests/samplers/test_vllm_sampler.py": 6,  # vllm tier (not run here)
     "tests/samplers/vllm_train.py": 3,  # vllm tier (not run here)
-    "tests/sandbox/test_docker.py": 4,  # polling a container; a sleeping episode
-    "tests/sandbox/test_sessions.py": 4,  # sleep(1) before cancelling; a timing print
 }
 
 
