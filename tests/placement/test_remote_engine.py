@@ -51,7 +51,7 @@ class Worker:
 
     async def _run_task(self, task, index):
         self._check()
-        await asyncio.sleep(0)  # allow-sleep: zero, a yield to the loop as a remote call
+        await asyncio.sleep(0)  # a yield to the loop, as a remote call has
         if index in self.die_on:
             self.die_on.discard(index)
             self.down, self.restarting_answers = True, 0

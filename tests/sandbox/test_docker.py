@@ -47,7 +47,8 @@ async def test_docker_sessions_limits_and_reuse(marker: str) -> None:
             assert (r.status, r.stdout) == ("ok", "42 65534\n")
             t0 = time.perf_counter()  # allow-clock: the sandbox's wall limit is a time limit
             r = await s.run("while True: pass", timeout=1)
-            assert r.status == "timeout" and time.perf_counter() - t0 < 2.5  # allow-clock: same
+            # allow-clock: the same limit; the slack is room for a loaded machine to kill
+            assert r.status == "timeout" and time.perf_counter() - t0 < 1 + 10
             r = await s.run("print('x' in globals())")
             assert r.state_lost and r.stdout == "False\n"
             r = await s.run("import sys\nsys.stdout.write('y' * (64 << 20))", timeout=10)
