@@ -19,10 +19,24 @@ from agentrl.events import (
     RunStarted,
 )
 from agentrl.subscribers import subscribers_for
+from tests.procs import live_descendants
 from tests.waiting import wait_until
 
 pytest.importorskip("wandb")
 pytestmark = pytest.mark.timeout(120)  # a W&B service that waits for a network fails here
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_wandb_core_left_behind():
+    """wandb keeps its wandb-core service process for the life of the process that started
+    it: end it with this module, so later tests that count this process's children (the
+    sandbox's "nothing left behind") see none of it."""
+    import wandb
+
+    before = live_descendants()
+    yield
+    wandb.teardown()
+    wait_until(lambda: live_descendants() <= before, "wandb-core gone after teardown")
 
 
 @pytest.fixture(autouse=True)
