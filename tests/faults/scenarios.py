@@ -286,12 +286,14 @@ def sigint_twice(run_dir: Path, max_steps: int = 5, second: str = "at_once") -> 
     )
 
 
-def _kernels(bwrap_too: bool = False) -> set[int]:
-    """Live sandbox kernels on this machine (the interpreter running the kernel source;
-    with `bwrap_too` also the bwrap processes around them). They start their own
-    sessions, so a process group does not hold them."""
+def _kernels(label: str, bwrap_too: bool = False) -> set[int]:
+    """Live sandbox kernels of the sandboxes labelled `label` (the interpreter running the
+    kernel source; with `bwrap_too` also the bwrap processes around them). They start
+    their own sessions, so a process group does not hold them; the label keeps other
+    runs' sandboxes on this machine out."""
     from .harness import live
 
+    tag = f"agentrl-sandbox:{label}".encode()
     found = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -300,8 +302,10 @@ def _kernels(bwrap_too: bool = False) -> set[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+        if tag not in argv:
+            continue
         is_kernel = argv[0].endswith(b"python3") and b"runs inside a sandbox" in b" ".join(argv)
-        is_bwrap = argv[0].endswith(b"bwrap") and b"agentrl-sandbox" in argv[-2:]
+        is_bwrap = argv[0].endswith(b"bwrap")
         if (is_kernel or (bwrap_too and is_bwrap)) and live(int(proc.name)):
             found.add(int(proc.name))
     return found
@@ -349,11 +353,19 @@ def sandbox_kernel_kill(run_dir: Path, max_steps: int = 3, kills: int = 2) -> di
     sandbox (its bwrap): the episode sees its interpreter restart, or is an
     infrastructure failure (retried, then masked); the run goes on."""
     import signal
+    import uuid
 
     from .harness import live
 
-    before = _kernels(bwrap_too=True)
-    proc = start_driver(run_dir, max_steps, *FORCED, "env.options.tool=python")
+    label = f"faults-{uuid.uuid4().hex[:12]}"
+    before = _kernels(label, bwrap_too=True)  # none: the label is new
+    proc = start_driver(
+        run_dir,
+        max_steps,
+        *FORCED,
+        "env.options.tool=python",
+        f"env.options.sandbox_label={label}",
+    )
     killed: list[int] = []
     found: list[int] = []
 
@@ -363,9 +375,9 @@ def sandbox_kernel_kill(run_dir: Path, max_steps: int = 3, kills: int = 2) -> di
         if not _count(run_dir, "RunStarted"):
             return False
         if len(killed) % 2 == 0:
-            running = sorted(_kernels() - before)
+            running = sorted(_kernels(label) - before)
         else:
-            bwraps = _kernels(bwrap_too=True) - _kernels() - before
+            bwraps = _kernels(label, bwrap_too=True) - _kernels(label) - before
             running = sorted(pid for pid in bwraps if _outer_bwrap(pid))
         found[:] = [p for p in running if p not in killed and _runs_code(p)][:1]
         return bool(found)
@@ -379,7 +391,7 @@ def sandbox_kernel_kill(run_dir: Path, max_steps: int = 3, kills: int = 2) -> di
         killed.append(pid)
         wait_for(lambda p=pid: not live(p), proc, f"the killed sandbox process {pid} gone")
     ok, orphans = _finish(run_dir, proc)
-    orphans += len(_kernels(bwrap_too=True) - before)
+    orphans += len(_kernels(label, bwrap_too=True) - before)
     hit = _infra_hits(run_dir)
     return _verdict(
         "sandbox kernel, then its bwrap, SIGKILLed under episodes",

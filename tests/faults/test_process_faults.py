@@ -31,7 +31,8 @@ def test_learner_child_sigkill_mid_step(tmp_path):
 
 @pytest.mark.slow
 def test_sigint_twice_checkpoints_and_stops(tmp_path):
-    r = scenarios.sigint_twice(tmp_path / "run", max_steps=4)
+    # the second once the driver said it is stopping: it interrupts the shutdown itself
+    r = scenarios.sigint_twice(tmp_path / "run", max_steps=4, second="after_ack")
     _clean(r)
     assert r["reason"] == "interrupted" and r["checkpointed_last_step"], r
     assert r["driver_exit_code"] == 130 and not r["traceback"], r
