@@ -183,6 +183,12 @@ class AlgorithmConfig(_Section):
     norm_length: int | None = None  # constant for seq-mean-token-sum-norm (default: max_tokens)
     options: dict[str, Any] = Field(default_factory=dict)  # extra kwargs for custom registries
 
+    @field_validator("proximal_bypass", mode="before")
+    @classmethod
+    def _bypass_off(cls, v: Any) -> Any:
+        # YAML reads a bare on/off as a boolean (`--set algorithm.proximal_bypass=off`)
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
 
 class LearnerConfig(_Section):
     lr: float = Field(1e-6, gt=0.0)

@@ -172,14 +172,15 @@ class Orchestrator:
         import signal
 
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                log.warning(
-                    "received %s: finishing the current step and checkpointing",
-                    signal.Signals(signum).name,
-                )
-                self._stop_reason = "interrupted"
-                scope.cancel()
-                return
+            signum = await signals.__anext__()
+        # said once the receiver is closed: from this line on, a second Ctrl-C interrupts
+        # the shutdown itself (KeyboardInterrupt) instead of queueing behind the first
+        log.warning(
+            "received %s: finishing the current step and checkpointing",
+            signal.Signals(signum).name,
+        )
+        self._stop_reason = "interrupted"
+        scope.cancel()
 
     async def _producer(self) -> None:
         assert self._permits is not None

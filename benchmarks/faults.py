@@ -3,11 +3,13 @@
     .venv/bin/python benchmarks/faults.py [--only driver_kills,load] [--kills 10]
 
 Scenarios (tests/faults/scenarios.py; the fast ones also run in tests/faults):
-  - the driver SIGKILLed at --kills random moments (before the first step, during a step,
-    during a checkpoint write, while groups are buffered), ``--resume`` after each;
-  - the learner child SIGKILLed mid-step; SIGINT twice (0.05 s and 0.5 s apart);
+  - the driver SIGKILLed at --kills moments drawn by --seed (before the first step, during
+    a step, during a checkpoint write, while groups are buffered), ``--resume`` after each;
+    each moment is a point the run marks (an event, a file, a held write), not an offset;
+  - the learner child SIGKILLed mid-step; SIGINT twice (the second as soon as the first
+    is taken, and once the driver said it is stopping);
   - a sandbox kernel, then a whole sandbox (bwrap), SIGKILLed under running episodes;
-  - the search HTTP service down for 5 s;
+  - the search HTTP service down until an episode felt it;
   - a full disk at a checkpoint write (a 60 MB tmpfs: mounting needs root);
   - a corrupt latest checkpoint (torn weights);
   - load: 100 and 1,000 concurrent episodes with a 1 s tool.
@@ -38,6 +40,75 @@ from tests.faults import scenarios  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+# --- load: a measurement, not a fault (kept here: it samples the run on a clock) ---
+
+
+def _tree_usage(pgid: int) -> tuple[int, int]:
+    """(RSS bytes, open fds) summed over the live processes of a process group."""
+    from tests.faults.harness import group_members
+
+    rss = fds = 0
+    for pid in group_members(pgid):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1]) * 1024
+            fds += len(list(Path(f"/proc/{pid}/fd").iterdir()))
+        except OSError:
+            continue
+    return rss, fds
+
+
+def load(run_dir: Path, episodes: int, group_size: int = 4) -> dict[str, Any]:
+    """`episodes` concurrent episodes (one synchronous step's worth), each with a 1 s tool
+    call, on the tiny model: peak RSS and open fds of the run's processes, episodes
+    finished, throughput."""
+    groups = episodes // group_size
+    proc = scenarios.start_driver(
+        run_dir,
+        2,
+        *scenarios.FORCED,
+        "env.options.tool=sleep",
+        "env.options.busy_s=1.0",
+        f"rollout.group_size={group_size}",
+        f"rollout.concurrency={episodes}",
+        f"learner.batch_groups={groups}",
+        "learner.micro_batch_size=64",
+        "sampler.max_batch_size=256",
+        "orchestrator.max_staleness=0",
+        "orchestrator.checkpoint_every=0",
+        "rollout.episode_timeout_s=600",
+    )
+    peak_rss = peak_fds = 0
+    while proc.poll() is None:
+        rss, fds = _tree_usage(proc.pid)
+        peak_rss, peak_fds = max(peak_rss, rss), max(peak_fds, fds)
+        time.sleep(0.2)  # the sampling period of the peaks
+    ok, orphans = scenarios._finish(run_dir, proc)
+    rows = scenarios.read_events(run_dir)
+    finished = [r for r in rows if r["event"] == "GroupFinished"]
+    started = next(r["time"] for r in rows if r["event"] == "RunStarted")
+    # synchronous: the first step's groups are the first `groups` to finish
+    rollout_s = finished[groups - 1]["time"] - started if len(finished) >= groups else None
+    hits = scenarios._infra_hits(run_dir)
+    return {
+        "scenario": f"load: {episodes} concurrent episodes, 1 s tool",
+        "episodes_concurrent": episodes,
+        "runs": 1,
+        "survived": ok,
+        "episodes_expected": 2 * groups * group_size,
+        "episodes_finished": hits["episodes"],
+        "episodes_infra_error": hits["episodes_infra_error"],
+        "groups_finished": len(finished),
+        "first_batch_rollout_s": round(rollout_s, 1) if rollout_s else None,
+        "episodes_per_s": round(groups * group_size / rollout_s, 1) if rollout_s else None,
+        "peak_rss_mb": round(peak_rss / 2**20),
+        "peak_open_fds": peak_fds,
+        "orphans": orphans,
+        "error": "" if ok else scenarios.driver_log(run_dir)[-2000:],
+    }
+
+
 def _moments(n: int, seed: int) -> list[str]:
     """`n` kill moments: each kind at least once (the first before any step), the rest
     drawn at random."""
@@ -54,14 +125,14 @@ def run(only: set[str] | None, kills: int, seed: int) -> dict[str, Any]:
             d, _moments(kills, seed), max_steps=kills + 4, seed=seed
         ),
         "learner_kill": lambda d: scenarios.learner_kill(d, max_steps=5, seed=seed),
-        "sigint_twice": lambda d: scenarios.sigint_twice(d, max_steps=4, gap_s=0.05),
-        "sigint_twice_slow": lambda d: scenarios.sigint_twice(d, max_steps=4, gap_s=0.5),
+        "sigint_twice": lambda d: scenarios.sigint_twice(d, max_steps=4, second="at_once"),
+        "sigint_twice_slow": lambda d: scenarios.sigint_twice(d, max_steps=4, second="after_ack"),
         "sandbox_kill": lambda d: scenarios.sandbox_kernel_kill(d, max_steps=3, kills=2),
-        "search_down": lambda d: scenarios.search_down(d, max_steps=4, down_s=5.0),
+        "search_down": lambda d: scenarios.search_down(d, max_steps=4, felt=1),
         "full_disk": lambda d: scenarios.full_disk(d, max_steps=3),
         "corrupt_latest": lambda d: scenarios.corrupt_latest(d, max_steps=4),
-        "load_100": lambda d: scenarios.load(d, 100),
-        "load_1000": lambda d: scenarios.load(d, 1000),
+        "load_100": lambda d: load(d, 100),
+        "load_1000": lambda d: load(d, 1000),
     }
     out: dict[str, Any] = {
         "machine": {

@@ -22,6 +22,25 @@ def test_dotted_override_parses_yaml_scalars():
     assert cfg.env.options == {"size": 5}
 
 
+def test_bare_on_off_reach_the_literal_fields_from_set_and_from_a_file(tmp_path):
+    # YAML 1.1 reads a bare off as false: every on/off-valued field takes it as "off"
+    sets = [
+        "algorithm.proximal_bypass=off",
+        "algorithm.off_policy=tis",
+        "learner.bf16=off",
+        "learner.fused_logprobs=on",
+    ]
+    cfg = load_config(overrides=sets)
+    assert cfg.algorithm.proximal_bypass == "off" and cfg.learner.bf16 == "off"
+    assert cfg.learner.fused_logprobs == "on"
+    path = tmp_path / "c.yaml"
+    path.write_text("algorithm:\n  proximal_bypass: off\n")
+    assert load_config(path).algorithm.proximal_bypass == "off"
+    # a bare on is no value of proximal_bypass: the error names the field and its choices
+    with pytest.raises(ConfigError, match=r"proximal_bypass.*'auto' or 'off'.*'on'"):
+        load_config(overrides=["algorithm.proximal_bypass=on"])
+
+
 def test_unknown_key_suggests_closest():
     with pytest.raises(ConfigError, match=r"unknown key 'learner\.lrr'.*did you mean 'lr'"):
         load_config(overrides=["learner.lrr=1"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import struct
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,24 @@ from agentrl.events import (
     RunStarted,
 )
 from agentrl.subscribers import subscribers_for
+from tests.procs import live_descendants
+from tests.waiting import wait_until
 
 pytest.importorskip("wandb")
 pytestmark = pytest.mark.timeout(120)  # a W&B service that waits for a network fails here
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_wandb_core_left_behind():
+    """wandb keeps its wandb-core service process for the life of the process that started
+    it: end it with this module, so later tests that count this process's children (the
+    sandbox's "nothing left behind") see none of it."""
+    import wandb
+
+    before = live_descendants()
+    yield
+    wandb.teardown()
+    wait_until(lambda: live_descendants() <= before, "wandb-core gone after teardown")
 
 
 @pytest.fixture(autouse=True)
@@ -65,14 +79,12 @@ def _finished_records(run_folder: Path) -> list:
     file a few milliseconds later (seen here: a 7-byte file right after finish, whole 10 ms on).
     """
     (wandb_file,) = run_folder.glob("run-*.wandb")
-    deadline = time.monotonic() + 30  # allow-clock: polling another process's file
-    while True:
+
+    def whole() -> list | None:
         records = _records(wandb_file)
-        if any(r.WhichOneof("record_type") == "exit" for r in records):
-            return records
-        # allow-clock: the bound only ends a hang
-        assert time.monotonic() < deadline, f"{wandb_file} has no exit record after 30 s"
-        time.sleep(0.01)  # allow-sleep: polling wandb-core's writer (another process)
+        return records if any(r.WhichOneof("record_type") == "exit" for r in records) else None
+
+    return wait_until(whole, f"the exit record in {wandb_file}", interval=0.01)
 
 
 def _history(run_folder: Path) -> dict[int, dict[str, float]]:

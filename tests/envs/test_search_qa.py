@@ -7,12 +7,14 @@ import json
 import re
 import time
 
+import anyio
 import pytest
 
 from agentrl.envs import AssistantTurn, make_env
 from agentrl.envs.countries import KINDS, MULTI_HOP, SINGLE_HOP, load_countries, question_bank
 from agentrl.envs.search_qa import SearchQAEnv
 from agentrl.errors import ConfigError
+from agentrl.tools import LocalSearchIndex
 
 
 def search_calls(queries: list[str]) -> str:
@@ -70,13 +72,21 @@ def test_tasks_seeded_and_mixed() -> None:
         make_env("search_qa", kinds=["capitol"])
 
 
-def test_index_built_once_per_process() -> None:
+def test_index_built_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     env = make_env("search_qa")
-    assert SearchQAEnv.index() is SearchQAEnv.index()
-    t0 = time.perf_counter()
-    for _ in range(20):
-        env.spawn()
-    assert time.perf_counter() - t0 < 1.0
+    index = SearchQAEnv.index()
+    assert SearchQAEnv.index() is index
+    builds: list[int] = []
+    real = LocalSearchIndex.from_documents.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, *args: object, **kwargs: object) -> object:
+        builds.append(1)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(LocalSearchIndex, "from_documents", classmethod(counted))
+    spawned = [env.spawn() for _ in range(20)]
+    assert builds == []  # twenty episodes, no second index
+    assert all(e.tools[0].backend is index for e in spawned)
 
 
 @pytest.mark.anyio
@@ -141,11 +151,37 @@ async def test_reward_exact_match_and_f1() -> None:
 async def test_search_delay_option() -> None:
     env = make_env("search_qa", search_delay_s=0.3, call_format="tool_call").spawn()
     await env.reset(question_bank().by_kind["capital"][0])
+    tool = env.tools[0]
+    meeting = Meeting(tool.backend, expected=4)
+    tool.backend = meeting
     try:
+        # allow-clock: a lower bound on a delay option's own delay (load only lengthens it)
         t0 = time.perf_counter()
         result = await env.step(AssistantTurn(search_calls(["capital France"] * 4), []))
-        elapsed = time.perf_counter() - t0
-        assert 0.3 <= elapsed < 1.0  # four delayed calls ran concurrently
+        # allow-clock: the same lower bound; no upper bound (concurrency is the meeting's)
+        assert time.perf_counter() - t0 >= 0.3
+        # the four delayed calls were all in flight at once: none searched before all came
+        assert meeting.met and len(result.observations) == 4
         assert titles(result.observations[0]["content"])[0] == "France"
     finally:
         await env.close()
+
+
+class Meeting:
+    """A search backend that answers only once `expected` searches are waiting on it:
+    delayed calls run one after another never meet (the safety timeout fails them)."""
+
+    def __init__(self, backend: object, expected: int) -> None:
+        self.backend, self.expected = backend, expected
+        self.waiting = 0
+        self.all_here = anyio.Event()
+        self.met = False
+
+    async def search(self, query: str, k: int) -> list:
+        self.waiting += 1
+        if self.waiting == self.expected:
+            self.met = True
+            self.all_here.set()
+        with anyio.fail_after(120):  # bounds a hang only: sequential calls never meet
+            await self.all_here.wait()
+        return await self.backend.search(query, k)  # type: ignore[attr-defined]

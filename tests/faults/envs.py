@@ -51,7 +51,9 @@ class ForcedToolEnv(ToolEnvironment):
         if kind == "python":
             from agentrl.tools.python import PythonTool
 
-            return [PythonTool(timeout=30.0)]
+            # a label of its own: a test finds this run's sandboxes, not the machine's
+            label = str(self.options.get("sandbox_label", ""))
+            return [PythonTool(timeout=30.0, **({"label": label} if label else {}))]
         if kind == "search":
             from envs.search_qa import HttpSearchTool
 

@@ -21,15 +21,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentrl.checkpoint import LOOP_STATE, latest_checkpoint
+from tests import waiting
 
 REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 600.0  # a loaded 2-core machine takes minutes to import torch twice
+ORPHAN_GRACE_S = 60.0  # processes of a killed driver's group go within seconds when idle
 
 # the tiny model on a one-turn task whose reward needs no tool (tests/orchestrator/test_train)
 TINY = [
@@ -54,14 +56,27 @@ TINY = [
 # --- running a driver ------------------------------------------------------------------
 
 
+def held_marker(run_dir: Path, moment: str) -> Path:
+    """The file a driver started with ``hold=moment`` writes when it holds there."""
+    return run_dir.parent / f"{run_dir.name}.held-{moment}"
+
+
 def start_driver(
-    run_dir: Path, max_steps: int, *overrides: str, resume: bool = False
+    run_dir: Path, max_steps: int, *overrides: str, resume: bool = False, hold: str = ""
 ) -> subprocess.Popen[bytes]:
-    """`agentrl train` in its own session (process group = its pid), stderr to a file."""
+    """`agentrl train` in its own session (process group = its pid), stderr to a file;
+    with `hold`, one that stops at that moment (tests/faults/held_driver.py) and writes
+    `held_marker(run_dir, hold)` there."""
     config = run_dir.parent / "faults.yaml"
     if not config.exists():
         config.write_text("{}\n")
-    args = [sys.executable, "-m", "agentrl.cli", "train", str(config), "--no-summary"]
+    if hold:
+        marker = held_marker(run_dir, hold)
+        marker.unlink(missing_ok=True)
+        args = [sys.executable, "-m", "tests.faults.held_driver", hold, str(marker), "--"]
+    else:
+        args = [sys.executable, "-m", "agentrl.cli"]
+    args += ["train", str(config), "--no-summary"]
     args += ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
     for s in [*TINY, f"orchestrator.max_steps={max_steps}", *overrides]:
         args += ["--set", s]
@@ -81,16 +96,24 @@ def driver_log(run_dir: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def wait_until(predicate: Any, proc: subprocess.Popen[bytes] | None, timeout: float) -> bool:
-    """Poll `predicate` until true; False when `proc` exits first or time runs out."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
+def wait_for(predicate: Any, proc: subprocess.Popen[bytes] | None, what: str) -> bool:
+    """Poll `predicate` (an effect the driver leaves in its run folder) until true; False
+    when `proc` exits first (then `predicate` is asked once more). Hangs end in an error."""
+    exited: list[int] = []
+
+    def gone() -> str | None:
         if proc is not None and proc.poll() is not None:
+            exited.append(proc.returncode)
+            return f"the driver exited ({proc.returncode})"
+        return None
+
+    try:
+        waiting.wait_until(predicate, what, timeout=START_TIMEOUT_S, interval=0.02, abort=gone)
+    except AssertionError:
+        if exited:
             return bool(predicate())
-        time.sleep(0.02)
-    return False
+        raise
+    return True
 
 
 def sigkill_group_leader(proc: subprocess.Popen[bytes]) -> None:
@@ -112,12 +135,17 @@ def group_members(pgid: int) -> list[int]:
     return found
 
 
-def orphans_after(pgid: int, grace_s: float = 15.0) -> list[int]:
-    """The group's processes still alive `grace_s` after its leader ended (0 expected)."""
-    deadline = time.time() + grace_s
-    while (left := group_members(pgid)) and time.time() < deadline:
-        time.sleep(0.1)
-    return left
+def orphans_after(pgid: int, grace_s: float = ORPHAN_GRACE_S) -> list[int]:
+    """The group's processes still alive once its leader ended (0 expected): each must go
+    by itself, so this waits for the group to empty; `grace_s` only ends the wait for one
+    that never goes (an orphan), however slow a loaded machine is."""
+    try:
+        waiting.wait_until(
+            lambda: not group_members(pgid), f"group {pgid} empty", timeout=grace_s, interval=0.1
+        )
+    except AssertionError:
+        pass
+    return group_members(pgid)
 
 
 def kill_orphans(pids: list[int]) -> None:

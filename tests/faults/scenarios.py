@@ -7,22 +7,25 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from .harness import (
+    START_TIMEOUT_S,
     audit,
     checkpoint_state,
     driver_log,
+    held_marker,
     read_events,
     stale_processes,
     start_driver,
-    wait_until,
+    wait_for,
 )
 
+# each a point the run itself marks (an event in metrics.jsonl, a file, a held write), never
+# a random offset: a kill lands where the scenario says
 MOMENTS = ("before_first_step", "during_step", "during_checkpoint_write", "while_buffered")
-START_TIMEOUT_S = 600.0  # a loaded 2-core machine takes minutes to import torch twice
+BATCH_GROUPS = 2  # learner.batch_groups of harness.TINY: groups that make one step
 
 
 def _count(run_dir: Path, event: str) -> int:
@@ -41,27 +44,46 @@ def _buffered_since(run_dir: Path, step: int) -> bool:
     return state is not None and state["step"] > step and bool(state["buffer"]["groups"])
 
 
-def _wait_for(moment: str, run_dir: Path, proc: Any, rng: random.Random) -> bool:
-    """Block until `moment` of the current driver; False if it exited first."""
+def _hold_for(moment: str | None) -> str:
+    """The driver's hold (tests/faults/held_driver.py) a moment needs, if any."""
+    return "checkpoint_write" if moment == "during_checkpoint_write" else ""
+
+
+def _wait_for(moment: str, run_dir: Path, proc: Any, rng: random.Random) -> Any:
+    """Block until `moment` of the current driver (False if it exited first); returns
+    (reached, landed) where `landed()`, asked after the kill, says the kill hit the moment.
+    `rng` picks among a moment's event points (e.g. during a step: while its groups come
+    in, or once its batch is complete and the learner trains it)."""
     started = _count(run_dir, "RunStarted")
     trained = _count(run_dir, "BatchTrained")
     state = checkpoint_state(run_dir)
     step0 = state["step"] if state else 0
+
+    def groups() -> int:
+        return _count(run_dir, "GroupFinished")
+
+    def not_trained_since(n: int) -> Any:
+        return lambda: _count(run_dir, "BatchTrained") == n
+
     if moment == "before_first_step":
-        ok = wait_until(lambda: _count(run_dir, "RunStarted") > started, proc, START_TIMEOUT_S)
-        time.sleep(rng.uniform(0.0, 0.3))
-        return ok and proc.poll() is None
+        ok = wait_for(lambda: _count(run_dir, "RunStarted") > started, proc, "the run started")
+        if ok and rng.randrange(2):  # or once its first group is in
+            g = groups()
+            ok = wait_for(lambda: groups() > g, proc, "a group of the first step")
+        return ok and proc.poll() is None, not_trained_since(trained)
     if moment == "during_step":
-        ok = wait_until(lambda: _count(run_dir, "BatchTrained") > trained, proc, START_TIMEOUT_S)
-        time.sleep(rng.uniform(0.0, 0.6))  # somewhere in the next step
-        return ok and proc.poll() is None
+        ok = wait_for(lambda: _count(run_dir, "BatchTrained") > trained, proc, "a step trained")
+        g, now = groups(), _count(run_dir, "BatchTrained")
+        need = 1 + rng.randrange(BATCH_GROUPS)  # a group of the next step, or all of them
+        ok = ok and wait_for(lambda: groups() >= g + need, proc, f"{need} more groups")
+        return ok and proc.poll() is None, not_trained_since(now)
     if moment == "during_checkpoint_write":
-        wait_until(lambda: _count(run_dir, "RunStarted") > started, proc, START_TIMEOUT_S)
-        ok = wait_until(lambda: _writing_checkpoint(run_dir), proc, START_TIMEOUT_S)
-        time.sleep(rng.uniform(0.0, 0.05))
-        return ok and proc.poll() is None
+        marker = held_marker(run_dir, "checkpoint_write")
+        ok = wait_for(marker.exists, proc, "the driver held inside a checkpoint write")
+        return ok and proc.poll() is None, lambda: _writing_checkpoint(run_dir)
     if moment == "while_buffered":
-        return wait_until(lambda: _buffered_since(run_dir, step0), proc, START_TIMEOUT_S)
+        ok = wait_for(lambda: _buffered_since(run_dir, step0), proc, "groups buffered")
+        return ok, lambda: True
     raise ValueError(f"unknown moment {moment!r} (one of {MOMENTS})")
 
 
@@ -69,16 +91,17 @@ def driver_kills(
     run_dir: Path, moments: list[str], max_steps: int, seed: int = 0, *overrides: str
 ) -> dict[str, Any]:
     """SIGKILL the driver at each of `moments` in turn, ``--resume`` after each, let the
-    last one finish; audit the run."""
+    last one finish; audit the run. `seed` picks among each moment's event points."""
     rng = random.Random(seed)
     kills: list[dict[str, Any]] = []
     orphans = 0
-    proc = start_driver(run_dir, max_steps, *overrides)
-    for moment in moments:
-        hit = _wait_for(moment, run_dir, proc, rng)
+    proc = start_driver(run_dir, max_steps, *overrides, hold=_hold_for(moments[0]))
+    for i, moment in enumerate(moments):
+        reached, landed = _wait_for(moment, run_dir, proc, rng)
         if proc.poll() is None:
             proc.kill()  # SIGKILL, the driver only: what it spawned must go by itself
         proc.wait()
+        hit = reached and landed()
         orphans += stale_processes(proc.pid)
         state = checkpoint_state(run_dir) or {"step": 0, "buffer": {"groups": []}, "cursor": {}}
         kills.append(
@@ -90,7 +113,8 @@ def driver_kills(
                 "reissued": list(state["cursor"].get("reissue", [])),
             }
         )
-        proc = start_driver(run_dir, max_steps, *overrides, resume=True)
+        after = moments[i + 1] if i + 1 < len(moments) else None
+        proc = start_driver(run_dir, max_steps, *overrides, resume=True, hold=_hold_for(after))
     try:
         finished = proc.wait(timeout=START_TIMEOUT_S) == 0
     except subprocess.TimeoutExpired:
@@ -170,20 +194,24 @@ def _verdict(name: str, run_dir: Path, max_steps: int, runs: int, orphans: int, 
 
 
 def learner_kill(run_dir: Path, max_steps: int = 5, seed: int = 0) -> dict[str, Any]:
-    """SIGKILL the learner child mid-step: the driver stops with one line (no hang, no
-    orphan), then ``--resume`` finishes the run."""
+    """SIGKILL the learner child mid-step (once a step's whole batch is in, after step k,
+    k drawn by `seed`): the driver stops with one line (no hang, no orphan), then
+    ``--resume`` finishes the run."""
     import signal
 
-    rng = random.Random(seed)
+    k = random.Random(seed).randint(1, max(max_steps - 2, 1))
     proc = start_driver(run_dir, max_steps, "orchestrator.learner_worker=process")
-    wait_until(lambda: _count(run_dir, "BatchTrained") >= 2, proc, START_TIMEOUT_S)
-    time.sleep(rng.uniform(0.0, 0.3))
+    wait_for(lambda: _count(run_dir, "BatchTrained") >= k, proc, f"step {k} trained")
+    g = _count(run_dir, "GroupFinished")
+    wait_for(
+        lambda: _count(run_dir, "GroupFinished") >= g + BATCH_GROUPS,
+        proc,
+        "the next step's batch in (the learner trains it)",
+    )
     child = _learner_child(proc.pid)
-    killed_at = time.time()
     if child is not None:
         os.kill(child, signal.SIGKILL)
     first_ok, orphans = _finish(run_dir, proc)
-    stopped_s = time.time() - killed_at
     tail = driver_log(run_dir).strip().splitlines()[-1:] or [""]
     proc = start_driver(run_dir, max_steps, "orchestrator.learner_worker=process", resume=True)
     ok, more = _finish(run_dir, proc)
@@ -195,27 +223,47 @@ def learner_kill(run_dir: Path, max_steps: int = 5, seed: int = 0) -> dict[str, 
         orphans + more,
         finished=ok,
         killed=child is not None,
+        killed_after_step=k,
         driver_exit_ok=not first_ok,  # it must stop (with an error), not carry on
-        driver_stopped_s=round(stopped_s, 1),
         driver_said=tail[0],
         error="" if ok else driver_log(run_dir)[-2000:],
     )
 
 
-def sigint_twice(run_dir: Path, max_steps: int = 5, gap_s: float = 0.05) -> dict[str, Any]:
-    """Ctrl-C twice in a row (to the whole process group, as a terminal sends it): the
-    driver checkpoints the step it is in and stops; ``--resume`` finishes the run."""
+SECOND_SIGINT = ("at_once", "after_ack")
+
+
+def _signal_taken(pid: int, signum: int) -> bool:
+    """`signum` is no longer pending for process `pid` (its handler has it): a second one
+    sent now is a second signal, not merged into the first."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True  # gone
+    bit = 1 << (signum - 1)
+    pending = [ln.split()[1] for ln in status.splitlines() if ln.startswith(("SigPnd", "ShdPnd"))]
+    return not any(int(mask, 16) & bit for mask in pending)
+
+
+def sigint_twice(run_dir: Path, max_steps: int = 5, second: str = "at_once") -> dict[str, Any]:
+    """Ctrl-C twice (to the whole process group, as a terminal sends it), the second
+    as soon as the driver has taken the first (`at_once`) or once it said it is stopping
+    (`after_ack`): it checkpoints the step it is in and stops; ``--resume`` finishes."""
     import signal
 
+    if second not in SECOND_SIGINT:
+        raise ValueError(f"second must be one of {SECOND_SIGINT} (got {second!r})")
     proc = start_driver(run_dir, max_steps, "orchestrator.learner_worker=process")
-    wait_until(lambda: _count(run_dir, "BatchTrained") >= 2, proc, START_TIMEOUT_S)
-    sent = time.time()
+    wait_for(lambda: _count(run_dir, "BatchTrained") >= 2, proc, "step 2 trained")
     os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(gap_s)
+    # the second one must not merge into the first while that is still pending
+    wait_for(lambda: _signal_taken(proc.pid, signal.SIGINT), proc, "the first SIGINT taken")
+    if second == "after_ack":
+        wait_for(lambda: "received SIGINT" in driver_log(run_dir), proc, "the driver stopping")
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGINT)
     _, orphans = _finish(run_dir, proc)
-    stopped_s, exit_code = time.time() - sent, proc.returncode
+    exit_code = proc.returncode
     log = driver_log(run_dir)
     rows = read_events(run_dir)
     reason = next((r["reason"] for r in reversed(rows) if r["event"] == "RunFinished"), None)
@@ -224,7 +272,7 @@ def sigint_twice(run_dir: Path, max_steps: int = 5, gap_s: float = 0.05) -> dict
     proc = start_driver(run_dir, max_steps, "orchestrator.learner_worker=process", resume=True)
     ok, more = _finish(run_dir, proc)
     return _verdict(
-        f"SIGINT twice ({gap_s:g} s apart)",
+        f"SIGINT twice ({second.replace('_', ' ')})",
         run_dir,
         max_steps,
         2,
@@ -234,17 +282,18 @@ def sigint_twice(run_dir: Path, max_steps: int = 5, gap_s: float = 0.05) -> dict
         driver_exit_code=exit_code,
         checkpointed_last_step=state is not None and state["step"] == trained,
         traceback="Traceback" in log,
-        driver_stopped_s=round(stopped_s, 1),
         error="" if ok else log[-2000:],
     )
 
 
-def _kernels(bwrap_too: bool = False) -> set[int]:
-    """Live sandbox kernels on this machine (the interpreter running the kernel source;
-    with `bwrap_too` also the bwrap processes around them). They start their own
-    sessions, so a process group does not hold them."""
+def _kernels(label: str, bwrap_too: bool = False) -> set[int]:
+    """Live sandbox kernels of the sandboxes labelled `label` (the interpreter running the
+    kernel source; with `bwrap_too` also the bwrap processes around them). They start
+    their own sessions, so a process group does not hold them; the label keeps other
+    runs' sandboxes on this machine out."""
     from .harness import live
 
+    tag = f"agentrl-sandbox:{label}".encode()
     found = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -253,8 +302,10 @@ def _kernels(bwrap_too: bool = False) -> set[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+        if tag not in argv:
+            continue
         is_kernel = argv[0].endswith(b"python3") and b"runs inside a sandbox" in b" ".join(argv)
-        is_bwrap = argv[0].endswith(b"bwrap") and b"agentrl-sandbox" in argv[-2:]
+        is_bwrap = argv[0].endswith(b"bwrap")
         if (is_kernel or (bwrap_too and is_bwrap)) and live(int(proc.name)):
             found.add(int(proc.name))
     return found
@@ -302,29 +353,45 @@ def sandbox_kernel_kill(run_dir: Path, max_steps: int = 3, kills: int = 2) -> di
     sandbox (its bwrap): the episode sees its interpreter restart, or is an
     infrastructure failure (retried, then masked); the run goes on."""
     import signal
+    import uuid
 
-    before = _kernels(bwrap_too=True)
-    proc = start_driver(run_dir, max_steps, *FORCED, "env.options.tool=python")
-    killed = 0
-    deadline = time.time() + START_TIMEOUT_S
-    while killed < kills and proc.poll() is None and time.time() < deadline:
-        # the kernel alone, then the whole sandbox (bwrap and the kernel in its namespace)
-        if killed % 2 == 0:
-            running = sorted(_kernels() - before)
+    from .harness import live
+
+    label = f"faults-{uuid.uuid4().hex[:12]}"
+    before = _kernels(label, bwrap_too=True)  # none: the label is new
+    proc = start_driver(
+        run_dir,
+        max_steps,
+        *FORCED,
+        "env.options.tool=python",
+        f"env.options.sandbox_label={label}",
+    )
+    killed: list[int] = []
+    found: list[int] = []
+
+    def target() -> bool:
+        """A kernel running an episode's code (then, every other kill, the outer bwrap of
+        one): the kernel alone, then the whole sandbox (bwrap and the kernel inside)."""
+        if not _count(run_dir, "RunStarted"):
+            return False
+        if len(killed) % 2 == 0:
+            running = sorted(_kernels(label) - before)
         else:
-            bwraps = _kernels(bwrap_too=True) - _kernels() - before
+            bwraps = _kernels(label, bwrap_too=True) - _kernels(label) - before
             running = sorted(pid for pid in bwraps if _outer_bwrap(pid))
-        running = [pid for pid in running if _runs_code(pid)]  # not an idle kernel
-        if running and _count(run_dir, "RunStarted"):
-            try:
-                os.kill(running[0], signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
-            time.sleep(1.5)
-        time.sleep(0.05)
+        found[:] = [p for p in running if p not in killed and _runs_code(p)][:1]
+        return bool(found)
+
+    while len(killed) < kills and wait_for(target, proc, "an episode's code in a sandbox"):
+        pid = found[0]
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue  # its code finished first: the next one
+        killed.append(pid)
+        wait_for(lambda p=pid: not live(p), proc, f"the killed sandbox process {pid} gone")
     ok, orphans = _finish(run_dir, proc)
-    orphans += len(_kernels(bwrap_too=True) - before)
+    orphans += len(_kernels(label, bwrap_too=True) - before)
     hit = _infra_hits(run_dir)
     return _verdict(
         "sandbox kernel, then its bwrap, SIGKILLed under episodes",
@@ -333,7 +400,7 @@ def sandbox_kernel_kill(run_dir: Path, max_steps: int = 3, kills: int = 2) -> di
         1,
         orphans,
         finished=ok,
-        kernels_killed=killed,
+        kernels_killed=len(killed),
         killed_seen_by_agent=_tool_said(run_dir, "error: the process was killed"),
         sandbox_failed_seen=_tool_said(run_dir, "error: the sandbox failed"),
         **hit,
@@ -366,10 +433,10 @@ def _start_search(port: int) -> subprocess.Popen[bytes]:
     return proc
 
 
-def search_down(run_dir: Path, max_steps: int = 4, down_s: float = 5.0) -> dict[str, Any]:
-    """The search HTTP service is killed after the first step and comes back `down_s`
-    later on the same port: calls in between fail after their retries (infrastructure
-    failures: retried, then masked); the run goes on and finishes."""
+def search_down(run_dir: Path, max_steps: int = 4, felt: int = 1) -> dict[str, Any]:
+    """The search HTTP service is killed after the first step and comes back on the same
+    port once `felt` episodes have felt the outage (their calls failed after their
+    retries: infrastructure failures, retried or masked); the run goes on and finishes."""
     import socket
 
     with socket.socket() as s:
@@ -381,28 +448,39 @@ def search_down(run_dir: Path, max_steps: int = 4, down_s: float = 5.0) -> dict[
         run_dir, max_steps, *FORCED, "env.options.tool=search", f"env.options.search_url={url}"
     )
     try:
-        wait_until(lambda: _count(run_dir, "BatchTrained") >= 1, proc, START_TIMEOUT_S)
+        wait_for(lambda: _count(run_dir, "BatchTrained") >= 1, proc, "step 1 trained")
         server.kill()
         server.wait()
-        down_at = time.time()
-        time.sleep(down_s)
+        felt_before = _outage_felt(run_dir)
+        outage_felt = wait_for(
+            lambda: _outage_felt(run_dir) >= felt_before + felt, proc, f"{felt} episodes failing"
+        )
         server = _start_search(port)
-        outage = time.time() - down_at
         ok, orphans = _finish(run_dir, proc)
     finally:
         server.kill()
         server.wait()
     return _verdict(
-        f"search backend down {down_s:g} s",
+        f"search backend down until {felt} episode(s) felt it",
         run_dir,
         max_steps,
         1,
         orphans,
         finished=ok,
-        outage_s=round(outage, 1),
+        outage_felt=outage_felt,
         **_infra_hits(run_dir),
         error="" if ok else driver_log(run_dir)[-2000:],
     )
+
+
+def _outage_felt(run_dir: Path) -> int:
+    """Episodes in the trace so far whose tool hit an infrastructure failure (a group's
+    line is written whole when it finishes; a line being written is not counted yet)."""
+    try:
+        hits = _infra_hits(run_dir)
+    except (OSError, ValueError):  # the trace's last line half written
+        return 0
+    return hits["episodes_retried"] + hits["episodes_infra_error"]
 
 
 def _tool_said(run_dir: Path, text: str) -> int:
@@ -486,70 +564,4 @@ def full_disk(run_dir: Path, max_steps: int = 3) -> dict[str, Any]:
         "checkpoint_loadable": a.checkpoint_loadable,
         "kept_after_failure": kept,
         "said": said,
-    }
-
-
-def _tree_usage(pgid: int) -> tuple[int, int]:
-    """(RSS bytes, open fds) summed over the live processes of a process group."""
-    from .harness import group_members
-
-    rss = fds = 0
-    for pid in group_members(pgid):
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    rss += int(line.split()[1]) * 1024
-            fds += len(list(Path(f"/proc/{pid}/fd").iterdir()))
-        except OSError:
-            continue
-    return rss, fds
-
-
-def load(run_dir: Path, episodes: int, group_size: int = 4) -> dict[str, Any]:
-    """`episodes` concurrent episodes (one synchronous step's worth), each with a 1 s tool
-    call, on the tiny model: peak RSS and open fds of the run's processes, episodes
-    finished, throughput."""
-    groups = episodes // group_size
-    proc = start_driver(
-        run_dir,
-        2,
-        *FORCED,
-        "env.options.tool=sleep",
-        "env.options.busy_s=1.0",
-        f"rollout.group_size={group_size}",
-        f"rollout.concurrency={episodes}",
-        f"learner.batch_groups={groups}",
-        "learner.micro_batch_size=64",
-        "sampler.max_batch_size=256",
-        "orchestrator.max_staleness=0",
-        "orchestrator.checkpoint_every=0",
-        "rollout.episode_timeout_s=600",
-    )
-    peak_rss = peak_fds = 0
-    while proc.poll() is None:
-        rss, fds = _tree_usage(proc.pid)
-        peak_rss, peak_fds = max(peak_rss, rss), max(peak_fds, fds)
-        time.sleep(0.2)
-    ok, orphans = _finish(run_dir, proc)
-    rows = read_events(run_dir)
-    finished = [r for r in rows if r["event"] == "GroupFinished"]
-    started = next(r["time"] for r in rows if r["event"] == "RunStarted")
-    # synchronous: the first step's groups are the first `groups` to finish
-    rollout_s = finished[groups - 1]["time"] - started if len(finished) >= groups else None
-    hits = _infra_hits(run_dir)
-    return {
-        "scenario": f"load: {episodes} concurrent episodes, 1 s tool",
-        "episodes_concurrent": episodes,
-        "runs": 1,
-        "survived": ok,
-        "episodes_expected": 2 * groups * group_size,
-        "episodes_finished": hits["episodes"],
-        "episodes_infra_error": hits["episodes_infra_error"],
-        "groups_finished": len(finished),
-        "first_batch_rollout_s": round(rollout_s, 1) if rollout_s else None,
-        "episodes_per_s": round(groups * group_size / rollout_s, 1) if rollout_s else None,
-        "peak_rss_mb": round(peak_rss / 2**20),
-        "peak_open_fds": peak_fds,
-        "orphans": orphans,
-        "error": "" if ok else driver_log(run_dir)[-2000:],
     }

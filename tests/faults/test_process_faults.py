@@ -1,7 +1,9 @@
 """A process of a running training run dies or is interrupted: the learner child
 (SIGKILL mid-step), the driver (Ctrl-C twice), a sandbox kernel under an episode, the
-search service for 5 s. Each run is audited afterwards (tests/faults/harness.py): steps
-completed, trained samples once each, no orphan process, the checkpoint loads."""
+search service until an episode felt it. Each kill lands at a point the run marks (an
+event in metrics.jsonl, a process in its code), never at a random offset. Each run is
+audited afterwards (tests/faults/harness.py): steps completed, trained samples once
+each, no orphan process, the checkpoint loads."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ def test_learner_child_sigkill_mid_step(tmp_path):
 
 @pytest.mark.slow
 def test_sigint_twice_checkpoints_and_stops(tmp_path):
-    r = scenarios.sigint_twice(tmp_path / "run", max_steps=4)
+    # the second once the driver said it is stopping: it interrupts the shutdown itself
+    r = scenarios.sigint_twice(tmp_path / "run", max_steps=4, second="after_ack")
     _clean(r)
     assert r["reason"] == "interrupted" and r["checkpointed_last_step"], r
     assert r["driver_exit_code"] == 130 and not r["traceback"], r
@@ -50,7 +53,8 @@ def test_sandbox_killed_under_a_running_episode(tmp_path):
 
 
 @pytest.mark.slow
-def test_search_service_down_for_5_s(tmp_path):
-    r = scenarios.search_down(tmp_path / "run", max_steps=3, down_s=5.0)
+def test_search_service_down_until_an_episode_felt_it(tmp_path):
+    r = scenarios.search_down(tmp_path / "run", max_steps=3, felt=1)
     _clean(r)
-    assert r["episodes_retried"] + r["episodes_infra_error"] >= 1, r  # the outage was felt
+    assert r["outage_felt"], r  # the service came back only after an episode failed
+    assert r["episodes_retried"] + r["episodes_infra_error"] >= 1, r

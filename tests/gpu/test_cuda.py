@@ -21,6 +21,7 @@ from agentrl.samplers.hf import HFSampler
 from agentrl.types import Segment, Trajectory, TrajectoryGroup
 from agentrl.weights import WeightBus
 from tests.orchestrator.test_train import BASE
+from tests.waiting import wait_until_async
 
 CUDA = ["sampler.device=cuda", "learner.device=cuda"]
 
@@ -124,8 +125,10 @@ def test_a_weight_update_while_generating_on_cuda():
             async with anyio.create_task_group() as tg:
                 for i in range(4):
                     tg.start_soon(run, i)
-                while sampler.stats()["tokens"] < 20:
-                    await anyio.sleep(0.005)
+                # mid-generation (300 tokens each, no stop token): the update lands between tokens
+                await wait_until_async(
+                    lambda: sampler.stats()["tokens"] >= 20, "20 tokens generated"
+                )
                 await bus.publish(1, new)
         finally:
             await sampler.close()

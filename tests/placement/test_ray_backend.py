@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import anyio
@@ -22,11 +21,13 @@ ray = pytest.importorskip("ray")
 
 from agentrl.checkpoint import latest_checkpoint  # noqa: E402
 from agentrl.config import load_config  # noqa: E402
+from agentrl.events import BatchTrained, CheckpointSaved  # noqa: E402
 from agentrl.models import load_model  # noqa: E402
 from agentrl.orchestrator import Orchestrator  # noqa: E402
 from agentrl.plotting import read_steps  # noqa: E402
 from tests.orchestrator.test_train import BASE, REPO  # noqa: E402
 from tests.procs import alive, live_descendants  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 SMALL = [
     "orchestrator.backend=ray",
@@ -144,32 +145,49 @@ def test_killed_rollout_worker_and_sampler_actors_lose_episodes_not_the_run(tmp_
     sampler = orch.parts.placement.samplers[0]
     engine = orch.rollout
     killed = {"worker": threading.Event(), "sampler": threading.Event()}
+    second_step = threading.Event()
+    orch.events.subscribe(
+        lambda e: isinstance(e, BatchTrained) and e.step >= 2 and second_step.set()
+    )
+    run_over = threading.Event()
+    failed: list[str] = []
+
+    def ended() -> str | None:
+        return "the run finished first" if run_over.is_set() else None
 
     def kill_while_busy() -> None:
         # SIGKILL-like: each actor dies with work in flight and Ray restarts it; first a
         # sampler generating, then (once a step has counted what that lost) a rollout
         # worker running groups
-        deadline = time.time() + 120
-        while time.time() < deadline and not killed["sampler"].is_set():
-            if ray.get(sampler.stats.remote(), timeout=30)["active"] > 0:
-                ray.kill(sampler, no_restart=False)
-                killed["sampler"].set()
-            time.sleep(0.01)
-        while time.time() < deadline and orch.step < 2:
-            time.sleep(0.05)
-        while time.time() < deadline:
-            if engine.outstanding[0] > 0:
-                ray.kill(worker, no_restart=False)
-                killed["worker"].set()
-                return
-            time.sleep(0.01)
+        try:
+            wait_until(
+                lambda: ray.get(sampler.stats.remote(), timeout=30)["active"] > 0,
+                "the sampler actor generating",
+                interval=0.01,
+                abort=ended,
+            )
+            ray.kill(sampler, no_restart=False)
+            killed["sampler"].set()
+            wait_until(second_step.is_set, "step 2 trained", abort=ended)
+            wait_until(
+                lambda: engine.outstanding[0] > 0,
+                "rollout worker 0 running a group",
+                interval=0.01,
+                abort=ended,
+            )
+            ray.kill(worker, no_restart=False)
+            killed["worker"].set()
+        except AssertionError as e:
+            failed.append(str(e))
 
     killer = threading.Thread(target=kill_while_busy)
     killer.start()
     try:
         anyio.run(orch.run)
     finally:
+        run_over.set()
         killer.join()
+    assert not failed, failed
     steps = read_steps(tmp_path / "run")
     assert killed["worker"].is_set() and killed["sampler"].is_set()
     assert [s["step"] for s in steps] == [1, 2, 3, 4]  # the run finished every step
@@ -192,20 +210,18 @@ def test_a_dead_learner_actor_ends_the_run_in_one_line_with_a_checkpoint(tmp_pat
         *SMALL,
     )
     learner = orch.parts.placement.learner
+    killed: list[int] = []
 
-    def kill_after_a_checkpoint() -> None:
-        deadline = time.time() + 120
-        while latest_checkpoint(tmp_path / "run") is None and time.time() < deadline:
-            time.sleep(0.05)
-        ray.kill(learner, no_restart=True)
+    def kill_after_the_first_checkpoint(event: object) -> None:
+        # the moment is the event: the loop has just saved a checkpoint
+        if isinstance(event, CheckpointSaved) and not killed:
+            ray.kill(learner, no_restart=True)
+            killed.append(event.step)
 
-    killer = threading.Thread(target=kill_after_a_checkpoint)
-    killer.start()
-    try:
-        with pytest.raises(BaseException) as caught:
-            anyio.run(orch.run)
-    finally:
-        killer.join()
+    orch.events.subscribe(kill_after_the_first_checkpoint)
+    with pytest.raises(BaseException) as caught:
+        anyio.run(orch.run)
+    assert killed == [1]
     said = str(user_error(caught.value))
     assert said.startswith("the learner actor died while "), said
     assert "--resume" in said and "\n" not in said, said
@@ -234,26 +250,24 @@ def test_resume_after_sigkill_of_the_driver(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    deadline = time.time() + 120
     try:
-        while time.time() < deadline:
-            ck = latest_checkpoint(run_dir)
-            if ck is not None and int(ck.name.split("_")[1]) >= 1:
-                break
-            if proc.poll() is not None:
-                pytest.fail(f"training exited early: {proc.stderr.read().decode()[-2000:]}")
-            time.sleep(0.2)
-        else:
-            pytest.fail("no checkpoint within 120 s")
+        wait_until(
+            lambda: latest_checkpoint(run_dir) is not None,
+            "the first checkpoint",
+            interval=0.2,
+            abort=lambda: (
+                f"training exited early: {proc.stderr.read().decode()[-2000:]}"
+                if proc.poll() is not None
+                else None
+            ),
+        )
         tree = live_descendants(proc.pid)  # Ray's processes and actors
         assert tree
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    deadline = time.time() + 30
-    while any(alive(p) for p in tree) and time.time() < deadline:
-        time.sleep(0.2)
-    assert not [p for p in tree if alive(p)], "Ray processes outlived the killed driver"
+    # Ray's processes notice their driver's death on their own: wait for them to go
+    wait_until(lambda: not any(alive(p) for p in tree), "Ray's processes gone after the driver")
     killed_at = json.loads((latest_checkpoint(run_dir) / "orchestrator.json").read_text())["step"]
     done = subprocess.run(
         _driver(run_dir, killed_at + 1, "--resume", str(run_dir)),

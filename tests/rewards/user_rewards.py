@@ -14,7 +14,7 @@ def mentions_answer(task, completion):
 
 
 async def short(task, completion, trajectory):
-    await anyio.sleep(0)  # allow-sleep: a bare checkpoint: an async reward that yields
+    await anyio.sleep(0)  # a bare checkpoint: an async reward that yields
     return 1.0 if trajectory.num_model_tokens <= 3 else 0.0
 
 

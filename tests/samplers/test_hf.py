@@ -10,6 +10,7 @@ from agentrl.errors import PromptError, UnknownNameError, WeightUpdateError
 from agentrl.models import load_model
 from agentrl.samplers import SamplingParams, create_sampler
 from agentrl.samplers.hf import HFSampler
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.anyio
 
@@ -129,10 +130,9 @@ async def test_64_concurrent_callers_all_finish(pair):
     await sampler.close()
 
 
-async def wait_for(condition, timeout: float = 10.0) -> None:
-    with anyio.fail_after(timeout):
-        while not condition():
-            await anyio.sleep(0.005)  # allow-sleep: polling `condition`, yielding the loop
+async def wait_for(condition) -> None:
+    """The sampler's counters advance inside its own tasks: wait for one to get there."""
+    await wait_until_async(condition, "the sampler's counter", interval=0.005)
 
 
 async def test_cancelling_a_caller_frees_its_slot(pair):

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from agentrl.samplers.base import SamplingParams  # noqa: E402
 from agentrl.samplers.openai_compat import OpenAISampler  # noqa: E402
 from agentrl.samplers.vllm_cpu import configure_cpu_env  # noqa: E402
 from agentrl.samplers.vllm_worker import WORKER_EXTENSION  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 SERVED = "smollm2"
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
@@ -66,18 +66,19 @@ def server(model_dir, tmp_path_factory):
                                 start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+
+        def healthy() -> bool:
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
+                return httpx.get(f"{url}/health", timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve did not become healthy:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+                return False
+
+        def exited() -> str | None:
+            if proc.poll() is None:
+                return None
+            return f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+
+        wait_until(healthy, "vllm serve healthy", timeout=600, interval=1.0, abort=exited)
         yield url
     finally:
         # the server and its engine processes share the session we started
@@ -143,10 +144,8 @@ def test_unreachable_server_fails_after_retries(portal):
         finally:
             await s.close()
 
-    t0 = time.monotonic()
     with pytest.raises(SamplerError, match=r"after 3 attempts.*connection failed"):
         portal.call(call)
-    assert time.monotonic() - t0 < 10
 
 
 def test_update_weights_needs_the_reload_endpoint(server, portal, model_dir):

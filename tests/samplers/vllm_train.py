@@ -10,12 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
+
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -151,18 +151,19 @@ def vllm_server(model_dir: Path, log: Path, *args: str) -> Iterator[str]:
                                 start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+
+        def healthy() -> bool:
             try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
+                return httpx.get(f"{url}/health", timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve did not become healthy:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+                return False
+
+        def exited() -> str | None:
+            if proc.poll() is None:
+                return None
+            return f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+
+        wait_until(healthy, "vllm serve healthy", timeout=600, interval=1.0, abort=exited)
         yield url
     finally:
         # the server and its engine processes share the session we started

@@ -19,6 +19,7 @@ import pytest
 from agentrl.sandbox import create_sandbox
 from agentrl.sandbox.docker_backend import DockerBackend
 from agentrl.sandbox.limits import SandboxLimits
+from tests.waiting import wait_until
 
 _PROBLEM = DockerBackend().problem(SandboxLimits())
 pytestmark = [
@@ -46,7 +47,8 @@ async def test_docker_sessions_limits_and_reuse(marker: str) -> None:
             assert (r.status, r.stdout) == ("ok", "42 65534\n")
             t0 = time.perf_counter()  # allow-clock: the sandbox's wall limit is a time limit
             r = await s.run("while True: pass", timeout=1)
-            assert r.status == "timeout" and time.perf_counter() - t0 < 2.5  # allow-clock: same
+            # allow-clock: the same limit; the slack is room for a loaded machine to kill
+            assert r.status == "timeout" and time.perf_counter() - t0 < 1 + 10
             r = await s.run("print('x' in globals())")
             assert r.state_lost and r.stdout == "False\n"
             r = await s.run("import sys\nsys.stdout.write('y' * (64 << 20))", timeout=10)
@@ -74,12 +76,12 @@ async def test_docker_sessions_limits_and_reuse(marker: str) -> None:
     assert _containers(marker) == [] or _wait_no_containers(marker)
 
 
-def _wait_no_containers(label: str, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while _containers(label):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
+def _wait_no_containers(label: str) -> bool:
+    """Docker removes a container asynchronously: poll until it is gone (the timeout only
+    ends a hang; the claim is "gone")."""
+    wait_until(
+        lambda: not _containers(label), f"the containers labelled {label} gone", interval=0.2
+    )
     return True
 
 
@@ -93,6 +95,7 @@ def test_docker_container_dies_with_its_parent(marker: str) -> None:
             async with sb.session() as s:
                 assert (await s.run("x = 1")).ok
                 print("READY", flush=True)
+                # allow-sleep: the host's work is to hold the container until it is SIGKILLed
                 await anyio.sleep(100)
         anyio.run(main)
         """
@@ -103,7 +106,7 @@ def test_docker_container_dies_with_its_parent(marker: str) -> None:
         assert host.stdout.readline().strip() == "READY"
         assert len(_containers(marker)) == 1
         os.kill(host.pid, signal.SIGKILL)
-        host.wait(5)
+        host.wait(60)  # SIGKILL ends it; the bound only ends a hang
         assert _wait_no_containers(marker), "container outlived its parent"
     finally:
         host.kill()

@@ -34,7 +34,9 @@ async def hostile(
             res = await s.run(code, timeout=limit)
             elapsed = time.perf_counter() - t0  # allow-clock: the same limit
             assert res.status == status, res
-            assert elapsed <= limit + 1.0, f"took {elapsed:.2f}s for a {limit}s limit"
+            # allow-clock: the wall limit bites (a time limit by nature); the status says it
+            # fired, the slack is room for a loaded machine to kill and report, not a speed
+            assert elapsed <= limit + 10.0, f"took {elapsed:.2f}s for a {limit}s limit"
             after = await s.run("print('alive', before + 1 if 'before' in globals() else None)")
             assert after.status == "ok", after
             lost = status in RESTART_STATUSES
@@ -274,7 +276,7 @@ async def test_nonblocking_stdout_is_undone_for_the_next_call(marker: str) -> No
             code = "import os\nos.set_blocking(1, False)\nkeep = 3\nprint('z' * 300_000)"
             r = await s.run(code, timeout=5)
             # the code's own write may fail with EAGAIN (its choice); the call still ends
-            assert r.status in ("ok", "error") and r.wall_s < 6
+            assert r.status in ("ok", "error")  # not "timeout": it ended by itself
             assert r.status == "ok" or "BlockingIOError" in r.stderr
             r = await s.run("print('y' * 300_000)\nprint(keep)", timeout=5)
             assert (r.status, r.state_lost, r.truncated) == ("ok", False, True)

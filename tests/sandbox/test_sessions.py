@@ -14,6 +14,7 @@ import pytest
 
 from agentrl.errors import ConfigError, SandboxError, SandboxUnavailableError
 from agentrl.sandbox import SandboxLimits, create_sandbox
+from tests.waiting import wait_until_async
 
 from .conftest import descendants, needs_bwrap, processes_with, wait_gone
 
@@ -41,7 +42,7 @@ async def test_result_fields(marker: str) -> None:
             "import sys\nprint('out')\nprint('err', file=sys.stderr)\nsum(range(10**6))"
         )
         assert (r.stdout, r.stderr, r.status, r.exit_code) == ("out\n", "err\n", "ok", 0)
-        assert 0 < r.wall_s < 5 and r.cpu_s >= 0 and not r.truncated and not r.state_lost
+        assert r.wall_s > 0 and r.cpu_s >= 0 and not r.truncated and not r.state_lost
         assert set(r.to_dict()) >= {"stdout", "stderr", "exit_code", "status", "wall_s", "cpu_s"}
 
 
@@ -86,7 +87,8 @@ async def test_acquire_timeout_raises_sandbox_error(marker: str) -> None:
             with pytest.raises(SandboxError, match="acquire_timeout_s"):
                 async with sb.session():
                     pass
-            assert time.perf_counter() - t0 < 2  # allow-clock: the same limit (0.3 s)
+            # allow-clock: the same limit (0.3 s; the slack is room for a loaded machine)
+            assert time.perf_counter() - t0 < 0.3 + 10
         async with sb.session() as s:  # the slot came back
             assert (await s.run("print(1)")).stdout == "1\n"
 
@@ -95,9 +97,12 @@ async def test_cancelling_a_running_call_kills_it(marker: str) -> None:
     async with create_sandbox(label=marker) as sb, sb.session() as s:
         await s.run("x = 1")
         code = f"import subprocess, time\nsubprocess.Popen(['/usr/bin/python3', '-c', 'import time; time.sleep(99)', '{marker}-gc'])\ntime.sleep(100)"
-        with anyio.move_on_after(1.0):
-            await s.run(code, timeout=60)
-        assert wait_gone(f"{marker}-gc") == []  # kernel and its child are gone right away
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.run, code, 60)
+            # the code is running (its child is up): cancel the call there
+            await wait_until_async(lambda: processes_with(f"{marker}-gc"), "the code running")
+            tg.cancel_scope.cancel()
+        assert wait_gone(f"{marker}-gc") == []  # kernel and its child are gone
         r = await s.run("print('x' in globals())")
         assert r.status == "ok" and r.state_lost and r.stdout == "False\n"
 
@@ -107,14 +112,25 @@ async def test_cancelling_the_task_holding_a_session(marker: str) -> None:
     try:
         async with anyio.create_task_group() as tg:
 
-            async def episode() -> None:
+            async def episode(i: int) -> None:
                 async with sb.session() as s:
-                    await s.run("import time\ntime.sleep(100)", timeout=60)
+                    # the child's argv says the code is running; the snippet then blocks
+                    code = (
+                        "import subprocess, time\n"
+                        "subprocess.Popen(['/usr/bin/python3', '-c', 'import time; "
+                        f"time.sleep(99)', '{marker}-ep{i}'])\ntime.sleep(100)"
+                    )
+                    await s.run(code, timeout=60)
 
-            for _ in range(2):
-                tg.start_soon(episode)
-            await anyio.sleep(1.0)
+            for i in range(2):
+                tg.start_soon(episode, i)
+            # both episodes are inside their calls (each code's child is up), then cancel
+            await wait_until_async(
+                lambda: all(processes_with(f"{marker}-ep{i}") for i in range(2)),
+                "both episodes' code running",
+            )
             tg.cancel_scope.cancel()
+        assert wait_gone(f"{marker}-ep") == []  # the calls' processes went with them
         # both slots are free again and nothing of the cancelled episodes survives
         async with sb.session() as a, sb.session() as b:
             assert (await a.run("print(1)")).ok and (await b.run("print(2)")).ok
@@ -157,6 +173,7 @@ def test_killing_the_host_process_kills_the_sandbox(marker: str) -> None:
                 r = await s.run("import subprocess\\nsubprocess.Popen(['/usr/bin/python3', '-c', 'import time; time.sleep(99)', {marker!r}], start_new_session=True)")
                 assert r.ok, r
                 print("READY", flush=True)
+                # allow-sleep: the host's work is to hold the sandbox until it is SIGKILLed
                 await anyio.sleep(100)
         anyio.run(main)
         """
@@ -167,8 +184,8 @@ def test_killing_the_host_process_kills_the_sandbox(marker: str) -> None:
         assert host.stdout.readline().strip() == "READY"
         assert len(processes_with(marker)) >= 2  # the kernel and the grandchild are running
         os.kill(host.pid, signal.SIGKILL)
-        host.wait(5)
-        assert wait_gone(marker, timeout=3.0) == []
+        host.wait(60)  # SIGKILL ends it; the bound only ends a hang
+        assert wait_gone(marker) == []
     finally:
         host.kill()
         host.wait()
@@ -177,7 +194,6 @@ def test_killing_the_host_process_kills_the_sandbox(marker: str) -> None:
 async def test_two_hundred_concurrent_sessions(marker: str) -> None:
     """200 sessions alive at once on a 2-core machine: no deadlock, no leak."""
     results: dict[int, str] = {}
-    t0 = time.perf_counter()
     async with create_sandbox(
         label=marker, max_sessions=200, pool_size=4, acquire_timeout_s=120
     ) as sb:
@@ -200,7 +216,6 @@ async def test_two_hundred_concurrent_sessions(marker: str) -> None:
                     tg.start_soon(episode, i)
     assert results == {i: f"{2 * i}\n" for i in range(200)}
     assert sb.live_processes == 0 and descendants(os.getpid()) == []
-    print(f"200 concurrent sessions: {time.perf_counter() - t0:.1f}s")
 
 
 def test_limits_are_validated() -> None:

@@ -46,7 +46,8 @@ async def test_runs_with_state_limits_and_cleanup(marker: str) -> None:
             )
             t0 = time.perf_counter()  # allow-clock: the sandbox's wall limit is a time limit
             r = await s.run(code, timeout=1)
-            assert r.status == "timeout" and time.perf_counter() - t0 < 2  # allow-clock: same
+            # allow-clock: the same limit; the slack is room for a loaded machine to kill
+            assert r.status == "timeout" and time.perf_counter() - t0 < 1 + 10
             r = await s.run("b = bytearray(2 * 1024**3)")
             assert r.status == "memory" and r.state_lost
             r = await s.run("import os\nprint(os.getcwd())")

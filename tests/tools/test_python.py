@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import uuid
 
-import anyio
 import pytest
 
 from agentrl.resources import ResourceScope
@@ -20,6 +19,7 @@ from agentrl.tools import (
 )
 from agentrl.tools.python import format_result, truncate
 from tests.procs import live_descendants
+from tests.waiting import wait_until_async
 
 BWRAP_PROBLEM = BwrapBackend().problem(SandboxLimits())
 pytestmark = [
@@ -112,11 +112,12 @@ async def test_session_is_closed_when_the_episode_ends():
             await py(tool, ctx, "print(1)")
             during = live_descendants(os.getpid())
             assert during - before  # the session's interpreter (and its bwrap parent)
-        for _ in range(50):  # reaped asynchronously
-            if not (live_descendants(os.getpid()) & (during - before)):
-                break
-            await anyio.sleep(0.05)  # allow-sleep: polling the OS reaping other processes
-        assert not (live_descendants(os.getpid()) & (during - before))
+        # reaped asynchronously: wait for the OS to take them
+        await wait_until_async(
+            lambda: not (live_descendants(os.getpid()) & (during - before)),
+            "the session's processes reaped",
+            interval=0.05,
+        )
     finally:
         await sb.close()
 

@@ -192,7 +192,7 @@ async def test_transient_failures_are_retried_with_backoff():
         ("Peru", "Capital: Lima", "pe", 3.5)
     ]
     assert seen == [{"query": "peru", "k": 2}] * 3 and backend.attempts == 3
-    assert 0.3 <= elapsed < 1.0  # waited 0.1 + 0.2
+    assert elapsed >= 0.3  # waited 0.1 + 0.2 (a lower bound: load only lengthens it)
 
 
 @pytest.mark.anyio
