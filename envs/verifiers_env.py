@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.metadata
 import json
 import random
 import signal
@@ -166,6 +167,11 @@ class VerifiersEnv(Environment):
                     f"{label} built a {kind}, from the classic verifiers 0.3 API, but the "
                     f"installed verifiers {_version(self.vf)} has only verifiers.v1: pin "
                     "verifiers<0.4 for this environment (docs/ecosystem.md)"
+                )
+            if kind.startswith("verifiers.v1"):
+                raise ConfigError(
+                    f"{label} built a {kind}: verifiers.v1 environments need verifiers>=0.4 "
+                    f"(installed: {_version(self.vf)}); pip install 'agentrl[verifiers]'"
                 )
             raise ConfigError(
                 f"{label}: load_environment returned {kind}, not a verifiers Environment"
@@ -374,7 +380,15 @@ def _short(error: Any) -> str:
 
 
 def _v1_api() -> Any:
-    """``verifiers.v1`` (the verifiers 0.4 stack), or None where it is not installed."""
+    """``verifiers.v1`` as verifiers 0.4 ships it, or None: not installed, or the preview
+    of it in 0.3.x (a different, untested API; 0.3 environments use the classic one)."""
+    try:
+        release = importlib.metadata.version("verifiers")
+        major, minor = (int(part) for part in release.split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+    if (major, minor) < (0, 4):
+        return None
     try:
         return importlib.import_module("verifiers.v1")
     except ImportError:
