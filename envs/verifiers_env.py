@@ -41,8 +41,10 @@ import importlib.metadata
 import json
 import random
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from statistics import fmean
 from typing import Any, ClassVar
 
@@ -57,6 +59,9 @@ from agentrl.resources import current_run_scope
 
 class VerifiersOptions(EnvOptions):
     id: str  # environment package / module (load_environment) or "module:function"
+    # a folder holding the environment's module when it is not installed as a package
+    # (put first on sys.path, relative to the working directory)
+    path: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)  # load_environment(**args)
     # the model name the environment's calls ask for: any name reaches the policy
     model: str = "agentrl"
@@ -103,7 +108,9 @@ class VerifiersEnv(Environment):
 
     def _load(self) -> Any:
         key = json.dumps(
-            [self.config.id, self.config.args, self.config.env_config], sort_keys=True, default=repr
+            [self.config.id, self.config.path, self.config.args, self.config.env_config],
+            sort_keys=True,
+            default=repr,
         )
         with self._lock:
             env = self._loaded.get(key)
@@ -113,6 +120,15 @@ class VerifiersEnv(Environment):
 
     def _load_uncached(self) -> Any:
         label = f"env.options.id={self.config.id!r}"
+        if self.config.path is not None:
+            folder = Path(self.config.path).expanduser().resolve()
+            if not folder.is_dir():
+                raise ConfigError(
+                    f"env.options.path={self.config.path!r} is not a folder; give the folder "
+                    "that holds the environment's module (or install it and leave path out)"
+                )
+            if str(folder) not in sys.path:
+                sys.path.insert(0, str(folder))
         try:
             return self._load_target(label)
         except AttributeError as e:

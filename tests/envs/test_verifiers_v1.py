@@ -21,10 +21,12 @@ from agentrl.orchestrator import Orchestrator
 from agentrl.plotting import read_steps
 
 ENVS = Path(__file__).parent / "vf_v1"  # what `pip install` of an env package would give
+EXAMPLES = Path(__file__).parents[2] / "examples" / "verifiers_v1"  # vf_chat_harness
 
 
 @pytest.fixture(autouse=True)
 def _env_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLES))
     monkeypatch.syspath_prepend(str(ENVS))
 
 
@@ -169,3 +171,21 @@ def test_a_classic_environment_under_verifiers_0_4_says_to_pin_0_3() -> None:
     """tests/envs/vf_envs.py is written for the 0.3 API (vf.SingleTurnEnv ...)."""
     with pytest.raises(ConfigError, match=r"classic verifiers 0.3 API .*pin verifiers<0.4"):
         make_env("verifiers", id="tests.envs.vf_envs:load_single_turn")
+
+
+def test_the_example_config_loads_its_taskset_from_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """configs/verifiers_v1_arithmetic.yaml: env.options.path puts the example's folder on
+    sys.path; train and eval are the taskset with args and with eval_args."""
+    from agentrl.config import load_config
+
+    root = Path(__file__).parents[2]
+    monkeypatch.chdir(root)
+    cfg = load_config(root / "configs" / "verifiers_v1_arithmetic.yaml", [])
+    env = make_env(cfg.env.name, **{**cfg.env.options, "num_tasks": 5})
+    train, held_out = list(env.tasks("train")), list(env.tasks("eval"))
+    assert len(train) == len(held_out) == 5
+    assert all(t["id"].startswith("vf-arithmetic/train/train-") for t in train)
+    assert all(t["id"].startswith("vf-arithmetic/eval/eval-") for t in held_out)
+    assert {t["vf_task"]["system_prompt"] for t in train} == {"Answer with the number only."}
+    with pytest.raises(ConfigError, match=r"env.options.path='no/such/folder' is not a folder"):
+        make_env("verifiers", id="vf-arithmetic", path="no/such/folder")
