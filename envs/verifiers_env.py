@@ -18,8 +18,9 @@ Both verifiers stacks are served by this one adapter, whichever release is insta
   own ``run_episode(task, ctx)``: its agents' harnesses call verifiers' interception
   server, which relays every request to the episode's gateway session. Roles run in the
   local ``subprocess`` runtime unless ``env_config`` names another (verifiers' default is
-  a remote Prime sandbox). The traces' weighted rewards are the reward (their mean when
-  an env plays several agents), rewards and metrics go into ``reward_info``.
+  a remote Prime sandbox). The trace's weighted rewards are the reward (the mean over the
+  trainable agents' traces when an env plays several), rewards and metrics go into
+  ``reward_info``.
 * **verifiers 0.3** (the classic ``vf.Environment``: ``SingleTurnEnv``, ``MultiTurnEnv``,
   ``ToolEnv``, ``StatefulToolEnv`` ...): ``id`` names what ``vf-eval`` loads, a module
   (``-`` read as ``_``) whose ``load_environment(**args)`` returns the environment, or
