@@ -1,7 +1,8 @@
-"""A verifiers environment as its users write it (plain `verifiers`, no agentrl import):
+"""A verifiers 0.3 environment as its users write it (plain `verifiers`, no agentrl import):
 two-number sums from a local dataset, one reply, scored by a rubric. agentrl trains it
 unchanged with ``env.name: verifiers`` (configs/verifiers_arithmetic.yaml,
-docs/ecosystem.md); ``vf-eval`` would load it the same way."""
+docs/ecosystem.md); ``vf-eval`` would load it the same way. Needs verifiers 0.3.x; the
+verifiers 0.4 version is examples/verifiers_v1/vf_arithmetic.py."""
 
 from __future__ import annotations
 

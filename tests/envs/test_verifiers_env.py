@@ -9,6 +9,12 @@ from typing import Any
 import anyio
 import pytest
 
+pytest.importorskip(
+    "verifiers.envs.environment",
+    reason="the classic verifiers 0.3 stack is not installed (verifiers 0.4 has only "
+    "verifiers.v1: tests/envs/test_verifiers_v1.py)",
+)
+
 from agentrl.config import config_from_dict
 from agentrl.envs import make_env
 from agentrl.errors import ConfigError, MissingExtra
