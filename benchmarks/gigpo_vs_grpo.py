@@ -23,6 +23,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -70,6 +71,10 @@ class Watch:
                     "tokens": self.tokens,
                     "minutes": (time.time() - self.t0) / 60,
                     "reward_mean": event.metrics.get("reward_mean", math.nan),
+                    # the learner's share of the step: sampling is the rest of the minutes
+                    "learner_s": event.metrics.get("time/step_s", math.nan),
+                    "no_grad_pass_s": event.metrics.get("time/no_grad_pass_s", math.nan),
+                    "trained_tokens": event.metrics.get("tokens/total", math.nan),
                 }
             )
             if self.tokens >= self.budget:
@@ -232,30 +237,42 @@ def main() -> None:
     if args.quick:
         args.token_budget = min(args.token_budget, 300)
         args.eval_tasks = min(args.eval_tasks, 2)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gigpo_vs_grpo-") as tmp:
         for seed in args.seeds:  # interleaved, so machine load drifts hit both methods alike
             for method in args.methods:
                 print(f"== {method} seed {seed}", flush=True)
                 runs.append(run_one(method, seed, args, Path(tmp)))
-    summary = summarise(runs)
-    print_table(summary)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+                write(out, args, runs)  # after every run: a cut-off run still leaves results
+                r = runs[-1]
+                print(f"   {method} seed {seed}: {r['steps']} steps, {r['sampled_tokens']} "
+                      f"tokens, {r['minutes']:.1f} min, held-out {r['heldout_success']:.3f}",
+                      flush=True)  # fmt: skip
+    print_table(summarise(runs))
+    plot(runs, summarise(runs), out.with_suffix(".png"))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+
+
+def write(out: Path, args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     result = {
         "benchmark": "gigpo_vs_grpo",
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
         "token_budget": args.token_budget,
         "eval_tasks": args.eval_tasks,
         "eval_samples": args.eval_samples,
         "quick": args.quick,
         "overrides": args.set,
-        "summary": summary,
+        "complete": len(runs) == len(args.seeds) * len(args.methods),
+        "summary": summarise(runs),
         "runs": runs,
     }
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    plot(runs, summary, out.with_suffix(".png"))
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
