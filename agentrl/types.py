@@ -104,6 +104,7 @@ class Turn:
     step_reward: float | None = None
     state: str | None = None
     # the weighted sum of reward.process functions and reward.process_model on this turn
+    # (None: none configured)
     process_reward: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
