@@ -105,13 +105,17 @@ class Watch:
                 self.grouped_turns += sum(1 for s in t.turn_states if seen.get(s, 0) > 1)
 
 
-async def held_out(cfg: Config, checkpoint: Path, n_tasks: int, samples: int) -> dict[str, float]:
+async def held_out(
+    cfg: Config, checkpoint: Path | None, n_tasks: int, samples: int
+) -> dict[str, float]:
+    """Held-out success of `checkpoint` (None: the untrained model)."""
     from agentrl.evaluation import SUCCESS
     from agentrl.runtime import assemble, load_checkpoint_into_sampler
 
     run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "eval", samples=samples))
     async with run:
-        await load_checkpoint_into_sampler(run, checkpoint)
+        if checkpoint is not None:
+            await load_checkpoint_into_sampler(run, checkpoint)
         tasks = list(itertools.islice(run.env.tasks(split="eval", seed=0), n_tasks))
         groups: list[TrajectoryGroup] = []
         async with anyio.create_task_group() as tg:
@@ -256,12 +260,27 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny random model, a smoke run")
     ap.add_argument("--set", action="append", default=[], help="config override for every run")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/gigpo_vs_grpo"))
+    ap.add_argument(
+        "--untrained",
+        action="store_true",
+        help="only evaluate the untrained model on the same held-out tasks",
+    )
     args = ap.parse_args()
     if args.quick:
         args.token_budget = min(args.token_budget, 300)
         args.eval_tasks = min(args.eval_tasks, 2)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.untrained:  # the level both methods start from
+        overrides = [*(QUICK if args.quick else []), *args.set]
+        cfg = load_config(REPO / CONFIG, overrides=overrides)
+        scores = anyio.run(held_out, cfg, None, args.eval_tasks, args.eval_samples)
+        result = {"benchmark": "gigpo_vs_grpo/untrained", "eval_tasks": args.eval_tasks,
+                  "eval_samples": args.eval_samples, "overrides": args.set,
+                  **{f"heldout_{k}": v for k, v in scores.items()}}  # fmt: skip
+        out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+        print(json.dumps(result))
+        return
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gigpo_vs_grpo-") as tmp:
         for seed in args.seeds:  # interleaved, so machine load drifts hit both methods alike
