@@ -23,6 +23,13 @@ a run either way.
     python benchmarks/gigpo_vs_grpo.py                              # 3 seeds x 2 methods
     python benchmarks/gigpo_vs_grpo.py --seeds 0 --token-budget 8000
     python benchmarks/gigpo_vs_grpo.py --quick                      # tiny random model
+    python benchmarks/gigpo_vs_grpo.py --untrained                  # the starting level
+
+The measurement in docs/credit.md (about 50 minutes on 2 shared CPU cores):
+
+    python benchmarks/gigpo_vs_grpo.py --token-budget 12000 --max-steps 8 --eval-tasks 16 \
+        --set rollout.group_size=8 --set learner.batch_groups=1 --set rollout.max_turns=4 \
+        --set sampler.max_new_tokens=8 --set learner.lr=5e-5
 """
 
 from __future__ import annotations
