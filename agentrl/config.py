@@ -481,6 +481,12 @@ class RewardConfig(_Section):
     # process rewards from Python: fn(task, turn_text, turn_index) for every assistant turn,
     # weighted and added to that turn's process reward (module:function, as functions)
     process: list[str | RewardFunctionConfig] = Field(default_factory=list)
+    # a process reward model (PRM): a reward model folder (agentrl rm train) that scores the
+    # conversation up to each assistant turn; times its weight, added to that turn's process
+    # reward. Loaded on model_device with model_batch_size / model_max_length (shared with
+    # reward.model when both name the same folder)
+    process_model: str | None = None
+    process_model_weight: float = 1.0
 
     @model_validator(mode="after")
     def _weights(self) -> RewardConfig:
@@ -493,7 +499,9 @@ class RewardConfig(_Section):
 
     @property
     def enabled(self) -> bool:
-        return bool(self.functions or self.model or self.judge or self.process)
+        return bool(
+            self.functions or self.model or self.judge or self.process or self.process_model
+        )
 
 
 class PreferenceConfig(_Section):

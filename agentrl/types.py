@@ -103,7 +103,8 @@ class Turn:
     # a key of the state the agent acted from (Environment.state_key(); None: not given)
     step_reward: float | None = None
     state: str | None = None
-    # the weighted sum of reward.process functions on this turn (None: none configured)
+    # the weighted sum of reward.process functions and reward.process_model on this turn
+    # (None: none configured)
     process_reward: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,7 +213,7 @@ class Trajectory:
     def process_rewards(self) -> list[float]:
         """Per assistant turn, the environment's step reward that is not already the
         outcome ``reward`` (0.0 where a turn was not scored), plus the turn's
-        ``process_reward`` (``reward.process`` functions).
+        ``process_reward`` (``reward.process`` functions, ``reward.process_model``).
 
         When no final scoring replaced it, the outcome is the last step reward given
         (``metadata["outcome_turn"]`` names that turn), so it is not counted twice."""

@@ -1,20 +1,35 @@
-"""GiGPO against GRPO on the grid walk (states recur): same model, seeds and sampled tokens.
+"""GiGPO against GRPO on the grid walk (states recur): same model, seeds and token budget.
 
 Methods, from configs/gigpo_grid_walk.yaml with only the advantage changed:
 
 * ``grpo``  -- episode-level groups only;
 * ``gigpo`` -- episode groups plus step groups of the turns taken from the same cell.
 
-Every run trains until it has sampled ``--token-budget`` model tokens, then its last
-checkpoint walks ``--eval-tasks`` held-out tasks (split ``eval``) ``--eval-samples`` times.
+Every run trains until it has spent ``--token-budget`` tokens, then its last checkpoint
+walks ``--eval-tasks`` held-out tasks (split ``eval``) ``--eval-samples`` times.
 Reported per method, mean and spread (population std) over ``--seeds``: held-out success,
 training reward per wall-clock minute, mean turns of solved held-out episodes, steps and
 minutes the budget bought, and the share of turns that found a step group (a state seen
-by another episode of the group). Writes ``<out>.json`` and ``<out>.png``, prints a table.
+by another episode of the group). Writes ``<out>.json`` after every run (a run cut off
+keeps the finished ones) and ``<out>.png`` at the end, prints a table.
+
+The budget (``--budget``): ``trained`` (default) counts the tokens of the sequences the
+learner trains on (prompt, observations and completions: on CPU the learner's forward and
+backward over them are most of a step's time, so equal trained tokens is equal compute);
+``sampled`` counts only the model tokens sampled, which shrink as a policy learns to answer
+in one word, so a terser policy buys many more (and costlier) steps. ``--max-steps`` caps
+a run either way.
 
     python benchmarks/gigpo_vs_grpo.py                              # 3 seeds x 2 methods
     python benchmarks/gigpo_vs_grpo.py --seeds 0 --token-budget 8000
     python benchmarks/gigpo_vs_grpo.py --quick                      # tiny random model
+    python benchmarks/gigpo_vs_grpo.py --untrained                  # the starting level
+
+The measurement in docs/credit.md (about 50 minutes on 2 shared CPU cores):
+
+    python benchmarks/gigpo_vs_grpo.py --token-budget 12000 --max-steps 8 --eval-tasks 16 \
+        --set rollout.group_size=8 --set learner.batch_groups=1 --set rollout.max_turns=4 \
+        --set sampler.max_new_tokens=8 --set learner.lr=5e-5
 """
 
 from __future__ import annotations
@@ -23,6 +38,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -49,11 +65,12 @@ QUICK = ["model.name=tiny-llama", "model.dtype=float32", "sampler.max_new_tokens
 
 
 class Watch:
-    """Counts sampled tokens and rewards; stops the run at the step that reaches the budget."""
+    """Counts tokens and rewards; stops the run at the step that reaches the budget."""
 
-    def __init__(self, orch: Orchestrator, budget: int) -> None:
-        self.orch, self.budget = orch, budget
-        self.tokens = 0
+    def __init__(self, orch: Orchestrator, budget: int, kind: str, max_steps: int) -> None:
+        self.orch, self.budget, self.kind, self.max_steps = orch, budget, kind, max_steps
+        self.tokens = 0  # sampled model tokens
+        self.trained = 0  # tokens of the trained sequences
         self.rewards: list[float] = []
         self.turns = 0
         self.grouped_turns = 0
@@ -64,15 +81,25 @@ class Watch:
         if isinstance(event, GroupFinished):
             self._group(event.group)
         elif isinstance(event, BatchTrained):
+            self.trained += int(event.metrics.get("tokens/total", 0))
             self.curve.append(
                 {
                     "step": event.step,
                     "tokens": self.tokens,
                     "minutes": (time.time() - self.t0) / 60,
                     "reward_mean": event.metrics.get("reward_mean", math.nan),
+                    # the learner's share of the step: sampling is the rest of the minutes
+                    "learner_s": event.metrics.get("time/step_s", math.nan),
+                    "no_grad_pass_s": event.metrics.get("time/no_grad_pass_s", math.nan),
+                    "trained_tokens": self.trained,
                 }
             )
-            if self.tokens >= self.budget:
+            p = self.curve[-1]
+            print(f"   step {event.step}: {p['minutes']:.1f} min, sampled {self.tokens}, trained "
+                  f"{self.trained}, reward {p['reward_mean']:.3f}, learner {p['learner_s']:.0f} s",
+                  flush=True)  # fmt: skip
+            spent = self.trained if self.kind == "trained" else self.tokens
+            if spent >= self.budget or event.step >= self.max_steps:
                 self.orch.cfg.orchestrator.max_steps = event.step
 
     def _group(self, group: TrajectoryGroup) -> None:
@@ -85,13 +112,17 @@ class Watch:
                 self.grouped_turns += sum(1 for s in t.turn_states if seen.get(s, 0) > 1)
 
 
-async def held_out(cfg: Config, checkpoint: Path, n_tasks: int, samples: int) -> dict[str, float]:
+async def held_out(
+    cfg: Config, checkpoint: Path | None, n_tasks: int, samples: int
+) -> dict[str, float]:
+    """Held-out success of `checkpoint` (None: the untrained model)."""
     from agentrl.evaluation import SUCCESS
     from agentrl.runtime import assemble, load_checkpoint_into_sampler
 
     run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "eval", samples=samples))
     async with run:
-        await load_checkpoint_into_sampler(run, checkpoint)
+        if checkpoint is not None:
+            await load_checkpoint_into_sampler(run, checkpoint)
         tasks = list(itertools.islice(run.env.tasks(split="eval", seed=0), n_tasks))
         groups: list[TrajectoryGroup] = []
         async with anyio.create_task_group() as tg:
@@ -126,7 +157,7 @@ def run_one(method: str, seed: int, args: argparse.Namespace, root: Path) -> dic
     run_dir = root / f"{method}-seed{seed}"
     orch = Orchestrator(cfg, run_dir)
     orch.build()
-    watch = Watch(orch, args.token_budget)
+    watch = Watch(orch, args.token_budget, args.budget, args.max_steps)
     orch.events.subscribe(watch)
     t0 = time.time()
     anyio.run(orch.run)
@@ -138,6 +169,7 @@ def run_one(method: str, seed: int, args: argparse.Namespace, root: Path) -> dic
         "seed": seed,
         "steps": orch.step,
         "sampled_tokens": watch.tokens,
+        "trained_tokens": watch.trained,
         "minutes": minutes,
         "train_reward_mean": statistics.fmean(watch.rewards) if watch.rewards else math.nan,
         "reward_per_minute": sum(watch.rewards) / max(minutes, 1e-9),
@@ -148,7 +180,7 @@ def run_one(method: str, seed: int, args: argparse.Namespace, root: Path) -> dic
 
 
 KEYS = ("heldout_success", "heldout_turns_per_solved", "reward_per_minute", "train_reward_mean",
-        "step_grouped_share", "sampled_tokens", "steps", "minutes")  # fmt: skip
+        "step_grouped_share", "sampled_tokens", "trained_tokens", "steps", "minutes")  # fmt: skip
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -209,9 +241,9 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
         ax.set_title(title)
     ax = axes[2]
     for r in runs:
-        ax.plot([p["tokens"] for p in r["curve"]], [p["reward_mean"] for p in r["curve"]],
+        ax.plot([p["trained_tokens"] for p in r["curve"]], [p["reward_mean"] for p in r["curve"]],
                 marker=".", label=f"{r['method']} s{r['seed']}", alpha=0.7)  # fmt: skip
-    ax.set_xlabel("sampled tokens")
+    ax.set_xlabel("trained tokens")
     ax.set_title("training reward")
     ax.legend(fontsize=6)
     fig.tight_layout()
@@ -223,39 +255,75 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--token-budget", type=int, default=30_000)
+    ap.add_argument(
+        "--budget",
+        choices=["trained", "sampled"],
+        default="trained",
+        help="which tokens the budget counts (see above)",
+    )
+    ap.add_argument("--max-steps", type=int, default=1000, help="learner steps at most per run")
     ap.add_argument("--eval-tasks", type=int, default=32)
     ap.add_argument("--eval-samples", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="tiny random model, a smoke run")
     ap.add_argument("--set", action="append", default=[], help="config override for every run")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/gigpo_vs_grpo"))
+    ap.add_argument(
+        "--untrained",
+        action="store_true",
+        help="only evaluate the untrained model on the same held-out tasks",
+    )
     args = ap.parse_args()
     if args.quick:
         args.token_budget = min(args.token_budget, 300)
         args.eval_tasks = min(args.eval_tasks, 2)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.untrained:  # the level both methods start from
+        overrides = [*(QUICK if args.quick else []), *args.set]
+        cfg = load_config(REPO / CONFIG, overrides=overrides)
+        scores = anyio.run(held_out, cfg, None, args.eval_tasks, args.eval_samples)
+        result = {"benchmark": "gigpo_vs_grpo/untrained", "eval_tasks": args.eval_tasks,
+                  "eval_samples": args.eval_samples, "overrides": args.set,
+                  **{f"heldout_{k}": v for k, v in scores.items()}}  # fmt: skip
+        out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+        print(json.dumps(result))
+        return
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gigpo_vs_grpo-") as tmp:
         for seed in args.seeds:  # interleaved, so machine load drifts hit both methods alike
             for method in args.methods:
                 print(f"== {method} seed {seed}", flush=True)
                 runs.append(run_one(method, seed, args, Path(tmp)))
-    summary = summarise(runs)
-    print_table(summary)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+                write(out, args, runs)  # after every run: a cut-off run still leaves results
+                r = runs[-1]
+                print(f"   {method} seed {seed}: {r['steps']} steps, {r['sampled_tokens']} "
+                      f"tokens, {r['minutes']:.1f} min, held-out {r['heldout_success']:.3f}",
+                      flush=True)  # fmt: skip
+    print_table(summarise(runs))
+    plot(runs, summarise(runs), out.with_suffix(".png"))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+
+
+def write(out: Path, args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
     result = {
         "benchmark": "gigpo_vs_grpo",
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
         "token_budget": args.token_budget,
+        "budget": args.budget,
+        "max_steps": args.max_steps,
         "eval_tasks": args.eval_tasks,
         "eval_samples": args.eval_samples,
         "quick": args.quick,
         "overrides": args.set,
-        "summary": summary,
+        "complete": len(runs) == len(args.seeds) * len(args.methods),
+        "summary": summarise(runs),
         "runs": runs,
     }
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    plot(runs, summary, out.with_suffix(".png"))
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,9 @@ def lite_ppo(
 
 # GMPO (Zhao et al. 2025, eq. 4): maximise sgn(A) * (prod_t |min(rho_t A, clip(rho_t, e^-eps,
 # e^eps) A)|)^(1/|o|) = A * exp(mean_t l_t), l_t = log rho_t clipped on A's side, one value
-# per sequence (use agg=seq-mean-token-mean, as the paper does)
+# per sequence (use agg=seq-mean-token-mean, as the paper does). The paper's eps is
+# `log_clip`: an option named `eps` would also reach the advantage estimators that take one
+# (grpo's std epsilon), as algorithm.options go to both
 @register_policy_loss("gmpo")
 def gmpo_loss(
     logprobs: Tensor,
@@ -64,15 +66,15 @@ def gmpo_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    eps: float = 0.4,
+    log_clip: float = 0.4,
 ) -> tuple[Tensor, dict[str, Any]]:
-    if eps <= 0:
-        raise ValueError(f"gmpo eps must be > 0 (got {eps})")
+    if log_clip <= 0:
+        raise ValueError(f"gmpo log_clip must be > 0 (got {log_clip})")
     m = mask.to(logprobs.dtype)
     lengths = m.sum(dim=-1).clamp(min=1.0)
     adv = (advantages * m).sum(dim=-1) / lengths  # the sequence's advantage
     log_ratio = (logprobs - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    clipped = log_ratio.clamp(-eps, eps)
+    clipped = log_ratio.clamp(-log_clip, log_clip)
     sign = torch.sign(adv)[:, None]
     # pessimistic side: min(log rho, clip) for A > 0, max for A < 0
     l_tok = torch.where(

@@ -578,6 +578,7 @@ class Learner:
                     "generator": self.generator.get_state(),
                     "rng": capture_rng_state(),
                     "scaler": self.scaler.state_dict(),  # {} unless fp16
+                    "objective": self.objective.state_dict(),  # the adaptive-KL beta
                 },
                 tmp / "trainer_state.pt",
             )
@@ -625,6 +626,7 @@ class Learner:
         if self.scaler.is_enabled() and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         restore_rng_state(state["rng"])
+        self.objective.load_state_dict(state.get("objective") or {})
         self.version = int(meta["version"])
         self.step_count = int(meta["step"])
 

@@ -409,6 +409,30 @@ class Objective:
             return adv, mask, returns
         return (adv[:, None] if adv.dim() == 1 else adv) * mask, mask, returns
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must carry for a resumed run to continue this objective exactly:
+        the adaptive-KL beta and the KL seen since it was last adapted ({} for the rest)."""
+        if self.adaptive_kl is None:
+            return {}
+        pending = (
+            float(torch.stack([k.float().cpu() for k in self._kl_seen]).mean())
+            if self._kl_seen
+            else None
+        )
+        return {"adaptive_kl": {"beta": self.adaptive_kl.beta, "pending_kl": pending}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`. The checkpoint's adapted beta replaces the configured
+        ``kl_beta`` (which only starts a run); a checkpoint without it (saved before beta was
+        checkpointed, or by another loss) leaves the configured one."""
+        saved = state.get("adaptive_kl")
+        if self.adaptive_kl is None or not saved:
+            return
+        self.adaptive_kl.beta = float(saved["beta"])
+        self.loss_options["kl_beta"] = self.adaptive_kl.beta
+        pending = saved.get("pending_kl")
+        self._kl_seen = [] if pending is None else [torch.tensor(float(pending))]
+
     def _adapt_kl(self) -> None:
         """Adaptive-KL PPO: the last step's mean KL(pi_old || pi_theta) sets this step's beta."""
         if self.adaptive_kl is None:

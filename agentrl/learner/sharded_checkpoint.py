@@ -4,7 +4,8 @@ A sharded learner's checkpoint folder holds what a single learner's does, so ``a
 export`` and a single learner read it as they are:
 
 - ``model.safetensors``: the whole policy, gathered once on rank 0;
-- ``trainer_state.pt``: scheduler, sampling generator, RNG states (no optimizer);
+- ``trainer_state.pt``: scheduler, sampling generator, RNG states, the objective's
+  state (adaptive-KL beta) (no optimizer);
 - ``learner.json``: version, step, and the ``world_size`` / ``parallel`` that wrote it;
 
 plus ``sharded/``: the model and AdamW's state as each rank holds them, written by every
@@ -97,6 +98,7 @@ def save(learner: Any, directory: str | Path) -> Path:
                     "generator": learner.generator.get_state(),
                     "rng": capture_rng_state(),
                     "scaler": {},
+                    "objective": learner.objective.state_dict(),  # the adaptive-KL beta
                 },
                 tmp / "trainer_state.pt",
             )

@@ -3,6 +3,12 @@
     reward = env_weight * r_env + sum_i w_i * f_i(task, completion, trajectory)
              + model_weight * r_model + judge.weight * r_judge
 
+and, per assistant turn k, a process reward (on the last token of that turn):
+
+    process_k = sum_j w_j * p_j(task, turn_text_k, k) + process_model_weight * PRM(conv_<=k)
+
+where ``conv_<=k`` is the conversation up to and including the k-th assistant turn.
+
 The episode runner calls :meth:`RewardPipeline.apply` after the environment scored the
 episode; every part lands in ``trajectory.reward_info["rewards"]`` so traces show where a
 reward came from.
@@ -11,7 +17,10 @@ reward came from.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import anyio
 
 from agentrl.config import RewardFunctionConfig
 from agentrl.devices import resolve_device
@@ -35,9 +44,13 @@ class RewardPipeline:
         model_weight: float = 1.0,
         judge: Any = None,
         process: Sequence[RewardFunction] = (),
+        process_model: Any = None,
+        process_model_weight: float = 1.0,
     ) -> None:
         self.functions = list(functions)
         self.process = list(process)
+        self.process_model = process_model
+        self.process_model_weight = process_model_weight
         self.env_weight = env_weight
         self.model = model
         self.model_weight = model_weight
@@ -53,6 +66,8 @@ class RewardPipeline:
         _process_functions(rc)
         if rc.model is not None:
             check_reward_model_folder(rc.model)
+        if rc.process_model is not None:
+            check_reward_model_folder(rc.process_model, "reward.process_model")
         if rc.judge is not None:
             check_judge(rc.judge)
 
@@ -64,14 +79,21 @@ class RewardPipeline:
         if not rc.enabled:
             return None
         functions = _functions(rc)
-        model = judge = None
-        if rc.model is not None:
-            model = RewardModelScorer(
-                rc.model,
+        model = judge = process_model = None
+
+        def scorer(folder: str) -> RewardModelScorer:
+            return RewardModelScorer(
+                folder,
                 device=str(resolve_device(rc.model_device, "reward.model_device")),
                 batch_size=rc.model_batch_size,
                 max_length=rc.model_max_length,
             )
+
+        if rc.model is not None:
+            model = scorer(rc.model)
+        if rc.process_model is not None:  # one copy of the weights when both name one folder
+            same = rc.model is not None and _same_folder(rc.model, rc.process_model)
+            process_model = model if same else scorer(rc.process_model)
         if rc.judge is not None:
             judge = Judge.build(rc.judge, sampler)
         return cls(
@@ -81,6 +103,8 @@ class RewardPipeline:
             model_weight=rc.model_weight,
             judge=judge,
             process=_process_functions(rc),
+            process_model=process_model,
+            process_model_weight=rc.process_model_weight,
         )
 
     async def apply(self, task: dict[str, Any], messages: Sequence[Message], traj: Any) -> None:
@@ -106,28 +130,75 @@ class RewardPipeline:
             info.update(extra)
         info["rewards"] = parts
         traj.reward, traj.reward_info = total, info
-        if self.process:
-            await self.apply_process(task, traj)
+        if self.process or self.process_model is not None:
+            await self.apply_process(task, traj, messages)
 
-    async def apply_process(self, task: dict[str, Any], traj: Any) -> None:
-        """``reward.process``: each function scores every assistant turn as
-        ``fn(task, turn_text, turn_index)``; the weighted sum is the turn's
-        ``process_reward`` (a process reward on the last token of that turn)."""
+    async def apply_process(
+        self, task: dict[str, Any], traj: Any, messages: Sequence[Message] = ()
+    ) -> None:
+        """Process rewards: each ``reward.process`` function scores every assistant turn as
+        ``fn(task, turn_text, turn_index)``, the ``reward.process_model`` the conversation
+        up to that turn (all turns of the episode in one batch); the weighted sum is the
+        turn's ``process_reward`` (a process reward on the last token of that turn)."""
         per_fn: dict[str, list[float]] = {fn.name: [] for fn in self.process}
+        values = [0.0] * len(traj.turns)
         for k, turn in enumerate(traj.turns):
-            value = 0.0
             for fn in self.process:
                 score, _ = await fn(task, turn.text, k)
                 per_fn[fn.name].append(score)
-                value += fn.weight * score
+                values[k] += fn.weight * score
+        if self.process_model is not None:
+            scores = await self._score_turns(task, traj, messages)
+            per_fn["process_model"] = scores
+            for k, score in enumerate(scores):
+                values[k] += self.process_model_weight * score
+        for turn, value in zip(traj.turns, values, strict=True):
             turn.process_reward = value
         traj.reward_info["process_rewards"] = per_fn
+
+    async def _score_turns(
+        self, task: dict[str, Any], traj: Any, messages: Sequence[Message]
+    ) -> list[float]:
+        """The process reward model's score of the conversation up to each turn, requested
+        together so the scorer batches them."""
+        prefixes = turn_prefixes(messages, [t.text for t in traj.turns])
+        scores: list[float] = [0.0] * len(prefixes)
+
+        async def one(k: int, prefix: list[Message]) -> None:
+            raw = await self.process_model.score(prefix)
+            scores[k] = check_reward(raw, "reward.process_model", task)[0]
+
+        async with anyio.create_task_group() as tg:
+            for k, prefix in enumerate(prefixes):
+                tg.start_soon(one, k, prefix)
+        return scores
 
     async def aclose(self) -> None:
         if self.judge is not None:
             await self.judge.aclose()
         if self.model is not None:
             await self.model.aclose()
+        if self.process_model is not None and self.process_model is not self.model:
+            await self.process_model.aclose()
+
+
+def turn_prefixes(messages: Sequence[Message], turn_texts: Sequence[str]) -> list[list[Message]]:
+    """For each assistant turn k, the conversation up to and including it: the messages
+    before the conversation's k-th assistant message, then that message. A turn the
+    conversation does not hold (the episode ended inside it: truncated, or an error) ends
+    with an assistant message of its generated text."""
+    where = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    out = []
+    for k, text in enumerate(turn_texts):
+        if k < len(where):
+            out.append(list(messages[: where[k] + 1]))
+        else:
+            out.append([*messages, {"role": "assistant", "content": text}])
+    return out
+
+
+def _same_folder(a: str, b: str) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 def _functions(rc: Any) -> list[RewardFunction]:

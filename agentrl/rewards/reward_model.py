@@ -28,21 +28,21 @@ from agentrl.errors import ConfigError, ModelLoadError
 Message = dict[str, Any]
 
 
-def check_reward_model_folder(path: str | Path) -> dict[str, Any]:
+def check_reward_model_folder(path: str | Path, field: str = "reward.model") -> dict[str, Any]:
     """The folder's config.json, if it holds a one-output sequence-classification model;
     otherwise a :class:`ConfigError` saying what it holds and how to get a reward model."""
     folder = Path(path).expanduser()
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise ConfigError(
-            f"reward.model {str(path)!r} is not a model folder (no config.json): train one with "
+            f"{field} {str(path)!r} is not a model folder (no config.json): train one with "
             "`agentrl rm train prefs.jsonl --model <base> --out <folder>`"
         )
     config = json.loads(config_file.read_text())
     archs = config.get("architectures") or []
     if not any(a.endswith("ForSequenceClassification") for a in archs):
         raise ConfigError(
-            f"reward.model {str(path)!r} holds a {', '.join(archs) or 'model without architectures'}"
+            f"{field} {str(path)!r} holds a {', '.join(archs) or 'model without architectures'}"
             ", not a reward model (an AutoModelForSequenceClassification head with "
             "num_labels=1): train one with `agentrl rm train prefs.jsonl --model <base>`"
         )
@@ -50,7 +50,7 @@ def check_reward_model_folder(path: str | Path) -> dict[str, Any]:
     labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
     if labels != 1:
         raise ConfigError(
-            f"reward.model {str(path)!r} has a classification head with {labels} labels; a "
+            f"{field} {str(path)!r} has a classification head with {labels} labels; a "
             "reward model outputs one score (num_labels=1, as `agentrl rm train` writes)"
         )
     return config

@@ -37,7 +37,7 @@ def test_gmpo_geometric_mean_with_log_space_clip():
     lp = torch.tensor([[0.1, 0.6], [-0.6, 0.2]])
     adv = torch.tensor([1.0, -2.0])
     mask = torch.ones(2, 2)
-    loss, _ = policy_loss("gmpo", lp, old, adv, mask, agg="seq-mean-token-mean", eps=0.4)
+    loss, _ = policy_loss("gmpo", lp, old, adv, mask, agg="seq-mean-token-mean", log_clip=0.4)
     want = (-math.exp(0.25) + 2 * math.exp(-0.1)) / 2
     assert float(loss) == pytest.approx(want, abs=1e-6)
 
@@ -104,3 +104,24 @@ def test_ppo_adaptive_kl_loss_and_beta_schedule():
     assert ctl.update(0.02) == 2.0  # > 1.5 * target: doubled
     assert ctl.update(0.01) == 2.0  # within the band: kept
     assert ctl.update(0.001) == 1.0  # < target / 1.5: halved
+
+
+def test_gmpo_clip_option_does_not_reach_the_advantage_estimator():
+    # algorithm.options go to every function naming them: GMPO's clip must not be named like
+    # grpo's std epsilon `eps`, or {eps: 0.4} would rescale every GRPO advantage
+    from agentrl.config import config_from_dict
+    from agentrl.learner.objective import Objective
+
+    cfg = config_from_dict(
+        {
+            "algorithm": {
+                "advantage": "grpo",
+                "policy_loss": "gmpo",
+                "agg": "seq-mean-token-mean",
+                "options": {"log_clip": 0.3},
+            }
+        }
+    )
+    obj = Objective(cfg.algorithm, attribution="soft", norm_length=8)
+    assert obj.loss_options["log_clip"] == 0.3
+    assert "log_clip" not in obj.advantage_options and "eps" not in obj.advantage_options

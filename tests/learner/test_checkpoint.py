@@ -72,6 +72,38 @@ def test_resume_reproduces_the_next_step_exactly(
     assert b.optimizer.param_groups[0]["lr"] == a.optimizer.param_groups[0]["lr"]
 
 
+def test_resume_keeps_the_adapted_kl_beta(
+    tmp_path: Path,
+    fresh_model: Callable[[], torch.nn.Module],
+    base_model: torch.nn.Module,
+    groups: list[TrajectoryGroup],
+) -> None:
+    """Adaptive-KL PPO: beta (and the KL seen since it was last adapted) survive a resume,
+    so the resumed run trains with the beta of an uninterrupted one, not the configured one."""
+    cfg = make_cfg(
+        algorithm={
+            "policy_loss": "ppo_adaptive_kl",
+            "off_policy": "decoupled",
+            "options": {"kl_beta": 1.0, "kl_target": 1e-9},
+        },
+        learner={"minibatches": 2, "ppo_epochs": 2},
+    )
+    second, third = make_groups(base_model, seed=7), make_groups(base_model, seed=8)
+    a = Learner(fresh_model(), None, cfg)
+    a.step(groups)
+    a.step(second)
+    assert a.objective.adaptive_kl is not None and a.objective.adaptive_kl.beta != 1.0
+    a.save_checkpoint(tmp_path / "ckpt")
+    metrics_a = a.step(third)  # uninterrupted
+
+    b = Learner(fresh_model(), None, cfg)
+    b.load_checkpoint(tmp_path / "ckpt")
+    metrics_b = b.step(third)  # resumed
+    assert metrics_b["pg/kl_beta"] == metrics_a["pg/kl_beta"] != 1.0
+    assert b.objective.state_dict() == a.objective.state_dict()
+    assert torch.equal(_flat(a.model), _flat(b.model))
+
+
 def test_checkpoint_files_and_critic_mismatch(
     tmp_path: Path, fresh_model: Callable[[], torch.nn.Module]
 ) -> None:
