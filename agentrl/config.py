@@ -507,7 +507,7 @@ class RewardConfig(_Section):
 class PreferenceConfig(_Section):
     """`agentrl dpo`: preference optimisation (docs/preference.md)."""
 
-    # a registered preference loss: dpo, cdpo, robust, ipo, hinge, kto, orpo, simpo
+    # a registered preference loss: dpo, cdpo, robust, ipo, hinge, kto, orpo, simpo, tdpo
     loss: str = "dpo"
     beta: float | None = Field(None, gt=0.0)  # None: the loss's own default
     options: dict[str, Any] = Field(default_factory=dict)  # the loss's other options

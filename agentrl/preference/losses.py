@@ -41,6 +41,10 @@ class PairLogps:
     len_l: Tensor
     ref_logp_w: Tensor | None = None
     ref_logp_l: Tensor | None = None
+    # sequential KL D_SeqKL(x, y; pi_ref || pi) = sum over trained tokens t of
+    # KL(pi_ref(.|x, y_<t) || pi(.|x, y_<t)), [B]; only for losses registered token_kl=True
+    seq_kl_w: Tensor | None = None
+    seq_kl_l: Tensor | None = None
 
 
 @dataclass
@@ -65,26 +69,42 @@ class PreferenceLoss:
 
 
 class PreferenceLossRegistry(Registry[Callable[..., PreferenceLoss]]):
-    """Preference losses, each marked with whether it needs a reference model and whether
-    it reads unpaired rows."""
+    """Preference losses, each marked with whether it needs a reference model, whether it
+    reads unpaired rows and whether it needs the reference's per-token distribution."""
 
     def __init__(self) -> None:
         super().__init__("preference_loss")
         self._reference: dict[str, bool] = {}
         self._unpaired: dict[str, bool] = {}
+        self._token_kl: dict[str, bool] = {}
 
     def register(  # type: ignore[override]
-        self, name: str, *, override: bool = False, reference: bool = True, unpaired: bool = False
+        self,
+        name: str,
+        *,
+        override: bool = False,
+        reference: bool = True,
+        unpaired: bool = False,
+        token_kl: bool = False,
     ) -> Callable[[Fn], Fn]:
+        if token_kl and (unpaired or not reference):
+            raise ValueError(
+                f"preference loss {name!r}: token_kl needs a paired loss with a reference"
+            )
         add = super().register(name, override=override)
 
         def deco(fn: Fn) -> Fn:
             add(fn)
             self._reference[name] = reference
             self._unpaired[name] = unpaired
+            self._token_kl[name] = token_kl
             return fn
 
         return deco
+
+    def token_kl(self, name: str) -> bool:
+        self.get(name)
+        return self._token_kl[name]
 
     def needs_reference(self, name: str) -> bool:
         self.get(name)
@@ -99,15 +119,22 @@ PREFERENCE_LOSSES = PreferenceLossRegistry()
 
 
 def register_preference_loss(
-    name: str, *, override: bool = False, reference: bool = True, unpaired: bool = False
+    name: str,
+    *,
+    override: bool = False,
+    reference: bool = True,
+    unpaired: bool = False,
+    token_kl: bool = False,
 ) -> Callable[[Fn], Fn]:
     """Register ``fn(logps: PairLogps | UnpairedLogps, **options) -> PreferenceLoss``.
 
     ``reference=False``: no reference log-probs are computed (ORPO, SimPO);
     ``unpaired=True``: ``fn`` gets :class:`UnpairedLogps` (pairs are split into a
-    desirable and an undesirable row)."""
+    desirable and an undesirable row); ``token_kl=True``: ``fn`` also gets the sequential
+    KLs ``seq_kl_w`` / ``seq_kl_l`` (TDPO), for which the trainer keeps a frozen copy of the
+    reference model and forwards it every step."""
     return PREFERENCE_LOSSES.register(
-        name, override=override, reference=reference, unpaired=unpaired
+        name, override=override, reference=reference, unpaired=unpaired, token_kl=token_kl
     )
 
 
@@ -235,6 +262,38 @@ def simpo(
     margin = r_w - r_l - gamma
     loss = -(1 - eps) * F.logsigmoid(margin) - eps * F.logsigmoid(-margin)
     return _out(loss.mean(), r_w, r_l)
+
+
+# TDPO, Zeng et al. 2024 (Token-level DPO, Sec. 4: L_TDPO1 and L_TDPO2):
+#   u = beta log pi(y_w|x)/pi_ref(y_w|x) - beta log pi(y_l|x)/pi_ref(y_l|x)
+#   delta = beta D_SeqKL(x, y_l; pi_ref || pi) - beta D_SeqKL(x, y_w; pi_ref || pi)
+#   TDPO1: L = -log sigma(u - delta)
+#   TDPO2: L = -log sigma(u - alpha delta_2), delta_2 = the same with sg(D_SeqKL(x, y_w)):
+#   no gradient through the chosen side's KL (the paper's recommended form; alpha 0.5)
+@register_preference_loss("tdpo", token_kl=True)
+def tdpo(
+    pi: PairLogps, *, beta: float = 0.1, alpha: float = 0.5, variant: int = 2
+) -> PreferenceLoss:
+    if variant not in (1, 2):
+        raise ConfigError(f"tdpo: preference.options.variant must be 1 or 2 (got {variant!r})")
+    ref_w, ref_l = _need_reference(pi, "tdpo")
+    if pi.seq_kl_w is None or pi.seq_kl_l is None:
+        raise ValueError("tdpo needs the sequential KLs seq_kl_w and seq_kl_l")
+    r_w = beta * (pi.logp_w - ref_w)
+    r_l = beta * (pi.logp_l - ref_l)
+    u = r_w - r_l
+    if variant == 1:
+        delta = beta * (pi.seq_kl_l - pi.seq_kl_w)
+    else:
+        delta = alpha * beta * (pi.seq_kl_l - pi.seq_kl_w.detach())
+    loss = -F.logsigmoid(u - delta)
+    return _out(
+        loss.mean(),
+        r_w,
+        r_l,
+        seq_kl_chosen=float(pi.seq_kl_w.detach().mean()),
+        seq_kl_rejected=float(pi.seq_kl_l.detach().mean()),
+    )
 
 
 # KTO, Ethayarajh et al. 2024, Eq. 8:

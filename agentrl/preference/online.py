@@ -104,6 +104,8 @@ async def online_preference(
                 "sampler_version": run.sampler.version,
             }
             ref = None
+            if pairs and trainer.token_kl:  # TDPO: the round's starting policy, token by token
+                await anyio.to_thread.run_sync(trainer.refresh_reference)
             if pairs and trainer.needs_reference:
                 ref = await anyio.to_thread.run_sync(trainer.reference_logps, pairs, pc.batch_size)
             losses = []

@@ -5,10 +5,17 @@ Log-probs come from the learner's path (:func:`agentrl.learner.forward.token_log
 the decoder once, the LM head chunked and only at the trained positions. A sequence's
 log-prob is the sum over its loss mask (the assistant turns after the prompt, or the
 tokens after a fork for step pairs).
+
+A loss registered ``token_kl=True`` (TDPO) also needs the reference's whole next-token
+distribution at every trained position, which no per-sequence cache holds: the trainer
+then keeps a frozen copy of the reference model (the weights it started from; an online
+round's starting weights after :meth:`PreferenceTrainer.refresh_reference`) and forwards
+it, without gradients, next to the policy at every step.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +25,12 @@ import torch
 from torch import Tensor
 
 from agentrl.errors import ConfigError
-from agentrl.learner.forward import token_logprobs
+from agentrl.learner.forward import (
+    decoder_hidden,
+    lm_head_weight,
+    selected_positions,
+    token_logprobs,
+)
 from agentrl.preference.data import Completion, PreferencePair, UnpairedExample
 from agentrl.preference.losses import (
     PREFERENCE_LOSSES,
@@ -73,6 +85,10 @@ class PreferenceTrainer:
         self.options = loss_options(cfg.preference)
         self.unpaired = PREFERENCE_LOSSES.unpaired(self.loss_name)
         self.needs_reference = PREFERENCE_LOSSES.needs_reference(self.loss_name)
+        self.token_kl = PREFERENCE_LOSSES.token_kl(self.loss_name)
+        self.reference_model: Any = None
+        if self.token_kl:
+            self.refresh_reference()
         lc = cfg.learner
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -81,11 +97,19 @@ class PreferenceTrainer:
             weight_decay=lc.weight_decay,
         )
 
+    def refresh_reference(self) -> None:
+        """Make the current weights the frozen reference of the token-level KL (a copy)."""
+        if self.reference_model is None:
+            self.reference_model = copy.deepcopy(self.model)
+            self.reference_model.requires_grad_(False)
+        else:
+            self.reference_model.load_state_dict(self.model.state_dict())
+        self.reference_model.eval()
+
     # --- log-probs ---------------------------------------------------------------------
 
-    def sequence_logps(self, seqs: Sequence[Completion]) -> tuple[Tensor, Tensor]:
-        """(summed log-probs [n] over each loss mask, trained tokens [n]); with gradients
-        when grad mode is on. Rows are right-padded (causal attention never sees the pad)."""
+    def _padded(self, seqs: Sequence[Completion]) -> tuple[Tensor, Tensor]:
+        """(ids [n, T], loss mask [n, T]), right-padded, on the device; mask[:, 0] = 0."""
         width = max(len(s.input_ids) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width))
@@ -93,7 +117,12 @@ class PreferenceTrainer:
             ids[row, : len(s.input_ids)] = torch.tensor(s.input_ids)
             mask[row, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.float32)
         mask[:, 0] = 0  # the first token is predicted from nothing
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        return ids.to(self.device), mask.to(self.device)
+
+    def sequence_logps(self, seqs: Sequence[Completion]) -> tuple[Tensor, Tensor]:
+        """(summed log-probs [n] over each loss mask, trained tokens [n]); with gradients
+        when grad mode is on. Rows are right-padded (causal attention never sees the pad)."""
+        ids, mask = self._padded(seqs)
         lp = token_logprobs(
             self.model,
             ids,
@@ -102,6 +131,41 @@ class PreferenceTrainer:
             fused=self.cfg.learner.fused_logprobs,
         ).logprobs
         return (lp * mask).sum(-1), mask.sum(-1)
+
+    def sequence_logps_kl(self, seqs: Sequence[Completion]) -> tuple[Tensor, Tensor, Tensor]:
+        """(summed log-probs [n], trained tokens [n], sequential KL [n]):
+        ``D_SeqKL(x, y; pi_ref || pi) = sum_t KL(pi_ref(.|x, y_<t) || pi(.|x, y_<t))`` over
+        each loss mask. One decoder pass of the policy (with gradients when grad mode is on)
+        and one of the frozen reference (without); both LM heads run only at the trained
+        positions, ``learner.logprob_chunk`` rows at a time."""
+        if self.reference_model is None:
+            raise ValueError(f"preference loss {self.loss_name!r} keeps no reference model")
+        ids, mask = self._padded(seqs)
+        n, width = ids.shape
+        hidden = decoder_hidden(self.model, ids)[:, :-1]  # position j predicts token j + 1
+        with torch.no_grad():
+            ref_hidden = decoder_hidden(self.reference_model, ids)[:, :-1]
+        at = selected_positions(mask[:, 1:], self.device)
+        size = hidden.shape[-1]
+        h = hidden.reshape(-1, size).index_select(0, at)
+        h_ref = ref_hidden.reshape(-1, size).index_select(0, at)
+        targets = ids[:, 1:].reshape(-1).index_select(0, at)
+        rows = torch.div(at, width - 1, rounding_mode="floor")
+        head, ref_head = lm_head_weight(self.model), lm_head_weight(self.reference_model)
+        chunk = self.cfg.learner.logprob_chunk
+        lps, kls = [], []
+        for i in range(0, len(at), chunk):
+            logp = torch.log_softmax((h[i : i + chunk] @ head.t()).float(), -1)
+            with torch.no_grad():
+                logq = torch.log_softmax((h_ref[i : i + chunk] @ ref_head.t()).float(), -1)
+            kls.append((logq.exp() * (logq - logp)).sum(-1))
+            lps.append(logp.gather(-1, targets[i : i + chunk, None]).squeeze(-1))
+        zeros = torch.zeros(n, device=self.device)
+        if not lps:
+            return zeros, mask.sum(-1), zeros
+        logps = zeros.index_add(0, rows, torch.cat(lps))
+        seq_kl = zeros.index_add(0, rows, torch.cat(kls))
+        return logps, mask.sum(-1), seq_kl
 
     @torch.no_grad()
     def reference_logps(self, examples: Sequence[Example], batch_size: int) -> Tensor:
@@ -118,7 +182,11 @@ class PreferenceTrainer:
 
     def logps(self, batch: Sequence[Example], ref: Tensor | None) -> PairLogps | UnpairedLogps:
         train_rows, kl_rows = sequences_of(batch)
-        logps, lengths = self.sequence_logps(train_rows)
+        seq_kl = None
+        if self.token_kl:
+            logps, lengths, seq_kl = self.sequence_logps_kl(train_rows)
+        else:
+            logps, lengths = self.sequence_logps(train_rows)
         n = len(batch)
         ref = ref.to(self.device) if ref is not None else None
         if self.unpaired:
@@ -135,6 +203,8 @@ class PreferenceTrainer:
             lengths[n:],
             ref[:, 0] if ref is not None else None,
             ref[:, 1] if ref is not None else None,
+            seq_kl[:n] if seq_kl is not None else None,
+            seq_kl[n:] if seq_kl is not None else None,
         )
 
     # --- steps -------------------------------------------------------------------------

@@ -126,6 +126,38 @@ def test_simpo_eq6() -> None:
     assert not PREFERENCE_LOSSES.needs_reference("simpo")
 
 
+def test_tdpo1_and_tdpo2() -> None:
+    """Zeng et al. 2024: u = beta h, delta = beta (SeqKL_l - SeqKL_w);
+    TDPO1 -log sigma(u - delta); TDPO2 -log sigma(u - alpha delta), no gradient through
+    the chosen side's KL."""
+    beta, alpha = 0.5, 0.3
+    kl_w, kl_l = [0.25, 1.5], [0.75, 0.5]
+    t = torch.tensor
+    with_kl = pairs()
+    with_kl.seq_kl_w = t(kl_w, dtype=torch.float64, requires_grad=True)
+    with_kl.seq_kl_l = t(kl_l, dtype=torch.float64, requires_grad=True)
+    delta = [beta * (kl_l[i] - kl_w[i]) for i in range(2)]
+    tdpo1 = mean([-log_sigmoid(beta * h(i) - delta[i]) for i in range(2)])
+    tdpo2 = mean([-log_sigmoid(beta * h(i) - alpha * delta[i]) for i in range(2)])
+    out1 = preference_loss("tdpo", with_kl, beta=beta, variant=1)
+    assert float(out1.loss.detach()) == pytest.approx(tdpo1, rel=1e-12)
+    out2 = preference_loss("tdpo", with_kl, beta=beta, alpha=alpha)  # variant 2 by default
+    assert float(out2.loss.detach()) == pytest.approx(tdpo2, rel=1e-12)
+    assert out2.metrics["seq_kl_chosen"] == pytest.approx(mean(kl_w))
+    out2.loss.backward()
+    assert with_kl.seq_kl_w.grad is None  # sg(): only the rejected side's KL is pushed
+    assert with_kl.seq_kl_l.grad is not None and (with_kl.seq_kl_l.grad != 0).all()
+    # d/dKL_l of -log sigma(z), z = u - alpha beta (KL_l - KL_w): sigma(-z) alpha beta / B
+    z = [beta * h(i) - alpha * delta[i] for i in range(2)]
+    want = [alpha * beta / (1 + math.exp(zi)) / 2 for zi in z]
+    assert with_kl.seq_kl_l.grad.tolist() == pytest.approx(want, rel=1e-12)
+    assert PREFERENCE_LOSSES.token_kl("tdpo") and not PREFERENCE_LOSSES.token_kl("dpo")
+    with pytest.raises(ValueError, match="sequential KLs"):
+        preference_loss("tdpo", pairs())
+    with pytest.raises(ConfigError, match="variant must be 1 or 2"):
+        preference_loss("tdpo", with_kl, variant=3)
+
+
 def test_kto_eq8_with_the_batch_kl_estimate() -> None:
     beta, lambda_d, lambda_u = 0.1, 1.0, 1.5
     logp, ref = [-10.0, -20.0, -7.0], [-11.0, -19.0, -7.5]

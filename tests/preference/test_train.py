@@ -45,7 +45,7 @@ def mixed_pairs() -> list[dict]:
     return [row for a in range(3) for row in (text_pairs(a + 1)[-1], tool_pair(a, a + 3))]
 
 
-@pytest.mark.parametrize("loss", ["dpo", "ipo", "kto", "orpo", "simpo"])
+@pytest.mark.parametrize("loss", ["dpo", "ipo", "kto", "orpo", "simpo", "tdpo"])
 def test_each_loss_trains_end_to_end(tmp_path: Path, loss: str) -> None:
     data = write(tmp_path / "pairs.jsonl", mixed_pairs())
     cfg = load_config(overrides=[*BASE, f"preference.loss={loss}", "preference.epochs=2"])
@@ -63,8 +63,46 @@ def test_each_loss_trains_end_to_end(tmp_path: Path, loss: str) -> None:
         assert report.examples == 4 and report.eval_examples == 2
     assert {"accuracy", "loss"} <= set(report.eval_after)
     cache = tmp_path / "run" / REFERENCE_CACHE
-    assert cache.is_file() == (loss in ("dpo", "ipo", "kto"))  # ORPO / SimPO: no reference
+    assert cache.is_file() == (loss in ("dpo", "ipo", "kto", "tdpo"))  # ORPO / SimPO: none
     assert (Path(report.model) / "config.json").is_file()
+
+
+def test_tdpo_sequential_kl_is_the_full_distributions_kl() -> None:
+    """The trainer's chunked sequential KL and log-probs equal a direct computation from
+    both models' full logits; 0 before any step, > 0 after; the reference stays frozen."""
+    from agentrl.models import load_model
+    from agentrl.preference.data import Completion
+    from agentrl.preference.trainer import PreferenceTrainer
+
+    cfg = load_config(overrides=[*BASE, "preference.loss=tdpo", "learner.logprob_chunk=3"])
+    model, _ = load_model("tiny-llama", dtype="float32", seed=0)
+    trainer = PreferenceTrainer(model, cfg, torch.device("cpu"), 0)
+    seqs = [
+        Completion([5, 9, 14, 3, 7, 21, 4], [0, 0, 1, 1, 0, 1, 1]),
+        Completion([5, 9, 8, 30], [0, 0, 1, 1]),
+    ]
+    with torch.no_grad():
+        _, _, kl0 = trainer.sequence_logps_kl(seqs)
+    assert kl0.abs().max() < 1e-5
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    logps, lengths, kl = (x.detach() for x in trainer.sequence_logps_kl(seqs))
+    assert lengths.tolist() == [4.0, 2.0]
+    for row, s in enumerate(seqs):
+        ids = torch.tensor([s.input_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, :-1].double(), -1)
+            logq = torch.log_softmax(trainer.reference_model(ids).logits[0, :-1].double(), -1)
+        at = [t - 1 for t in range(1, len(s.input_ids)) if s.loss_mask[t]]
+        want_kl = sum(float((logq[j].exp() * (logq[j] - logp[j])).sum()) for j in at)
+        want_lp = sum(float(logp[j, s.input_ids[j + 1]]) for j in at)
+        assert float(kl[row]) == pytest.approx(want_kl, rel=1e-4) and want_kl > 0
+        assert float(logps[row]) == pytest.approx(want_lp, rel=1e-5)
+    assert all(not p.requires_grad for p in trainer.reference_model.parameters())
+    trainer.refresh_reference()  # the current weights become the reference
+    with torch.no_grad():
+        assert trainer.sequence_logps_kl(seqs)[2].abs().max() < 1e-5
 
 
 def test_the_reference_is_computed_once_and_resume_is_exact(tmp_path: Path) -> None:
