@@ -175,6 +175,7 @@ def child_trl(args: argparse.Namespace, pairs: list[dict]) -> dict[str, Any]:
         "version": trl.__version__,
         "step_end": step_end,
         "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        "grad_norms": [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h],
         "gradient_checkpointing": bool(config.gradient_checkpointing),
         "reference": "per step" if args.config == "trl-ref" else "precomputed",
         "threads": torch.get_num_threads(),
@@ -221,14 +222,16 @@ def child_agentrl(args: argparse.Namespace, pairs: list[dict]) -> dict[str, Any]
     ]
     bs = args.batch_size
     ref = trainer.reference_logps(examples, bs)
-    step_end, losses = [], []
+    step_end, losses, grad_norms = [], [], []
     for i in range(0, len(examples), bs):
         values = trainer.step(examples[i : i + bs], ref[i : i + bs])
         step_end.append(time.perf_counter())
         losses.append(values["loss"])
+        grad_norms.append(values["grad_norm"])
     return {
         "step_end": step_end,
         "losses": losses,
+        "grad_norms": grad_norms,
         "gradient_checkpointing": False,
         "reference": "precomputed",
         "fused_logprobs": cfg.learner.fused_logprobs,
@@ -303,6 +306,7 @@ def run_one(config: str, args: argparse.Namespace, model_dir: Path) -> dict:
         "peak_rss_mb": rss / 2**20,
         "peak_pss_mb": pss / 2**20,
         "losses": res["losses"],
+        "grad_norms": res.get("grad_norms", []),
         "process_wall_s": wall,
         "loadavg_before": load0,
         "loadavg_after": os.getloadavg(),
