@@ -128,6 +128,7 @@ def test_two_nodes_samplers_and_rollout_workers_apart(tmp_path):
     assert orch.weight_bus.last["missed"] == 0
 
 
+@pytest.mark.slow  # a minute or more of Ray actors and CLI runs: make test-slow
 def test_killed_rollout_worker_and_sampler_actors_lose_episodes_not_the_run(tmp_path):
     orch = _orchestrator(
         tmp_path / "run",
@@ -242,6 +243,7 @@ def _driver(run_dir: Path, steps: int, *extra: str) -> list[str]:
     return args
 
 
+@pytest.mark.slow  # a minute or more of Ray actors and CLI runs: make test-slow
 def test_resume_after_sigkill_of_the_driver(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
