@@ -124,7 +124,7 @@ async def online_preference(
             summary["steps"] = step
             summary["loss_mean"] = sum(losses) / len(losses) if losses else None
             version = round_index + 1
-            await bus.publish(version, trainer.model)
+            await bus.publish(version, trainer.publishable())
             await anyio.to_thread.run_sync(_checkpoint, run_dir, trainer, version, step)
             metrics.write("round", step, summary)
             report.rounds.append(summary)
@@ -137,7 +137,9 @@ async def online_preference(
     report.seconds = time.time() - t0
     await anyio.to_thread.run_sync(
         lambda: write_model_folder(
-            trainer.model.to("cpu"),
+            trainer.plain_model(
+                lambda: load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)[0]
+            ),
             run.renderer,
             report.model,
             sampler=cfg.sampler,

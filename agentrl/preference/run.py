@@ -264,7 +264,9 @@ def train_preference(
         examples_per_s=trained_examples / train_seconds if train_seconds else math.nan,
     )
     write_model_folder(
-        model.to("cpu"),
+        trainer.plain_model(
+            lambda: load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)[0]
+        ),
         renderer_for(rows[0].tools),
         folder,
         record={"base_model": cfg.model.name, "preference": asdict(report)},

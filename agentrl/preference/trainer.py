@@ -24,13 +24,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentrl.errors import ConfigError
 from agentrl.learner.forward import (
     decoder_hidden,
     lm_head_weight,
     selected_positions,
     token_logprobs,
 )
+from agentrl.learner.lora import apply_lora, has_lora, sampler_state
 from agentrl.preference.data import Completion, PreferencePair, UnpairedExample
 from agentrl.preference.losses import (
     PREFERENCE_LOSSES,
@@ -72,10 +72,10 @@ class PreferenceTrainer:
 
     def __init__(self, model: Any, cfg: Any, device: torch.device, pad_id: int) -> None:
         if cfg.model.lora is not None:
-            raise ConfigError(
-                "agentrl dpo trains the full model: model.lora is not supported here yet; "
-                "set model.lora=null"
-            )
+            # adapters injected in place and everything else frozen: the optimizer takes
+            # only the adapters; the reference log-probs, computed before any step, are the
+            # base model's (LoRA's B starts at zero)
+            model = apply_lora(model, cfg.model.lora)
         self.model = model
         self.cfg = cfg
         self.device = device
@@ -96,6 +96,20 @@ class PreferenceTrainer:
             betas=lc.betas,
             weight_decay=lc.weight_decay,
         )
+
+    def plain_model(self, fresh: Any) -> Any:
+        """The policy as one plain transformers model on the CPU (what an HF folder holds):
+        the trained model itself, or with LoRA `fresh()` (a new base model) loaded with the
+        merged weights, so the adapters stay on the trained model."""
+        if not has_lora(self.model):
+            return self.model.to("cpu")
+        plain = fresh()
+        plain.load_state_dict({k: t.to("cpu") for k, t in sampler_state(self.model).items()})
+        return plain.to("cpu")
+
+    def publishable(self) -> dict[str, Tensor]:
+        """The weights a sampler loads (LoRA merged under the base names)."""
+        return sampler_state(self.model)
 
     def refresh_reference(self) -> None:
         """Make the current weights the frozen reference of the token-level KL (a copy)."""

@@ -105,13 +105,17 @@ def test_tdpo_sequential_kl_is_the_full_distributions_kl() -> None:
         assert trainer.sequence_logps_kl(seqs)[2].abs().max() < 1e-5
 
 
-def test_the_reference_is_computed_once_and_resume_is_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lora", [None, "{r: 4, alpha: 8}"], ids=["full", "lora"])
+def test_the_reference_is_computed_once_and_resume_is_exact(
+    tmp_path: Path, lora: str | None
+) -> None:
     data = write(tmp_path / "pairs.jsonl", text_pairs(6))
     over = [
         *BASE,
         "preference.epochs=2",
         "preference.checkpoint_every=1",
         "preference.eval_fraction=0",
+        *([f"model.lora={lora}"] if lora else []),
     ]
     full = train_preference(
         data, tmp_path / "full", cfg=load_config(overrides=over), log=lambda _: None
@@ -162,3 +166,40 @@ def test_cli_trains_and_export_reads_the_run(tmp_path: Path) -> None:
         app, ["dpo", str(data), "--run-dir", str(tmp_path / "x"), "--loss", "dpoo", *sets]
     )
     assert bad.exit_code == 2 and "unknown preference_loss 'dpoo'" in bad.output
+
+
+def test_lora_trains_only_the_adapters_and_writes_merged_weights(tmp_path: Path) -> None:
+    """model.lora: the base weights stay as loaded, the adapters move, the loss falls; the
+    run's model folder and `agentrl export` of its checkpoint hold the same merged weights
+    (plain transformers names, different from the base). Resume: the test above."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.models import load_model
+
+    data = write(tmp_path / "pairs.jsonl", mixed_pairs())
+    cfg = load_config(
+        overrides=[
+            *BASE,
+            "preference.loss=dpo",
+            "preference.epochs=2",
+            "preference.checkpoint_every=1",
+            "model.lora={r: 4, alpha: 8}",
+        ]
+    )
+    report = train_preference(data, tmp_path / "run", cfg=cfg, log=lambda _: None)
+    first, last = [m for m in metrics(tmp_path / "run") if m["kind"] == "train"]
+    assert last["loss"] < first["loss"] and last["rewards/margin"] > first["rewards/margin"]
+
+    base, _ = load_model("tiny-llama", dtype="float32", seed=0)
+    folder = AutoModelForCausalLM.from_pretrained(report.model, dtype=torch.float32).state_dict()
+    runner = CliRunner()
+    result = runner.invoke(app, ["export", str(tmp_path / "run"), str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+    ref = base.state_dict()
+    assert folder.keys() == ref.keys()  # no lora_A / base_layer names in the folder
+    changed = [k for k in ref if not torch.equal(folder[k], ref[k])]
+    # only the adapted projections moved (merged); embeddings and norms are the base's
+    assert changed and all(k.endswith("proj.weight") for k in changed)
+    for k, t in exported.state_dict().items():
+        torch.testing.assert_close(t, folder[k], rtol=0, atol=1e-6)
