@@ -26,7 +26,9 @@ def dpo(
     model: Annotated[Optional[str], typer.Option(help="the policy (sets model.name)")] = None,  # noqa: UP045
     loss: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="dpo, cdpo, robust, ipo, hinge, kto, orpo, simpo, tdpo (preference.loss)"),
+        typer.Option(
+            help="dpo, cdpo, robust, ipo, hinge, kto, orpo, simpo, tdpo (preference.loss)"
+        ),
     ] = None,
     beta: Annotated[Optional[float], typer.Option(help="preference.beta")] = None,  # noqa: UP045
     epochs: Annotated[Optional[int], typer.Option(min=1)] = None,  # noqa: UP045
