@@ -12,12 +12,12 @@ from typing import Any
 import anyio
 import pytest
 
-from agentrl.config import config_from_dict
 from agentrl.envs import make_env
 from agentrl.errors import ConfigError, MissingExtra
 from agentrl.events import GroupFinished
 from agentrl.orchestrator import Orchestrator
 from agentrl.plotting import read_steps
+from tests.envs.verifiers_config import verifiers_config
 
 
 def _release() -> tuple[int, ...]:
@@ -41,29 +41,7 @@ def _env_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(ENVS))
 
 
-def _config(env_id: str, **options: Any) -> Any:
-    return config_from_dict(
-        {
-            "model": {"name": "tiny-llama", "dtype": "float32"},
-            "sampler": {"max_new_tokens": 6, "max_batch_size": 16},
-            "env": {"name": "verifiers", "options": {"id": env_id, **options}},
-            "rollout": {"group_size": 2, "concurrency": 8, "max_tokens": 200, "infra_retries": 0},
-            "algorithm": {"dynamic_sampling": False},
-            "learner": {
-                "batch_groups": 1,
-                "micro_batch_size": 4,
-                "lr": 1e-3,
-                "fused_logprobs": "off",
-            },
-            "orchestrator": {
-                "max_steps": 2,
-                "max_staleness": 0,
-                "learner_worker": "thread",
-                "checkpoint_every": 0,
-            },
-            "logging": {"progress": False},
-        }
-    )
+_config = verifiers_config
 
 
 @pytest.mark.slow
