@@ -4,6 +4,7 @@
 #   bash scripts/gpu_check.sh [--out DIR] [--sections "tests learner ..."]   # on a CUDA machine
 #   bash scripts/gpu_check.sh --bundle      # here (network + .venv): fill .gpu-bundle/
 #   bash scripts/gpu_check.sh --rehearse    # here, no CUDA: play the GPU image (make gpu-rehearsal)
+#   bash scripts/gpu_check.sh --setup-only  # the setup alone (the rehearsal's negative controls)
 #
 # Setup installs into the interpreter it is given (PYTHON, default python3: on the GPU image
 # that is itself a venv, /opt/torch/.venv): no nested venv, whose --system-site-packages would
@@ -159,6 +160,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --bundle) bundle "${GPU_PYTHON_VERSION:-3.12}" "$BUNDLE"; exit ;;
         --rehearse) MODE=rehearse ;;
+        --setup-only) MODE=setup ;;
         --out) OUT="$2"; shift ;;
         --sections) SECTIONS="$2"; shift ;;
         *) echo "unknown argument $1 (see the head of $0)" >&2; exit 2 ;;
@@ -178,6 +180,7 @@ t0=$(date +%s)
 setup 2>&1 | tee -a "$OUT/log.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "[gpu-check] setup FAILED (log: $OUT/log.txt)"; exit 1; }
 echo "[gpu-check] setup in $(($(date +%s) - t0)) s" | tee -a "$OUT/log.txt"
+[ "$MODE" = setup ] && exit 0
 
 status=0
 if [ "$MODE" = rehearse ]; then

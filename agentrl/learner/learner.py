@@ -502,6 +502,8 @@ class Learner:
             if first_pass_lp is not None:
                 self.ranks.sum_(first_pass_lp, self.device)
             self.ranks.sum_(used_old_lp, self.device)
+        # adaptive KL: every rank adapts beta from the KL seen on all of them
+        objective.end_step(lambda seen: self.ranks.sum_(seen, self.device))
         if update_losses:
             losses = torch.stack([torch.as_tensor(x, device=dev).float() for x in update_losses])
             for total in self.ranks.sum_(losses, self.device):

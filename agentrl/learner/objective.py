@@ -204,7 +204,8 @@ class Objective:
         self._step_inputs: dict[str, Tensor] = {}
         # a loss naming kl_beta and kl_target gets beta adapted between steps (adaptive-KL PPO)
         self.adaptive_kl: AdaptiveKL | None = None
-        self._kl_seen: list[Tensor] = []
+        self._kl_seen: list[Tensor] = []  # each micro-batch's KL in the step in progress
+        self._last_kl: float | None = None  # the last ended step's mean KL, over every rank
         if {"kl_beta", "kl_target"} <= set(keyword_parameters(loss_fn)[0]):
             defaults = inspect.signature(loss_fn).parameters
             beta = self.loss_options.get("kl_beta", defaults["kl_beta"].default)
@@ -414,33 +415,49 @@ class Objective:
         the adaptive-KL beta and the KL seen since it was last adapted ({} for the rest)."""
         if self.adaptive_kl is None:
             return {}
-        pending = (
-            float(torch.stack([k.float().cpu() for k in self._kl_seen]).mean())
-            if self._kl_seen
-            else None
-        )
-        return {"adaptive_kl": {"beta": self.adaptive_kl.beta, "pending_kl": pending}}
+        if self._kl_seen:  # a step not ended by :meth:`end_step`: this process's KL
+            self.end_step()
+        return {"adaptive_kl": {"beta": self.adaptive_kl.beta, "pending_kl": self._last_kl}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`. The checkpoint's adapted beta replaces the configured
         ``kl_beta`` (which only starts a run); a checkpoint without it (saved before beta was
-        checkpointed, or by another loss) leaves the configured one."""
+        checkpointed) keeps the configured one."""
         saved = state.get("adaptive_kl")
         if self.adaptive_kl is None or not saved:
             return
         self.adaptive_kl.beta = float(saved["beta"])
         self.loss_options["kl_beta"] = self.adaptive_kl.beta
         pending = saved.get("pending_kl")
-        self._kl_seen = [] if pending is None else [torch.tensor(float(pending))]
+        self._kl_seen = []
+        self._last_kl = None if pending is None else float(pending)
+
+    def end_step(self, sum_over_ranks: Callable[[Tensor], Tensor] | None = None) -> None:
+        """Close a training step for adaptive KL: the mean KL(pi_old || pi_theta) of its
+        micro-batches, over every rank when `sum_over_ranks` sums a tensor across the
+        learner's ranks (a collective: every rank calls it at the same point), so all ranks
+        adapt the same beta. One host read a step."""
+        if self.adaptive_kl is None:
+            return
+        seen = torch.zeros(2, dtype=torch.float64)
+        if self._kl_seen:
+            seen[0] = float(torch.stack([k.detach().double() for k in self._kl_seen]).sum())
+            seen[1] = len(self._kl_seen)
+        if sum_over_ranks is not None:
+            seen = sum_over_ranks(seen)
+        self._kl_seen = []
+        if float(seen[1]) > 0:
+            self._last_kl = float(seen[0] / seen[1])
 
     def _adapt_kl(self) -> None:
         """Adaptive-KL PPO: the last step's mean KL(pi_old || pi_theta) sets this step's beta."""
         if self.adaptive_kl is None:
             return
-        if self._kl_seen:
-            kl = float(torch.stack([k.float().cpu() for k in self._kl_seen]).mean())
-            self.adaptive_kl.update(kl)
-        self._kl_seen = []
+        if self._kl_seen:  # used without a learner calling end_step: this process's KL
+            self.end_step()
+        if self._last_kl is not None:
+            self.adaptive_kl.update(self._last_kl)
+        self._last_kl = None
         self.loss_options["kl_beta"] = self.adaptive_kl.beta
 
     def _advantage_input(self, key: str, batch: Batch) -> Any:

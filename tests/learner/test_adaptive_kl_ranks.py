@@ -1,0 +1,90 @@
+"""Adaptive-KL PPO on 2 ranks (gloo, CPU): every rank adapts beta from the KL seen on all of
+them, so ranks whose own rows saw different KLs keep one beta (before: each rank its own)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from agentrl.learner.distributed import Ranks, init_rank_group
+from agentrl.learner.objective import Objective
+from agentrl.models import tiny_llama
+from agentrl.types import Batch
+from tests.learner.conftest import make_cfg, make_groups
+
+SHIFT = 0.5  # rank 1's policy change (log-prob shift on every trained token); rank 0's is 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _objective(target: float) -> Objective:
+    cfg = make_cfg(
+        algorithm={
+            "policy_loss": "ppo_adaptive_kl",
+            "options": {"kl_beta": 1.0, "kl_target": target},
+        }
+    )
+    return Objective(cfg.algorithm, attribution="soft", norm_length=64)
+
+
+def _see_kl(obj: Objective, batch: Batch, shift: float) -> None:
+    """One micro-batch's loss whose policy moved every trained log-prob by `shift`."""
+    mask, old = batch.loss_mask, batch.behavior_logprobs
+    obj.loss(
+        old + shift * mask, None, None, mask=mask, old_logprobs=old, behavior_logprobs=old,
+        advantages=torch.zeros_like(mask), ref_logprobs=None, old_values=None,
+        returns=None, denominator=float(mask.sum()),
+    )  # fmt: skip
+
+
+def _rank(rank: int, address: str, out: str) -> None:
+    torch.set_num_threads(1)
+    init_rank_group(rank, 2, address, device=torch.device("cpu"), timeout_s=60)
+    batch = Batch.from_groups(make_groups(tiny_llama(seed=0), n_groups=2, group_size=2, seed=1))
+    # the KL of rank 1's micro-batch alone (same on both ranks: a local computation)
+    probe = _objective(1.0)
+    _see_kl(probe, batch, SHIFT)
+    probe.end_step()
+    k1 = probe.state_dict()["adaptive_kl"]["pending_kl"]
+    # target = the mean over both ranks (0 and k1): within [target/1.5, 1.5 target], beta
+    # stays; rank 0 alone (KL 0) would halve it, rank 1 alone (KL 2 x target) double it
+    obj = _objective(k1 / 2)
+    obj.advantages(batch, batch.rewards, None)
+    _see_kl(obj, batch, 0.0 if rank == 0 else SHIFT)
+    ranks = Ranks.from_config(make_cfg(learner={"world_size": 2}).learner)
+    obj.end_step(lambda seen: ranks.sum_(seen, torch.device("cpu")))
+    obj.advantages(batch, batch.rewards, None)
+    torch.save(
+        {"k1": k1, "beta": obj.loss_options["kl_beta"], "state": obj.state_dict()},
+        Path(out) / f"rank{rank}.pt",
+    )
+    torch.distributed.destroy_process_group()
+
+
+def test_ranks_adapt_one_beta_from_the_kl_of_all_ranks(tmp_path: Path) -> None:
+    mp.spawn(_rank, args=(f"tcp://127.0.0.1:{_free_port()}", str(tmp_path)), nprocs=2)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert r0["k1"] > 0
+    assert r0["beta"] == r1["beta"] == 1.0
+    assert r0["state"] == r1["state"]
+
+
+def test_a_single_process_adapts_from_its_own_kl() -> None:
+    """The same objective without ranks: rank 1's KL alone is twice the target: beta doubles."""
+    batch = Batch.from_groups(make_groups(tiny_llama(seed=0), n_groups=2, group_size=2, seed=1))
+    probe = _objective(1.0)
+    _see_kl(probe, batch, SHIFT)
+    probe.end_step()
+    obj = _objective(probe.state_dict()["adaptive_kl"]["pending_kl"] / 2)
+    obj.advantages(batch, batch.rewards, None)
+    _see_kl(obj, batch, SHIFT)
+    obj.end_step()
+    obj.advantages(batch, batch.rewards, None)
+    assert obj.loss_options["kl_beta"] == 2.0
