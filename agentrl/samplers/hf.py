@@ -584,8 +584,9 @@ class HFSampler(Sampler):
             )
         cache = returned_cache(out)
         forwarded = ids.numel() - sum(max(0, p - past) for p in pads)
-        for row, (_, tokens, _, _) in enumerate(plans):
-            self._remember(tokens, cache, row, pads[row], longest)
+        self._remember(
+            [(t, row, pads[row]) for row, (_, t, _, _) in enumerate(plans)], cache, longest
+        )
         logits = out.logits[:, -1, :]
         if len(plans) < len(chunk):  # identical sequences (a GRPO group): one row each again
             index = torch.tensor(row_of, device=self._device)
@@ -608,12 +609,40 @@ class HFSampler(Sampler):
                     values[row, :, pad:] = entry.kv[layer][1][:, :take]
             cache.update(keys, values, layer)
 
-    def _remember(self, tokens: list[int], cache: Any, row: int, start: int, end: int) -> None:
-        """Offer row `row`'s keys/values (positions ``start:end``, for `tokens`) to the
-        prefix cache."""
-        if self._prefix.max_tokens and len(tokens) == end - start:
-            kv = [(ly.keys[row, :, start:end], ly.values[row, :, start:end]) for ly in cache.layers]
-            self._prefix.insert(tokens, kv)
+    def _remember(self, rows: list[tuple[list[int], int, int]], cache: Any, end: int) -> None:
+        """Offer rows' keys/values to the prefix cache: for each ``(tokens, row, start)``,
+        positions ``start:end`` of batch row `row` hold `tokens`.
+
+        The wanted blocks of all rows are gathered by one indexing kernel per layer and
+        tensor (not two copies per layer per row: on a GPU, 128 rows finishing together
+        cost 6,144 kernel launches that way); each entry keeps a view of its own tokens."""
+        if not self._prefix.max_tokens:
+            return
+        wanted = [
+            (tokens, row, start, n)
+            for tokens, row, start in rows
+            if len(tokens) == end - start and (n := self._prefix.wanted(tokens))
+        ]
+        if not wanted:
+            return
+        row_index = torch.tensor(
+            [row for _, row, _, n in wanted for _ in range(n)], device=self._device
+        )
+        col_index = torch.tensor(
+            [start + j for _, _, start, n in wanted for j in range(n)], device=self._device
+        )
+        # [tokens of all entries, kv_heads, head_dim] per layer
+        keys = [ly.keys[row_index, :, col_index] for ly in cache.layers]
+        values = [ly.values[row_index, :, col_index] for ly in cache.layers]
+        offset = 0
+        for tokens, _, _, n in wanted:
+            part = slice(offset, offset + n)
+            kv = [
+                (k[part].transpose(0, 1), v[part].transpose(0, 1))
+                for k, v in zip(keys, values, strict=True)
+            ]
+            self._prefix.insert(tokens[:n], kv, copy=False)
+            offset += n
 
     def _merge(
         self, chunk: list[_Request], cache: Any, pads: list[int], length: int, tokens: list[int]
@@ -678,7 +707,7 @@ class HFSampler(Sampler):
         return tokens
 
     def _finish_rows(self) -> None:
-        keep, done = [], []
+        keep, done, remember = [], [], []
         for i, r in enumerate(self._active):
             reason = self._finish_reason(r)
             if reason is None and not r.cancelled:
@@ -688,8 +717,9 @@ class HFSampler(Sampler):
                 done.append(r)
                 if reason is not None and r.kv_version == self._version:
                     # its next turn resends this sequence; the last token is not cached yet
-                    tokens = r.prompt + r.tokens[:-1]
-                    self._remember(tokens, self._cache, i, self._pads[i], self._cache_len)
+                    remember.append((r.prompt + r.tokens[:-1], i, self._pads[i]))
+        if remember:
+            self._remember(remember, self._cache, self._cache_len)
         if done:
             self._keep_rows(keep)  # free the slots before the callers wake up
         for r in done:

@@ -72,17 +72,30 @@ class PrefixCache:
                 return n, entry
         return 0, None
 
-    def insert(self, tokens: Sequence[int], kv: list[tuple[Tensor, Tensor]]) -> None:
-        """Cache `kv` (computed for `tokens`) trimmed to whole blocks."""
+    def wanted(self, tokens: Sequence[int]) -> int:
+        """How many tokens of `tokens` an :meth:`insert` would store (whole blocks; 0 when
+        none or when the cache already holds them, which then counts as a use)."""
         n = len(tokens) // BLOCK * BLOCK
         if n == 0 or n > self.max_tokens:
-            return
+            return 0
         hashes = block_hashes(tokens[:n])
         newest = self._index.get(hashes[-1])
         if newest is not None and self._entries[newest].tokens[:n] == tuple(tokens[:n]):
             self._entries.move_to_end(newest)  # already held (a sibling's identical prompt)
+            return 0
+        return n
+
+    def insert(
+        self, tokens: Sequence[int], kv: list[tuple[Tensor, Tensor]], *, copy: bool = True
+    ) -> None:
+        """Cache `kv` (computed for `tokens`) trimmed to whole blocks; `copy=False`: `kv`
+        already holds exactly the wanted blocks in tensors of its own (no copy is made)."""
+        n = self.wanted(tokens)
+        if n == 0:
             return
-        kv = [(k[:, :n].clone(), v[:, :n].clone()) for k, v in kv]  # off the batch cache
+        hashes = block_hashes(tokens[:n])
+        if copy:
+            kv = [(k[:, :n].clone(), v[:, :n].clone()) for k, v in kv]  # off the batch cache
         entry = PrefixEntry(tuple(tokens[:n]), kv, hashes)
         entry_id, self._next_id = self._next_id, self._next_id + 1
         self._entries[entry_id] = entry
