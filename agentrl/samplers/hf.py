@@ -59,12 +59,14 @@ from agentrl.samplers.kv_cache import KV_CACHES
 from agentrl.samplers.options import check_options, resolve_on_update, shared_options
 from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry
 from agentrl.samplers.sampling import sample_next
+from agentrl.samplers.static_cache import SlotCache
 from agentrl.weights.spec import WeightSpec
 
 log = logging.getLogger(__name__)
 
 
 ON_UPDATE = ("keep", "reprefill", "drain")  # what in-flight rows do on a weight update
+CUDA_GRAPHS = ("auto", "on", "off")  # decode steps replayed as CUDA graphs (kv_cache=static)
 
 
 @dataclass(eq=False)
@@ -126,7 +128,11 @@ class HFSampler(Sampler):
     ``prefix_cache_tokens`` (KV of earlier prompts and finished sequences kept for reuse, see
     :mod:`agentrl.samplers.prefix_cache`; 0 disables it), ``kv_cache`` (``growing``: decode
     steps append keys/values in place, :mod:`agentrl.samplers.kv_cache`; ``dynamic``:
-    transformers' ``DynamicCache``, which concatenates the whole cache every step).
+    transformers' ``DynamicCache``, which concatenates the whole cache every step;
+    ``static``: fixed slots of ``max_batch_size`` rows x ``max_context`` positions and a
+    static-shape decode step, :mod:`agentrl.samplers.static_cache`), ``cuda_graphs``
+    (``auto``: with ``kv_cache=static`` on a CUDA model, decode steps are captured as CUDA
+    graphs and replayed; ``on``: the same, refused elsewhere; ``off``: eager).
     """
 
     backend = "hf"
@@ -170,24 +176,45 @@ class HFSampler(Sampler):
         seed: int | None = None,
         prefix_cache_tokens: int = 32768,
         kv_cache: str = "growing",
+        cuda_graphs: str = "auto",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
-        if kv_cache not in KV_CACHES:
-            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)} (got {kv_cache!r})")
+        if kv_cache not in (*KV_CACHES, "static"):
+            raise ValueError(
+                f"kv_cache must be one of {', '.join((*KV_CACHES, 'static'))} (got {kv_cache!r})"
+            )
+        if cuda_graphs not in CUDA_GRAPHS:
+            raise ValueError(
+                f"cuda_graphs must be one of {', '.join(CUDA_GRAPHS)} (got {cuda_graphs!r})"
+            )
         if on_update not in ON_UPDATE:
             raise ValueError(f"on_update must be one of {', '.join(ON_UPDATE)} (got {on_update!r})")
         self.on_update = on_update
-        self._new_cache = KV_CACHES[kv_cache]
         self._model = model.eval()
         self._tokenizer = tokenizer
         self._device = next(model.parameters()).device
+        on_cuda = self._device.type == "cuda"
+        if cuda_graphs == "on" and not (kv_cache == "static" and on_cuda):
+            raise ValueError(
+                "cuda_graphs=on needs kv_cache=static and a model on a CUDA device (this one: "
+                f"kv_cache={kv_cache}, {self._device}); set kv_cache=static, or cuda_graphs=auto/off"
+            )
+        self.kv_cache = kv_cache
+        self.cuda_graphs = kv_cache == "static" and on_cuda and cuda_graphs != "off"
+        # prefills always go through the growing cache; kv_cache=static merges them into slots
+        self._new_cache = KV_CACHES["growing" if kv_cache == "static" else kv_cache]
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         self.max_context = int(
             max_context or getattr(model.config, "max_position_embeddings", 2048)
         )
         self.prefill_tokens = max(1, prefill_tokens)
+        self._slots = (
+            SlotCache(max_batch_size, self.max_context, self._device, graphs=self.cuda_graphs)
+            if kv_cache == "static"
+            else None
+        )
         if default_stop_token_ids is None:
             default_stop_token_ids = _default_stop_ids(tokenizer, model)
         self.default_stop_token_ids = frozenset(int(t) for t in default_stop_token_ids)
@@ -253,6 +280,9 @@ class HFSampler(Sampler):
                 "reprefill_tokens": self._reprefilled,
                 "reprefills": self._reprefills,
                 "reprefill_s": self._reprefill_s,
+                "cuda_graphs": self._slots.captured if self._slots else 0,
+                "graph_replays": self._slots.replays if self._slots else 0,
+                "graph_fallbacks": self._slots.capture_failures if self._slots else 0,
             }
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
@@ -526,6 +556,11 @@ class HFSampler(Sampler):
             return
         index = torch.tensor(keep, device=self._device)
         trim = min(self._pads)
+        if self._slots is not None:
+            self._slots.keep(index, trim)
+            self._pads = [p - trim for p in self._pads]
+            self._cache_len -= trim
+            return
         for layer in self._cache.layers:
             layer.keys = layer.keys.index_select(0, index)[..., trim:, :]
             layer.values = layer.values.index_select(0, index)[..., trim:, :]
@@ -647,7 +682,14 @@ class HFSampler(Sampler):
     def _merge(
         self, chunk: list[_Request], cache: Any, pads: list[int], length: int, tokens: list[int]
     ) -> None:
-        if self._cache is None:
+        if self._slots is not None:  # copied into the fixed slots
+            if self._cache is None:
+                self._slots.reset()
+                self._cache = self._slots
+            grow_old, grow_new = self._slots.merge(cache, length)
+            self._pads = [p + grow_old for p in self._pads] + [p + grow_new for p in pads]
+            self._cache_len = self._slots.length
+        elif self._cache is None:
             self._cache, self._cache_len = cache, length
             self._pads = list(pads)
         else:
@@ -667,6 +709,10 @@ class HFSampler(Sampler):
         self._finish_rows()
 
     def _decode_step(self) -> None:
+        if self._slots is not None:
+            logits = self._slots.decode(self._model, self._pending, self._pads)
+            self._decoded(logits)
+            return
         ids = torch.tensor(self._pending, device=self._device)
         positions = torch.tensor([self._cache_len - p for p in self._pads], device=self._device)
         mask = _mask(self._pads, self._cache_len + 1, self._device) if any(self._pads) else None
@@ -680,7 +726,10 @@ class HFSampler(Sampler):
                 **cache_kwargs(self._model, self._cache),
             )
         self._cache = returned_cache(out)
-        logits = out.logits[:, -1, :]
+        self._decoded(out.logits[:, -1, :])
+
+    def _decoded(self, logits: torch.Tensor) -> None:
+        """Sample the rows' next tokens from a decode step's `logits`."""
         self._cache_len += 1
         with self._cond:
             self._steps += 1
