@@ -273,7 +273,9 @@ class SlotCache:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: CUDA work of other threads (a learner thread, a weight swap) does not
+        # break the capture
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits = self._forward(model, b, length)
         return graph, logits
 
