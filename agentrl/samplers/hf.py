@@ -157,7 +157,12 @@ class HFSampler(Sampler):
             device=device,
             seed=cfg.model.seed,
         )
-        need, what = sampler_bytes(model, cfg.sampler.max_batch_size, cfg.rollout.max_tokens)
+        tokens = cfg.rollout.max_tokens
+        if options.get("kv_cache") == "static":  # every slot holds max_context positions
+            tokens = int(
+                options.get("max_context") or getattr(model.config, "max_position_embeddings", 2048)
+            )
+        need, what = sampler_bytes(model, cfg.sampler.max_batch_size, tokens)
         check_memory(cfg, "sampler", need, device, what)
         check_options(cls, options)
         return cls(model, tokenizer, **options)
@@ -176,7 +181,7 @@ class HFSampler(Sampler):
         seed: int | None = None,
         prefix_cache_tokens: int = 32768,
         kv_cache: str = "growing",
-        cuda_graphs: str = "auto",
+        cuda_graphs: str | bool = "auto",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
@@ -184,6 +189,8 @@ class HFSampler(Sampler):
             raise ValueError(
                 f"kv_cache must be one of {', '.join((*KV_CACHES, 'static'))} (got {kv_cache!r})"
             )
+        if isinstance(cuda_graphs, bool):  # YAML reads a bare on/off as a boolean
+            cuda_graphs = "on" if cuda_graphs else "off"
         if cuda_graphs not in CUDA_GRAPHS:
             raise ValueError(
                 f"cuda_graphs must be one of {', '.join(CUDA_GRAPHS)} (got {cuda_graphs!r})"

@@ -156,3 +156,18 @@ async def test_static_reprefill_samples_exactly_from_the_new_weights(static_by_d
 
 async def test_static_drain_finishes_in_flight_on_old_weights(static_by_default) -> None:
     await test_hf.test_on_update_drain_finishes_in_flight_on_old_weights()
+
+
+def test_the_options_reach_the_sampler_from_a_config() -> None:
+    from tests.test_runtime import _cfg
+
+    cfg = _cfg(
+        "sampler.options.kv_cache=static",
+        "sampler.options.cuda_graphs=off",
+        "sampler.options.max_context=256",
+    )
+    sampler = HFSampler.from_config(cfg)
+    assert sampler.kv_cache == "static" and sampler.cuda_graphs is False
+    assert sampler.context_length == 256
+    with pytest.raises(ValueError, match="cuda_graphs=on needs kv_cache=static"):
+        HFSampler.from_config(_cfg("sampler.options.cuda_graphs=on"))
