@@ -198,31 +198,47 @@ def bench_sampler(args: argparse.Namespace, device: torch.device) -> dict[str, A
     model = llama(args.sampler_shape, device, dtype)
     tokenizer = load_tokenizer("tiny-llama")
     batch = max(args.concurrency)
-    samplers = {
-        name: HFSampler(
-            model, tokenizer, max_batch_size=batch, default_stop_token_ids=(), **options
-        )
-        for name, options in sampler_variants(device).items()
-    }
+    samplers: dict[str, Any] = {}
+    errors: dict[str, str] = {}  # a variant that failed: the others are still measured
+    for name, options in sampler_variants(device).items():
+        try:
+            samplers[name] = HFSampler(
+                model, tokenizer, max_batch_size=batch, default_stop_token_ids=(), **options
+            )
+        except Exception as e:
+            errors[name] = f"{type(e).__name__}: {e}"
     prompt = list(tokenizer("Solve: what is 17 * 23? Think step by step.")["input_ids"])
     rows: dict[str, dict[str, dict[str, float]]] = {name: {} for name in samplers}
     stats: dict[str, dict[str, float]] = {}
 
+    async def measure(name: str, c: int, new_tokens: int) -> float | None:
+        if name in errors:
+            return None
+        try:
+            return await sampler_once(samplers[name], prompt, c, new_tokens)
+        except Exception as e:
+            errors[name] = f"{type(e).__name__}: {e}"
+            print(f"  sampler {name} failed: {errors[name][:200]}", flush=True)
+            return None
+
     async def main() -> None:
         try:
             generate_once(model, prompt, 1, 4)  # warm-up all (graphs: the short buckets)
-            for sampler in samplers.values():
-                await sampler_once(sampler, prompt, 1, 4)
-                await sampler_once(sampler, prompt, batch, 4)
+            for name in samplers:
+                await measure(name, 1, 4)
+                await measure(name, batch, 4)
             for c in args.concurrency:
                 raw: list[float] = []
                 ours: dict[str, list[float]] = {name: [] for name in samplers}
                 for _ in range(args.repeats):  # alternating, so load hits all alike
                     raw.append(generate_once(model, prompt, c, args.new_tokens))
-                    for name, sampler in samplers.items():
-                        ours[name].append(await sampler_once(sampler, prompt, c, args.new_tokens))
+                    for name in samplers:
+                        if (tok_s := await measure(name, c, args.new_tokens)) is not None:
+                            ours[name].append(tok_s)
                 line = f"  sampler c={c:<4} generate {max(raw):9.1f} tok/s"
                 for name in samplers:
+                    if not ours[name]:
+                        continue
                     rows[name][str(c)] = {
                         "generate_tok_s": max(raw),
                         "sampler_tok_s": max(ours[name]),
@@ -246,10 +262,11 @@ def bench_sampler(args: argparse.Namespace, device: torch.device) -> dict[str, A
         "new_tokens": args.new_tokens,
         "prompt_tokens": len(prompt),
         "best_of": args.repeats,
-        "by_concurrency": rows["growing"],  # the default sampler (as in earlier runs)
+        "by_concurrency": rows.get("growing", {}),  # the default sampler (as in earlier runs)
         "variants": {name: sampler_variants(device)[name] for name in samplers},
         "by_variant": rows,
         "stats": stats,
+        "errors": errors,
     }
 
 
@@ -876,6 +893,8 @@ def print_table(result: dict[str, Any]) -> None:
         by_variant = result["sampler"].get("by_variant") or {
             "growing": result["sampler"]["by_concurrency"]
         }
+        for name, error in result["sampler"].get("errors", {}).items():
+            lines.append(f"| hf sampler ({name}) | failed: {error[:120]} |")
         for name, rows in by_variant.items():
             for c, row in rows.items():
                 lines.append(
