@@ -2,13 +2,15 @@
 
     python benchmarks/sampler_overhead.py [--callers 1 32 128] [--new-tokens 32] [--repeats 3]
                                           [--variants growing static] [--baseline REF]
-                                          [--layers 24 --hidden 32 --vocab 1024]
+                                          [--layers 24 --hidden 32 --heads 1 --vocab 1024]
 
 On the H200 the ~0.5B Llama's decode step took ~16-17 ms for ``generate`` at 1 and at 128
 callers alike: it is bound by Python and kernel launches (the GPU waits on the host), not
 by compute. This benchmark reproduces that regime on a CPU with a deliberately
-launch-bound model: a 24-layer Llama with a tiny hidden size and vocabulary and random
-weights, one thread, so a decode step costs what its Python and operator dispatch cost.
+launch-bound model: a 24-layer Llama with a tiny hidden size, one attention head (the
+CPU's attention kernel pays per row and head, which a GPU does not), a small vocabulary
+and random weights, one thread, so a decode step costs mostly its Python and operator
+dispatch.
 **CPU figures here are a proxy for the GPU's host-bound regime, not GPU figures.**
 
 Each variant is one ``HFSampler`` configuration (``growing``: the default eager path with
@@ -48,7 +50,9 @@ PROMPT = [1, 415, 293, 349, 264, 136, 302, 272, 431, 287, 13, 228]  # < --vocab
 VARIANTS = {"growing": {"kv_cache": "growing"}, "static": {"kv_cache": "static"}}
 
 
-def build_model(layers: int, hidden: int, vocab: int) -> Any:
+def build_model(
+    layers: int, hidden: int, vocab: int, heads: int = 1, attention: str = "sdpa"
+) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -56,14 +60,15 @@ def build_model(layers: int, hidden: int, vocab: int) -> Any:
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         max_position_embeddings=512,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=2,
         tie_word_embeddings=True,
     )
+    config._attn_implementation = attention
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
 
@@ -166,7 +171,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.samplers.hf import HFSampler
 
     torch.set_num_threads(args.threads)
-    model = build_model(args.layers, args.hidden, args.vocab)
+    model = build_model(args.layers, args.hidden, args.vocab, args.heads, args.attention)
     tokenizer = load_tokenizer("tiny-llama")
     out: dict[str, Any] = {"agentrl": str(Path(agentrl.__file__).parent), "variants": {}}
     samplers = {}
@@ -237,6 +242,7 @@ def child(args: argparse.Namespace, pythonpath: Path, variants: list[str]) -> di
     argv += ["--callers", *map(str, args.callers), "--new-tokens", str(args.new_tokens)]
     argv += ["--repeats", str(args.repeats), "--threads", str(args.threads)]
     argv += ["--layers", str(args.layers), "--hidden", str(args.hidden), "--vocab", str(args.vocab)]
+    argv += ["--heads", str(args.heads), "--attention", args.attention]
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -257,6 +263,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=1024)
+    # one head: the CPU's attention kernel pays per (row, head) pair, which a GPU does not
+    ap.add_argument("--heads", type=int, default=1)
+    # sdpa (what the sampler uses on a GPU): the CPU's kernel costs ~5 us per row and head,
+    # ~0.6 ms a layer at 128 rows, so at 128 callers compute shows in this proxy; eager:
+    # attention as a few batched matmuls
+    ap.add_argument("--attention", choices=["eager", "sdpa"], default="sdpa")
     ap.add_argument("--out", default=str(RESULTS / "sampler_overhead.json"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -274,7 +286,13 @@ def main() -> None:
     result = {
         "note": "CPU proxy for the GPU's host-bound decode (launch-bound tiny-hidden model, "
         "one thread); not GPU figures",
-        "model": {"layers": args.layers, "hidden": args.hidden, "vocab": args.vocab},
+        "model": {
+            "layers": args.layers,
+            "hidden": args.hidden,
+            "heads": args.heads,
+            "attention": args.attention,
+            "vocab": args.vocab,
+        },
         "prompt_tokens": len(PROMPT),
         "new_tokens": args.new_tokens,
         "best_of": args.repeats,
