@@ -720,14 +720,21 @@ class HFSampler(Sampler):
             logits = self._slots.decode(self._model, self._pending, self._pads)
             self._decoded(logits)
             return
-        ids = torch.tensor(self._pending, device=self._device)
-        positions = torch.tensor([self._cache_len - p for p in self._pads], device=self._device)
-        mask = _mask(self._pads, self._cache_len + 1, self._device) if any(self._pads) else None
+        # ids, positions and (when rows are padded) the pads: one host-to-device copy
+        rows = [self._pending, [self._cache_len - p for p in self._pads]]
+        padded = any(self._pads)
+        if padded:
+            rows.append(self._pads)
+        inputs = torch.tensor(rows).to(self._device)
+        mask = None
+        if padded:
+            columns = torch.arange(self._cache_len + 1, device=self._device)
+            mask = (columns >= inputs[2].unsqueeze(-1)).long()
         with torch.inference_mode():
             out = self._model(
-                input_ids=ids.unsqueeze(-1),
+                input_ids=inputs[0].unsqueeze(-1),
                 attention_mask=mask,
-                position_ids=positions.unsqueeze(-1),
+                position_ids=inputs[1].unsqueeze(-1),
                 use_cache=True,
                 logits_to_keep=1,
                 **cache_kwargs(self._model, self._cache),
