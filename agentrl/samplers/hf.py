@@ -57,7 +57,7 @@ from agentrl.models import cache_kwargs, load_model, returned_cache
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.kv_cache import KV_CACHES
 from agentrl.samplers.options import check_options, resolve_on_update, shared_options
-from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry
+from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry, Shared
 from agentrl.samplers.sampling import sample_next
 from agentrl.samplers.static_cache import SlotCache
 from agentrl.weights.spec import WeightSpec
@@ -657,16 +657,23 @@ class HFSampler(Sampler):
 
         The wanted blocks of all rows are gathered by one indexing kernel per layer and
         tensor (not two copies per layer per row: on a GPU, 128 rows finishing together
-        cost 6,144 kernel launches that way); each entry keeps a view of its own tokens."""
+        cost 6,144 kernel launches that way); each entry keeps a view of its own tokens, and
+        the gathered storage counts in full against the prefix cache's budget until its
+        last entry is evicted. Rows past that budget are not gathered (the last ones are
+        kept, as inserting them one by one would)."""
         if not self._prefix.max_tokens:
             return
-        wanted = [
-            (tokens, row, start, n)
-            for tokens, row, start in rows
-            if len(tokens) == end - start and (n := self._prefix.wanted(tokens))
-        ]
+        wanted = []
+        total = 0
+        for tokens, row, start in reversed(rows):
+            if len(tokens) == end - start and (n := self._prefix.wanted(tokens)):
+                if total + n > self._prefix.max_tokens:
+                    break
+                wanted.append((tokens, row, start, n))
+                total += n
         if not wanted:
             return
+        wanted.reverse()
         row_index = torch.tensor(
             [row for _, row, _, n in wanted for _ in range(n)], device=self._device
         )
@@ -676,6 +683,7 @@ class HFSampler(Sampler):
         # [tokens of all entries, kv_heads, head_dim] per layer
         keys = [ly.keys[row_index, :, col_index] for ly in cache.layers]
         values = [ly.values[row_index, :, col_index] for ly in cache.layers]
+        shared = Shared(total)
         offset = 0
         for tokens, _, _, n in wanted:
             part = slice(offset, offset + n)
@@ -683,7 +691,7 @@ class HFSampler(Sampler):
                 (k[part].transpose(0, 1), v[part].transpose(0, 1))
                 for k, v in zip(keys, values, strict=True)
             ]
-            self._prefix.insert(tokens[:n], kv, copy=False)
+            self._prefix.insert(tokens[:n], kv, shared=shared)
             offset += n
 
     def _merge(
