@@ -8,7 +8,7 @@ import anyio
 import pytest
 import torch
 
-from agentrl.models import load_model
+from agentrl.models import cache_kwargs, load_model
 from agentrl.samplers import SamplingParams
 from agentrl.samplers.hf import HFSampler
 from agentrl.samplers.static_cache import batch_bucket, length_bucket
@@ -171,3 +171,34 @@ def test_the_options_reach_the_sampler_from_a_config() -> None:
     assert sampler.context_length == 256
     with pytest.raises(ValueError, match="cuda_graphs=on needs kv_cache=static"):
         HFSampler.from_config(_cfg("sampler.options.cuda_graphs=on"))
+
+
+def test_a_step_past_the_slots_capacity_is_refused(pair) -> None:
+    """Unreachable through the sampler (rows finish at max_context, which is the capacity);
+    the cache itself refuses instead of writing out of bounds."""
+    from agentrl.samplers.kv_cache import GrowingCache
+    from agentrl.samplers.static_cache import SlotCache
+
+    model, _ = pair
+    prefill = GrowingCache()
+    with torch.inference_mode():
+        model(
+            input_ids=torch.tensor([[1, 2, 3, 4]]), use_cache=True, **cache_kwargs(model, prefill)
+        )
+    slots = SlotCache(2, 4, torch.device("cpu"), graphs=False)
+    slots.merge(prefill, 4)
+    with pytest.raises(ValueError, match="holds 4 positions and this step needs 5: raise the"):
+        slots.decode(model, [5], [0])
+    with pytest.raises(ValueError, match="3 rows do not fit 2 slots"):
+        slots.merge(_two_rows(model), 2)
+
+
+def _two_rows(model):
+    from agentrl.samplers.kv_cache import GrowingCache
+
+    cache = GrowingCache()
+    with torch.inference_mode():
+        model(
+            input_ids=torch.tensor([[1, 2], [3, 4]]), use_cache=True, **cache_kwargs(model, cache)
+        )
+    return cache
