@@ -240,6 +240,10 @@ class SlotCache:
         has failed (the caller runs the step eagerly)."""
         if self.capture_failures:
             return None
+        with torch.cuda.device(self.device):  # the model's GPU, whichever is current
+            return self._replay(model, b, length)
+
+    def _replay(self, model: Any, b: int, length: int) -> torch.Tensor | None:
         key = (b, length)
         if key not in self._graphs:
             try:
@@ -278,6 +282,3 @@ class SlotCache:
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             logits = self._forward(model, b, length)
         return graph, logits
-
-    def drop_graphs(self) -> None:
-        self._graphs.clear()
