@@ -11,7 +11,9 @@ left-padded to a common length. Each row keeps its own pad count; positions and 
 attention mask are per row, so rows of different lengths decode together exactly (RoPE
 is applied with the row's own positions before keys are cached, so padding columns never
 shift anything). Finished rows are removed between steps and columns that are padding in
-every row are trimmed away.
+every row are trimmed away. With ``kv_cache=static`` the same layout lives in fixed slots
+(:mod:`agentrl.samplers.static_cache`): static-shape decode steps, replayed as CUDA graphs
+on a GPU (``cuda_graphs``).
 
 Behaviour log-probs follow :mod:`agentrl.samplers.base`: ``log_softmax(logits / T)`` at the
 sampled token, before top-p / top-k truncation (greedy: unscaled logits).
