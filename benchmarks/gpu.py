@@ -7,7 +7,10 @@ the GPU's name.
 
 Sections (each a ratio measured in this run, on this device):
 - ``sampler``: the hf sampler (continuous batching) vs one batched ``model.generate`` call,
-  tokens/s at 1 / 32 / 128 concurrent callers (target >= 1.0x), ~0.5B shape in bf16.
+  tokens/s at 1 / 32 / 128 concurrent callers (target >= 1.5x at 128), ~0.5B shape in bf16,
+  two sampler configurations side by side: ``growing`` (the default eager decode) and
+  ``graphs`` (``kv_cache=static``, ``cuda_graphs=on``: the decode step replayed as CUDA
+  graphs; eager ``static`` in the CPU smoke run).
 - ``learner``: learner step tokens/s and model FLOPs utilisation for the ~0.5B and ~1.5B
   Llama shapes, ``learner.packing`` off (padded) vs on, bf16 autocast, full fine-tune.
   MFU = 6 x (non-embedding parameters + the LM head) x trained tokens / step time / the
@@ -177,6 +180,16 @@ async def sampler_once(sampler: Any, prompt: list[int], c: int, new_tokens: int)
     return sum(counts) / (time.perf_counter() - t0)
 
 
+def sampler_variants(device: torch.device) -> dict[str, dict[str, Any]]:
+    """The hf sampler configurations measured next to ``generate``: the default eager path
+    (growing cache) and the fixed-slot cache with its decode step replayed as CUDA graphs
+    (on a CPU, the smoke run: the same slots, eager)."""
+    graphs = "on" if device.type == "cuda" else "off"
+    # 512 positions hold the prompt and the 128 new tokens: the slots stay at ~6 GB (0.5B)
+    static = {"kv_cache": "static", "cuda_graphs": graphs, "max_context": 512}
+    return {"growing": {}, "graphs" if device.type == "cuda" else "static": static}
+
+
 def bench_sampler(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     from agentrl.models import load_tokenizer
     from agentrl.samplers.hf import HFSampler
@@ -184,33 +197,63 @@ def bench_sampler(args: argparse.Namespace, device: torch.device) -> dict[str, A
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = llama(args.sampler_shape, device, dtype)
     tokenizer = load_tokenizer("tiny-llama")
-    sampler = HFSampler(
-        model, tokenizer, max_batch_size=max(args.concurrency), default_stop_token_ids=()
-    )
+    batch = max(args.concurrency)
+    samplers: dict[str, Any] = {}
+    errors: dict[str, str] = {}  # a variant that failed: the others are still measured
+    for name, options in sampler_variants(device).items():
+        try:
+            samplers[name] = HFSampler(
+                model, tokenizer, max_batch_size=batch, default_stop_token_ids=(), **options
+            )
+        except Exception as e:
+            errors[name] = f"{type(e).__name__}: {e}"
     prompt = list(tokenizer("Solve: what is 17 * 23? Think step by step.")["input_ids"])
-    rows: dict[str, dict[str, float]] = {}
+    rows: dict[str, dict[str, dict[str, float]]] = {name: {} for name in samplers}
+    stats: dict[str, dict[str, float]] = {}
+
+    async def measure(name: str, c: int, new_tokens: int) -> float | None:
+        if name in errors:
+            return None
+        try:
+            return await sampler_once(samplers[name], prompt, c, new_tokens)
+        except Exception as e:
+            errors[name] = f"{type(e).__name__}: {e}"
+            print(f"  sampler {name} failed: {errors[name][:200]}", flush=True)
+            return None
 
     async def main() -> None:
         try:
-            generate_once(model, prompt, 1, 4)  # warm-up both
-            await sampler_once(sampler, prompt, 1, 4)
+            generate_once(model, prompt, 1, 4)  # warm-up all (graphs: the short buckets)
+            for name in samplers:
+                await measure(name, 1, 4)
+                await measure(name, batch, 4)
             for c in args.concurrency:
-                raw, ours = [], []
-                for _ in range(args.repeats):
+                raw: list[float] = []
+                ours: dict[str, list[float]] = {name: [] for name in samplers}
+                for _ in range(args.repeats):  # alternating, so load hits all alike
                     raw.append(generate_once(model, prompt, c, args.new_tokens))
-                    ours.append(await sampler_once(sampler, prompt, c, args.new_tokens))
-                rows[str(c)] = {
-                    "generate_tok_s": max(raw),
-                    "sampler_tok_s": max(ours),
-                    "ratio": max(ours) / max(raw),
-                }
-                print(
-                    f"  sampler c={c:<4} generate {max(raw):9.1f} tok/s  hf sampler "
-                    f"{max(ours):9.1f} tok/s  ({max(ours) / max(raw):.2f}x)",
-                    flush=True,
-                )
+                    for name in samplers:
+                        if (tok_s := await measure(name, c, args.new_tokens)) is not None:
+                            ours[name].append(tok_s)
+                line = f"  sampler c={c:<4} generate {max(raw):9.1f} tok/s"
+                for name in samplers:
+                    if not ours[name]:
+                        continue
+                    rows[name][str(c)] = {
+                        "generate_tok_s": max(raw),
+                        "sampler_tok_s": max(ours[name]),
+                        "ratio": max(ours[name]) / max(raw),
+                    }
+                    line += f"  {name} {max(ours[name]):9.1f} ({max(ours[name]) / max(raw):.2f}x)"
+                print(line, flush=True)
         finally:
-            await sampler.close()
+            for name, sampler in samplers.items():
+                stats[name] = {
+                    k: v
+                    for k, v in sampler.stats().items()
+                    if k in ("steps", "cuda_graphs", "graph_replays", "graph_fallbacks")
+                }
+                await sampler.close()
 
     anyio.run(main)
     return {
@@ -219,7 +262,11 @@ def bench_sampler(args: argparse.Namespace, device: torch.device) -> dict[str, A
         "new_tokens": args.new_tokens,
         "prompt_tokens": len(prompt),
         "best_of": args.repeats,
-        "by_concurrency": rows,
+        "by_concurrency": rows.get("growing", {}),  # the default sampler (as in earlier runs)
+        "variants": {name: sampler_variants(device)[name] for name in samplers},
+        "by_variant": rows,
+        "stats": stats,
+        "errors": errors,
     }
 
 
@@ -843,11 +890,17 @@ def print_table(result: dict[str, Any]) -> None:
             lines.append(f"| {name} | failed: {result[name]['error'][:120]} |")
             result = {k: v for k, v in result.items() if k != name}
     if "sampler" in result:
-        for c, row in result["sampler"]["by_concurrency"].items():
-            lines.append(
-                f"| hf sampler / model.generate, {c} callers | {row['ratio']:.2f}x "
-                f"({row['sampler_tok_s']:.0f} vs {row['generate_tok_s']:.0f} tok/s) |"
-            )
+        by_variant = result["sampler"].get("by_variant") or {
+            "growing": result["sampler"]["by_concurrency"]
+        }
+        for name, error in result["sampler"].get("errors", {}).items():
+            lines.append(f"| hf sampler ({name}) | failed: {error[:120]} |")
+        for name, rows in by_variant.items():
+            for c, row in rows.items():
+                lines.append(
+                    f"| hf sampler ({name}) / model.generate, {c} callers | {row['ratio']:.2f}x "
+                    f"({row['sampler_tok_s']:.0f} vs {row['generate_tok_s']:.0f} tok/s) |"
+                )
     if "learner" in result:
         for row in result["learner"]["rows"]:
             if "error" in row:

@@ -40,7 +40,7 @@ BINARY=(pydantic-core psutil)
 section_limit() {  # seconds
     case "$1" in
         tests) echo 150 ;; learner) echo 120 ;; async) echo 240 ;; publish) echo 90 ;;
-        sampler) echo 120 ;; extras) echo 90 ;; *) echo 120 ;;
+        sampler) echo 150 ;; extras) echo 90 ;; *) echo 120 ;;
     esac
 }
 

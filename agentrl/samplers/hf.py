@@ -11,7 +11,9 @@ left-padded to a common length. Each row keeps its own pad count; positions and 
 attention mask are per row, so rows of different lengths decode together exactly (RoPE
 is applied with the row's own positions before keys are cached, so padding columns never
 shift anything). Finished rows are removed between steps and columns that are padding in
-every row are trimmed away.
+every row are trimmed away. With ``kv_cache=static`` the same layout lives in fixed slots
+(:mod:`agentrl.samplers.static_cache`): static-shape decode steps, replayed as CUDA graphs
+on a GPU (``cuda_graphs``).
 
 Behaviour log-probs follow :mod:`agentrl.samplers.base`: ``log_softmax(logits / T)`` at the
 sampled token, before top-p / top-k truncation (greedy: unscaled logits).
@@ -57,14 +59,16 @@ from agentrl.models import cache_kwargs, load_model, returned_cache
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.kv_cache import KV_CACHES
 from agentrl.samplers.options import check_options, resolve_on_update, shared_options
-from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry
+from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, PrefixEntry, Shared
 from agentrl.samplers.sampling import sample_next
+from agentrl.samplers.static_cache import SlotCache
 from agentrl.weights.spec import WeightSpec
 
 log = logging.getLogger(__name__)
 
 
 ON_UPDATE = ("keep", "reprefill", "drain")  # what in-flight rows do on a weight update
+CUDA_GRAPHS = ("auto", "on", "off")  # decode steps replayed as CUDA graphs (kv_cache=static)
 
 
 @dataclass(eq=False)
@@ -126,7 +130,11 @@ class HFSampler(Sampler):
     ``prefix_cache_tokens`` (KV of earlier prompts and finished sequences kept for reuse, see
     :mod:`agentrl.samplers.prefix_cache`; 0 disables it), ``kv_cache`` (``growing``: decode
     steps append keys/values in place, :mod:`agentrl.samplers.kv_cache`; ``dynamic``:
-    transformers' ``DynamicCache``, which concatenates the whole cache every step).
+    transformers' ``DynamicCache``, which concatenates the whole cache every step;
+    ``static``: fixed slots of ``max_batch_size`` rows x ``max_context`` positions and a
+    static-shape decode step, :mod:`agentrl.samplers.static_cache`), ``cuda_graphs``
+    (``auto``: with ``kv_cache=static`` on a CUDA model, decode steps are captured as CUDA
+    graphs and replayed; ``on``: the same, refused elsewhere; ``off``: eager).
     """
 
     backend = "hf"
@@ -151,7 +159,12 @@ class HFSampler(Sampler):
             device=device,
             seed=cfg.model.seed,
         )
-        need, what = sampler_bytes(model, cfg.sampler.max_batch_size, cfg.rollout.max_tokens)
+        tokens = cfg.rollout.max_tokens
+        if options.get("kv_cache") == "static":  # every slot holds max_context positions
+            tokens = int(
+                options.get("max_context") or getattr(model.config, "max_position_embeddings", 2048)
+            )
+        need, what = sampler_bytes(model, cfg.sampler.max_batch_size, tokens)
         check_memory(cfg, "sampler", need, device, what)
         check_options(cls, options)
         return cls(model, tokenizer, **options)
@@ -170,24 +183,47 @@ class HFSampler(Sampler):
         seed: int | None = None,
         prefix_cache_tokens: int = 32768,
         kv_cache: str = "growing",
+        cuda_graphs: str | bool = "auto",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
-        if kv_cache not in KV_CACHES:
-            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)} (got {kv_cache!r})")
+        if kv_cache not in (*KV_CACHES, "static"):
+            raise ValueError(
+                f"kv_cache must be one of {', '.join((*KV_CACHES, 'static'))} (got {kv_cache!r})"
+            )
+        if isinstance(cuda_graphs, bool):  # YAML reads a bare on/off as a boolean
+            cuda_graphs = "on" if cuda_graphs else "off"
+        if cuda_graphs not in CUDA_GRAPHS:
+            raise ValueError(
+                f"cuda_graphs must be one of {', '.join(CUDA_GRAPHS)} (got {cuda_graphs!r})"
+            )
         if on_update not in ON_UPDATE:
             raise ValueError(f"on_update must be one of {', '.join(ON_UPDATE)} (got {on_update!r})")
         self.on_update = on_update
-        self._new_cache = KV_CACHES[kv_cache]
         self._model = model.eval()
         self._tokenizer = tokenizer
         self._device = next(model.parameters()).device
+        on_cuda = self._device.type == "cuda"
+        if cuda_graphs == "on" and not (kv_cache == "static" and on_cuda):
+            raise ValueError(
+                "cuda_graphs=on needs kv_cache=static and a model on a CUDA device (this one: "
+                f"kv_cache={kv_cache}, {self._device}); set kv_cache=static, or cuda_graphs=auto/off"
+            )
+        self.kv_cache = kv_cache
+        self.cuda_graphs = kv_cache == "static" and on_cuda and cuda_graphs != "off"
+        # prefills always go through the growing cache; kv_cache=static merges them into slots
+        self._new_cache = KV_CACHES["growing" if kv_cache == "static" else kv_cache]
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         self.max_context = int(
             max_context or getattr(model.config, "max_position_embeddings", 2048)
         )
         self.prefill_tokens = max(1, prefill_tokens)
+        self._slots = (
+            SlotCache(max_batch_size, self.max_context, self._device, graphs=self.cuda_graphs)
+            if kv_cache == "static"
+            else None
+        )
         if default_stop_token_ids is None:
             default_stop_token_ids = _default_stop_ids(tokenizer, model)
         self.default_stop_token_ids = frozenset(int(t) for t in default_stop_token_ids)
@@ -253,6 +289,9 @@ class HFSampler(Sampler):
                 "reprefill_tokens": self._reprefilled,
                 "reprefills": self._reprefills,
                 "reprefill_s": self._reprefill_s,
+                "cuda_graphs": self._slots.captured if self._slots else 0,
+                "graph_replays": self._slots.replays if self._slots else 0,
+                "graph_fallbacks": self._slots.capture_failures if self._slots else 0,
             }
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
@@ -526,6 +565,11 @@ class HFSampler(Sampler):
             return
         index = torch.tensor(keep, device=self._device)
         trim = min(self._pads)
+        if self._slots is not None:
+            self._slots.keep(index, trim)
+            self._pads = [p - trim for p in self._pads]
+            self._cache_len -= trim
+            return
         for layer in self._cache.layers:
             layer.keys = layer.keys.index_select(0, index)[..., trim:, :]
             layer.values = layer.values.index_select(0, index)[..., trim:, :]
@@ -584,8 +628,9 @@ class HFSampler(Sampler):
             )
         cache = returned_cache(out)
         forwarded = ids.numel() - sum(max(0, p - past) for p in pads)
-        for row, (_, tokens, _, _) in enumerate(plans):
-            self._remember(tokens, cache, row, pads[row], longest)
+        self._remember(
+            [(t, row, pads[row]) for row, (_, t, _, _) in enumerate(plans)], cache, longest
+        )
         logits = out.logits[:, -1, :]
         if len(plans) < len(chunk):  # identical sequences (a GRPO group): one row each again
             index = torch.tensor(row_of, device=self._device)
@@ -608,17 +653,60 @@ class HFSampler(Sampler):
                     values[row, :, pad:] = entry.kv[layer][1][:, :take]
             cache.update(keys, values, layer)
 
-    def _remember(self, tokens: list[int], cache: Any, row: int, start: int, end: int) -> None:
-        """Offer row `row`'s keys/values (positions ``start:end``, for `tokens`) to the
-        prefix cache."""
-        if self._prefix.max_tokens and len(tokens) == end - start:
-            kv = [(ly.keys[row, :, start:end], ly.values[row, :, start:end]) for ly in cache.layers]
-            self._prefix.insert(tokens, kv)
+    def _remember(self, rows: list[tuple[list[int], int, int]], cache: Any, end: int) -> None:
+        """Offer rows' keys/values to the prefix cache: for each ``(tokens, row, start)``,
+        positions ``start:end`` of batch row `row` hold `tokens`.
+
+        The wanted blocks of all rows are gathered by one indexing kernel per layer and
+        tensor (not two copies per layer per row: on a GPU, 128 rows finishing together
+        cost 6,144 kernel launches that way); each entry keeps a view of its own tokens, and
+        the gathered storage counts in full against the prefix cache's budget until its
+        last entry is evicted. Rows past that budget are not gathered (the last ones are
+        kept, as inserting them one by one would)."""
+        if not self._prefix.max_tokens:
+            return
+        wanted = []
+        total = 0
+        for tokens, row, start in reversed(rows):
+            if len(tokens) == end - start and (n := self._prefix.wanted(tokens)):
+                if total + n > self._prefix.max_tokens:
+                    break
+                wanted.append((tokens, row, start, n))
+                total += n
+        if not wanted:
+            return
+        wanted.reverse()
+        row_index = torch.tensor(
+            [row for _, row, _, n in wanted for _ in range(n)], device=self._device
+        )
+        col_index = torch.tensor(
+            [start + j for _, _, start, n in wanted for j in range(n)], device=self._device
+        )
+        # [tokens of all entries, kv_heads, head_dim] per layer
+        keys = [ly.keys[row_index, :, col_index] for ly in cache.layers]
+        values = [ly.values[row_index, :, col_index] for ly in cache.layers]
+        shared = Shared(total)
+        offset = 0
+        for tokens, _, _, n in wanted:
+            part = slice(offset, offset + n)
+            kv = [
+                (k[part].transpose(0, 1), v[part].transpose(0, 1))
+                for k, v in zip(keys, values, strict=True)
+            ]
+            self._prefix.insert(tokens[:n], kv, shared=shared)
+            offset += n
 
     def _merge(
         self, chunk: list[_Request], cache: Any, pads: list[int], length: int, tokens: list[int]
     ) -> None:
-        if self._cache is None:
+        if self._slots is not None:  # copied into the fixed slots
+            if self._cache is None:
+                self._slots.reset()
+                self._cache = self._slots
+            grow_old, grow_new = self._slots.merge(cache, length)
+            self._pads = [p + grow_old for p in self._pads] + [p + grow_new for p in pads]
+            self._cache_len = self._slots.length
+        elif self._cache is None:
             self._cache, self._cache_len = cache, length
             self._pads = list(pads)
         else:
@@ -638,20 +726,34 @@ class HFSampler(Sampler):
         self._finish_rows()
 
     def _decode_step(self) -> None:
-        ids = torch.tensor(self._pending, device=self._device)
-        positions = torch.tensor([self._cache_len - p for p in self._pads], device=self._device)
-        mask = _mask(self._pads, self._cache_len + 1, self._device) if any(self._pads) else None
+        if self._slots is not None:
+            logits = self._slots.decode(self._model, self._pending, self._pads)
+            self._decoded(logits)
+            return
+        # ids, positions and (when rows are padded) the pads: one host-to-device copy
+        rows = [self._pending, [self._cache_len - p for p in self._pads]]
+        padded = any(self._pads)
+        if padded:
+            rows.append(self._pads)
+        inputs = torch.tensor(rows).to(self._device)
+        mask = None
+        if padded:
+            columns = torch.arange(self._cache_len + 1, device=self._device)
+            mask = (columns >= inputs[2].unsqueeze(-1)).long()
         with torch.inference_mode():
             out = self._model(
-                input_ids=ids.unsqueeze(-1),
+                input_ids=inputs[0].unsqueeze(-1),
                 attention_mask=mask,
-                position_ids=positions.unsqueeze(-1),
+                position_ids=inputs[1].unsqueeze(-1),
                 use_cache=True,
                 logits_to_keep=1,
                 **cache_kwargs(self._model, self._cache),
             )
         self._cache = returned_cache(out)
-        logits = out.logits[:, -1, :]
+        self._decoded(out.logits[:, -1, :])
+
+    def _decoded(self, logits: torch.Tensor) -> None:
+        """Sample the rows' next tokens from a decode step's `logits`."""
         self._cache_len += 1
         with self._cond:
             self._steps += 1
@@ -678,7 +780,7 @@ class HFSampler(Sampler):
         return tokens
 
     def _finish_rows(self) -> None:
-        keep, done = [], []
+        keep, done, remember = [], [], []
         for i, r in enumerate(self._active):
             reason = self._finish_reason(r)
             if reason is None and not r.cancelled:
@@ -688,8 +790,9 @@ class HFSampler(Sampler):
                 done.append(r)
                 if reason is not None and r.kv_version == self._version:
                     # its next turn resends this sequence; the last token is not cached yet
-                    tokens = r.prompt + r.tokens[:-1]
-                    self._remember(tokens, self._cache, i, self._pads[i], self._cache_len)
+                    remember.append((r.prompt + r.tokens[:-1], i, self._pads[i]))
+        if remember:
+            self._remember(remember, self._cache, self._cache_len)
         if done:
             self._keep_rows(keep)  # free the slots before the callers wake up
         for r in done:

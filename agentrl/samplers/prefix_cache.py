@@ -24,11 +24,23 @@ from torch import Tensor
 BLOCK = 16  # tokens per hashed block; prefixes are reused in whole blocks
 
 
+class Shared:
+    """KV storage that several entries are views of (one gather for rows finishing
+    together): its `tokens` count against ``max_tokens`` until its last entry goes."""
+
+    __slots__ = ("entries", "tokens")
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+        self.entries = 0
+
+
 @dataclass
 class PrefixEntry:
     tokens: tuple[int, ...]
     kv: list[tuple[Tensor, Tensor]]  # per layer: keys, values [kv_heads, len(tokens), head_dim]
     hashes: list[int]
+    shared: Shared | None = None  # storage shared with other entries, if any
 
 
 def block_hashes(tokens: Sequence[int]) -> list[int]:
@@ -72,23 +84,45 @@ class PrefixCache:
                 return n, entry
         return 0, None
 
-    def insert(self, tokens: Sequence[int], kv: list[tuple[Tensor, Tensor]]) -> None:
-        """Cache `kv` (computed for `tokens`) trimmed to whole blocks."""
+    def wanted(self, tokens: Sequence[int]) -> int:
+        """How many tokens of `tokens` an :meth:`insert` would store (whole blocks; 0 when
+        none or when the cache already holds them, which then counts as a use)."""
         n = len(tokens) // BLOCK * BLOCK
         if n == 0 or n > self.max_tokens:
-            return
+            return 0
         hashes = block_hashes(tokens[:n])
         newest = self._index.get(hashes[-1])
         if newest is not None and self._entries[newest].tokens[:n] == tuple(tokens[:n]):
             self._entries.move_to_end(newest)  # already held (a sibling's identical prompt)
+            return 0
+        return n
+
+    def insert(
+        self,
+        tokens: Sequence[int],
+        kv: list[tuple[Tensor, Tensor]],
+        *,
+        shared: Shared | None = None,
+    ) -> None:
+        """Cache `kv` (computed for `tokens`) trimmed to whole blocks, copied off the batch
+        cache; with `shared`, `kv` already holds exactly the wanted blocks as views of that
+        storage (no copy; the storage counts in full while any of its entries is held)."""
+        n = self.wanted(tokens)
+        if n == 0:
             return
-        kv = [(k[:, :n].clone(), v[:, :n].clone()) for k, v in kv]  # off the batch cache
-        entry = PrefixEntry(tuple(tokens[:n]), kv, hashes)
+        hashes = block_hashes(tokens[:n])
+        if shared is None:
+            kv = [(k[:, :n].clone(), v[:, :n].clone()) for k, v in kv]  # off the batch cache
+            self.tokens += n
+        else:
+            if shared.entries == 0:
+                self.tokens += shared.tokens
+            shared.entries += 1
+        entry = PrefixEntry(tuple(tokens[:n]), kv, hashes, shared)
         entry_id, self._next_id = self._next_id, self._next_id + 1
         self._entries[entry_id] = entry
         for h in hashes:
             self._index[h] = entry_id
-        self.tokens += n
         while self.tokens > self.max_tokens:
             self._evict()
 
@@ -99,7 +133,12 @@ class PrefixCache:
 
     def _evict(self) -> None:
         entry_id, entry = self._entries.popitem(last=False)
-        self.tokens -= len(entry.tokens)
+        if entry.shared is None:
+            self.tokens -= len(entry.tokens)
+        else:
+            entry.shared.entries -= 1
+            if entry.shared.entries == 0:  # its storage is freed now
+                self.tokens -= entry.shared.tokens
         for h in entry.hashes:
             if self._index.get(h) == entry_id:
                 del self._index[h]

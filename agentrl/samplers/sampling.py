@@ -41,11 +41,11 @@ def sample_next(
     # max/argmax (with indices) took 2 ms at 96 x 49k
     log_z = x.amax(dim=-1) - probs.amax(dim=-1).log()
 
-    entropies = None
+    entropy = None
     if any(p.return_entropy for p in params):
         # H = log Z - sum_v p_v x_v, the dot product without a [rows, V] temporary
         expected = torch.bmm(probs.unsqueeze(1), x.unsqueeze(2)).view(-1)
-        entropies = (log_z - expected).tolist()
+        entropy = log_z - expected
 
     sampled_rows = [i for i, t in enumerate(temps) if t > 0]
     if len(sampled_rows) < len(temps):
@@ -54,17 +54,23 @@ def sample_next(
         chosen = torch.empty(len(temps), dtype=torch.long, device=device)
     if sampled_rows:
         all_rows = len(sampled_rows) == len(temps)
-        index = torch.tensor(sampled_rows, device=device)
-        row_probs = probs if all_rows else probs.index_select(0, index)
+        # the common case (every row samples) needs no row index: no host-to-device copy
+        index = None if all_rows else torch.tensor(sampled_rows, device=device)
+        row_probs = probs if index is None else probs.index_select(0, index)
         sub = [params[i] for i in sampled_rows]
         if any(p.top_k > 0 or p.top_p < 1.0 for p in sub):
             row_probs = _truncate(row_probs, sub)
         uniform = _uniforms([generators[i] for i in sampled_rows], rng)
         picked = _inverse_cdf(row_probs, uniform.to(device))
-        chosen = picked if all_rows else chosen.index_copy(0, index, picked)
+        chosen = picked if index is None else chosen.index_copy(0, index, picked)
 
     token_logp = x.gather(-1, chosen.unsqueeze(-1)).squeeze(-1) - log_z
-    return chosen.tolist(), token_logp.tolist(), entropies
+    # one device-to-host copy (one sync on a GPU) for everything: float64 holds the token
+    # ids exactly and the float32 values unchanged
+    parts = [chosen, token_logp] if entropy is None else [chosen, token_logp, entropy]
+    host = torch.stack([t.double() for t in parts]).tolist()
+    tokens = [int(t) for t in host[0]]
+    return tokens, host[1], host[2] if entropy is not None else None
 
 
 def _truncate(probs: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
@@ -86,8 +92,10 @@ def _truncate(probs: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Te
 
 def _uniforms(generators: Sequence[torch.Generator | None], rng: torch.Generator) -> torch.Tensor:
     """One U[0, 1) draw per row (float64): from the row's own generator, else from `rng`."""
-    u = torch.empty(len(generators), dtype=torch.float64)
     shared = [i for i, g in enumerate(generators) if g is None]
+    if len(shared) == len(generators):  # the same draws as below, without the scatter
+        return torch.rand(len(shared), dtype=torch.float64, generator=rng)
+    u = torch.empty(len(generators), dtype=torch.float64)
     if shared:
         u[shared] = torch.rand(len(shared), dtype=torch.float64, generator=rng)
     for i, g in enumerate(generators):

@@ -73,5 +73,5 @@ def test_keys_replaced_from_outside_are_copied_into_a_fresh_buffer() -> None:
 
 def test_an_unknown_kv_cache_option_names_the_choices() -> None:
     model, tok = load_model("tiny-llama", dtype="float32", seed=0)
-    with pytest.raises(ValueError, match="kv_cache must be one of growing, dynamic"):
-        HFSampler(model, tok, kv_cache="static")
+    with pytest.raises(ValueError, match="kv_cache must be one of growing, dynamic, static"):
+        HFSampler(model, tok, kv_cache="paged")

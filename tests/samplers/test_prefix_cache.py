@@ -10,7 +10,7 @@ import torch
 from agentrl.models import load_model
 from agentrl.samplers import SamplingParams
 from agentrl.samplers.hf import HFSampler
-from agentrl.samplers.prefix_cache import BLOCK, PrefixCache
+from agentrl.samplers.prefix_cache import BLOCK, PrefixCache, Shared
 from tests.samplers.test_hf import gather, perturbed, prompts, teacher_forced
 
 pytestmark = pytest.mark.anyio
@@ -23,6 +23,24 @@ def anyio_backend() -> str:
 
 def _kv(n: int, value: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.full((2, n, 4), value), torch.full((2, n, 4), -value))]
+
+
+def test_entries_sharing_a_storage_count_it_until_the_last_one_goes() -> None:
+    cache = PrefixCache(max_tokens=3 * BLOCK)
+    storage = torch.arange(2 * BLOCK * 2 * 4, dtype=torch.float32).view(2 * BLOCK, 2, 4)
+    shared = Shared(2 * BLOCK)  # one gather for two rows: views of it, no copy
+    a, b, c, d = ([i] * BLOCK for i in range(4))
+    for tokens, part in ((a, storage[:BLOCK]), (b, storage[BLOCK:])):
+        view = part.transpose(0, 1)
+        cache.insert(tokens, [(view, view)], shared=shared)
+    assert cache.tokens == 2 * BLOCK and len(cache) == 2
+    assert cache.lookup([*b, 9])[1].kv[0][0].data_ptr() == storage[BLOCK:].data_ptr()
+    cache.insert(c, _kv(BLOCK))
+    assert cache.tokens == 3 * BLOCK
+    # d evicts the least recent, a; the storage stays (b holds it), so b goes too
+    cache.insert(d, _kv(BLOCK))
+    assert len(cache) == 2 and cache.tokens == 2 * BLOCK
+    assert cache.lookup([*a, 9])[1] is None and cache.lookup([*b, 9])[1] is None
 
 
 def test_lookup_finds_the_longest_block_aligned_prefix_and_evicts_lru() -> None:
