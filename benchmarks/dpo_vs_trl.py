@@ -13,7 +13,8 @@ safetensors files), the same lengths and batch, in one run:
 - DPO (sigmoid), beta 0.1, ``--batch-size`` pairs a step (chosen and rejected in one
   forward on both sides), the batches in the file's order (TRL
   ``train_sampling_strategy="sequential"``), AdamW with agentrl's defaults (betas 0.9/0.999,
-  no weight decay), constant learning rate, gradient clip 1, float32, no gradient
+  no weight decay), constant learning rate, gradient clip 1, float32 (TRL's DPOConfig
+  defaults to ``bf16=True``, autocast: set off here), no gradient
   checkpointing on either side (TRL's DPOConfig turns it on by default; ``trl+gc`` adds
   that configuration);
 - reference log-probs computed once before training on both sides (agentrl always does; TRL
@@ -152,6 +153,7 @@ def child_trl(args: argparse.Namespace, pairs: list[dict]) -> dict[str, Any]:
             beta=BETA,
             loss_type=["sigmoid"],
             max_length=None,
+            bf16=False,  # TRL's DPOConfig defaults to bf16 autocast; this compares float32
             precompute_ref_log_probs=args.config != "trl-ref",
             gradient_checkpointing=args.config == "trl+gc",
             train_sampling_strategy="sequential",
@@ -177,6 +179,7 @@ def child_trl(args: argparse.Namespace, pairs: list[dict]) -> dict[str, Any]:
         "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
         "grad_norms": [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h],
         "gradient_checkpointing": bool(config.gradient_checkpointing),
+        "bf16_autocast": bool(config.bf16),
         "reference": "per step" if args.config == "trl-ref" else "precomputed",
         "threads": torch.get_num_threads(),
     }
@@ -233,6 +236,7 @@ def child_agentrl(args: argparse.Namespace, pairs: list[dict]) -> dict[str, Any]
         "losses": losses,
         "grad_norms": grad_norms,
         "gradient_checkpointing": False,
+        "bf16_autocast": False,
         "reference": "precomputed",
         "fused_logprobs": cfg.learner.fused_logprobs,
         "threads": torch.get_num_threads(),
