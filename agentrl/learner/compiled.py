@@ -9,9 +9,10 @@ parameter names and ``state_dict`` keys are unchanged (no ``_orig_mod.`` prefix)
 checkpoints, resume, LoRA's merge, FSDP2's per-layer shards and the weights published to
 samplers see the same model as without it.
 
-- ``auto``: on when the learner is on CUDA; off on CPU, where compiling every layer costs
-  more than a tiny or small model's steps gain on a few cores (a 2-layer test model takes
-  seconds to compile on 2 cores, a 30-layer one minutes).
+- ``auto``: on when the learner is on CUDA; off on CPU, where compiling costs more than a
+  small model's steps gain on a few cores (the 2-layer test model's graphs take over a
+  minute of inductor on 2 cores). A forward whose compile fails puts the layers back to
+  eager with one warning (this path has not yet run on a GPU).
 - ``on``: compiled on any device (inductor's C++ backend on CPU); a model whose decoder
   layers cannot be found is a config error.
 - ``off``: eager.
@@ -38,6 +39,7 @@ per-layer hooks inside a compiled layer have not been run in this project.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -109,7 +111,40 @@ def compile_layers(model: Any, mode: str, device: torch.device, *, what: str) ->
         # in place: the module keeps its names and state_dict keys; a block copied from a
         # compiled one (deepcopy) would still call the original's compiled forward
         block.compile(backend=BACKEND, dynamic=True)
+        if mode == "auto":
+            block._compiled_call_impl = _eager_on_failure(block, blocks, what)
     return len(blocks)
+
+
+def _eager_on_failure(
+    block: torch.nn.Module, blocks: list[torch.nn.Module], what: str
+) -> Callable[..., Any]:
+    """``auto``: the compiled forward of `block`, which, if compiling or running it fails,
+    puts every block of `blocks` back to eager (one warning) and runs this call eagerly.
+    A failure of the backward's compile (inductor compiles it at the first backward) is
+    not caught: it raises."""
+    compiled_call = block._compiled_call_impl
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled_call(*args, **kwargs)
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:
+            if block._compiled_call_impl is not call:  # another thread reverted it already
+                raise
+            for b in blocks:
+                b._compiled_call_impl = None
+            cause = getattr(e, "inner_exception", None) or e  # the backend's own error
+            log.warning(
+                "learner.compile=auto: compiling the decoder layers of %s failed (%s); they run "
+                "eagerly (learner.compile=off silences this, learner.compile=on raises)",
+                what,
+                f"{type(cause).__name__}: {cause}".splitlines()[0][:300],
+            )
+            return block._call_impl(*args, **kwargs)
+
+    return call
 
 
 def refusal(mode: str, parallel: str) -> str | None:

@@ -171,6 +171,33 @@ def test_bad_settings_are_one_line_errors(caplog: pytest.LogCaptureFixture) -> N
         )
 
 
+def _broken_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
+    raise RuntimeError("no compiler here")
+
+
+def test_auto_falls_back_to_eager_when_compiling_fails_and_on_raises(
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_model: Callable[[], torch.nn.Module],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(compiled, "BACKEND", _broken_backend)
+    torch._dynamo.reset()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    expected = fresh_model()(input_ids=ids).logits
+    model = fresh_model()
+    cuda = torch.device("cuda")  # where auto compiles (nothing is placed there)
+    assert compiled.compile_layers(model, "auto", cuda, what="the policy") == 2
+    with caplog.at_level(logging.WARNING, logger="agentrl.learner.compiled"):
+        torch.testing.assert_close(model(input_ids=ids).logits, expected)
+    assert "run eagerly" in caplog.text and "no compiler here" in caplog.text
+    assert all(b._compiled_call_impl is None for b in compiled.decoder_blocks(model))
+    model = fresh_model()
+    compiled.compile_layers(model, "on", torch.device("cpu"), what="the policy")
+    with pytest.raises(Exception, match="no compiler here"):
+        model(input_ids=ids)
+    torch._dynamo.reset()
+
+
 @pytest.mark.integration
 def test_inductor_compiled_layers_train_like_eager(
     fresh_model: Callable[[], torch.nn.Module], batches: list[list[TrajectoryGroup]]
