@@ -140,7 +140,7 @@ class Learner:
         self.model = model.to(device=self.device, dtype=torch.float32)
         self.model.config.use_cache = False
         # compiled layers trace the checkpoint into their graph (agentrl.learner.compiled)
-        traced = compiled.wanted(self.lcfg.compile, self.device)
+        traced = compiled.wanted(self.lcfg.compile, self.device) and why is None
         if cfg.model.gradient_checkpointing:
             enable_checkpointing(self.model, traced=traced)
         elif self.lcfg.recompute_mlp:
@@ -160,6 +160,11 @@ class Learner:
         if self.ranks.parallel == "fsdp" and self.lcfg.share_prompt:
             # the shared-prompt path calls the decoder outside the FSDP root's forward
             self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
+        if traced and self.lcfg.share_prompt:
+            # the shared prompt's KV cache makes every layer its own graph (guards on the
+            # layer index and the cache's state), past dynamo's recompile limit
+            self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
+            log.info("learner.compile: learner.share_prompt is off with compiled layers")
         if self.ranks.parallel == "fsdp" and self.objective.use_kl and ref_model is None:
             ref_model = copy.deepcopy(self.model)  # copied whole, sharded on its own below
         self.model = self.strategy.wrap(self.model)

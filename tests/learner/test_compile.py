@@ -78,6 +78,8 @@ def test_compiled_layers_train_like_eager_without_recompiling_per_length(
         on = make_cfg(learner={**cfg, "compile": "on"}, algorithm=KL)
         learner = Learner(fresh_model(), None, on)
     assert learner.compiled_layers == {"policy": 2, "reference model": 2}
+    # a shared prompt's KV cache would make each layer its own graph
+    assert eager.lcfg.share_prompt and not learner.lcfg.share_prompt
     assert "2 decoder layers of the policy, 2 decoder layers of the reference" in caplog.text
     blocks = compiled.decoder_blocks(learner.model)
     assert [type(b).__name__ for b in blocks] == ["LlamaDecoderLayer"] * 2
