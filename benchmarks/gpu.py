@@ -318,10 +318,13 @@ def bench_learner(
     from agentrl.learner import Learner
     from agentrl.models import load_tokenizer
 
-    if args.smoke and compile_available():  # inductor takes minutes of a small CPU
+    backend = None
+    if compile_available():
         from agentrl.learner import compiled as compiled_layers
 
-        compiled_layers.BACKEND = "aot_eager"
+        if args.smoke:  # inductor takes minutes of a small CPU
+            compiled_layers.BACKEND = "aot_eager"
+        backend = str(compiled_layers.BACKEND)
     tokenizer = load_tokenizer("tiny-llama")
     peak = peak_flops(device)
     groups = make_groups(args.groups, args.group_size, args.prompt_len, args.response_len)
@@ -339,6 +342,7 @@ def bench_learner(
             "longest_sequence": longest,
             "packing_available": packing_available(),
             "compile_available": compile_available(),
+            "compile_backend": backend,  # aot_eager in --smoke: the plumbing, not the speed
             "rows": rows,
         }
 
