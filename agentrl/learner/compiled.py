@@ -24,7 +24,9 @@ compile, so micro-batches of any padded or packed length reuse one graph per var
 (training / no-grad, one row / several). ``dynamic=None`` (static first, dynamic on the
 first change) recompiled on every new length once the no-grad pass and the training
 forward alternated, up to dynamo's recompile limit, after which a layer silently runs
-eagerly; ``tests/learner/test_compile.py`` counts the graphs.
+eagerly; ``tests/learner/test_compile.py`` counts the graphs. For the same reason the
+learner turns ``learner.share_prompt`` off with compiled layers: the shared prompt's KV
+cache makes every layer its own graph (guards on its layer index and the cache's state).
 
 The first step pays the compile (seconds per distinct layer graph; all layers of one
 model share a graph). Composes with bf16/fp16 autocast (autocast is traced into the
