@@ -140,7 +140,11 @@ class Learner:
         self.model = model.to(device=self.device, dtype=torch.float32)
         self.model.config.use_cache = False
         # compiled layers trace the checkpoint into their graph (agentrl.learner.compiled)
-        traced = compiled.wanted(self.lcfg.compile, self.device) and why is None
+        traced = (
+            compiled.wanted(self.lcfg.compile, self.device)
+            and why is None
+            and bool(compiled.decoder_blocks(self.model))
+        )
         if cfg.model.gradient_checkpointing:
             enable_checkpointing(self.model, traced=traced)
         elif self.lcfg.recompute_mlp:
@@ -257,7 +261,7 @@ class Learner:
             return {}
         why = compiled.refusal(mode, self.ranks.parallel)
         if why is not None:  # auto (on is refused at the start of __init__)
-            log.info("%s (learner.compile=auto: the layers stay eager)", why.split(": ", 1)[1])
+            log.info("%s: the decoder layers stay eager", why.split("; set", 1)[0])
             return {}
         counts: dict[str, int] = {}
         seen: set[int] = set()  # LoRA's reference is the policy itself, adapters off
