@@ -294,6 +294,12 @@ def compile_available() -> bool:
     return "compile" in LearnerConfig.model_fields
 
 
+def eager() -> dict[str, str]:
+    """learner.compile=off, for a section whose learner steps are not about it (auto
+    compiles on CUDA, which would only add its compile time there)."""
+    return {"compile": "off"} if compile_available() else {}
+
+
 def learner_configs(args: argparse.Namespace) -> list[tuple[bool, bool]]:
     """(compiled, packing) of each learner row, eager ones first; compiled rows take
     ``--compile-packing``'s modes (padded only by default: each packed variant is another
@@ -635,7 +641,7 @@ def extra_lora(args: argparse.Namespace, device: torch.device, root: Path) -> di
     from agentrl.samplers.hf import HFSampler
 
     cfg = config_from_dict(
-        {"model": {"lora": {"r": 16}}, "learner": {"device": str(device), "lr": 1e-3}}
+        {"model": {"lora": {"r": 16}}, "learner": {"device": str(device), "lr": 1e-3, **eager()}}
     )
     tokenizer = load_tokenizer("tiny-llama")
     policy = apply_lora(llama(args.extras_shape, device), cfg.model.lora)
@@ -685,7 +691,9 @@ def extra_fp16(args: argparse.Namespace, device: torch.device, root: Path) -> di
 
     if device.type != "cuda":
         return {"skipped": "fp16 autocast is for CUDA"}
-    cfg = config_from_dict({"learner": {"device": str(device), "lr": 1e-6, "fp16": "on"}})
+    cfg = config_from_dict(
+        {"learner": {"device": str(device), "lr": 1e-6, "fp16": "on", **eager()}}
+    )
     learner = Learner(llama(args.extras_shape, device), load_tokenizer("tiny-llama"), cfg)
     groups = make_groups(2, 4, (16, 64), (16, 64))
     rows = []

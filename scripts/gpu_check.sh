@@ -38,7 +38,7 @@ BINARY=(pydantic-core psutil)
 
 section_limit() {  # seconds
     case "$1" in
-        tests) echo 150 ;; learner) echo 240 ;; async) echo 300 ;; publish) echo 90 ;;
+        tests) echo 240 ;; learner) echo 240 ;; async) echo 300 ;; publish) echo 90 ;;
         sampler) echo 120 ;; extras) echo 90 ;; *) echo 120 ;;
     esac
 }
