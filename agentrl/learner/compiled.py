@@ -6,8 +6,8 @@ reference model, which the learner forwards too) is compiled in place with
 gate and residual adds, each a few small element-wise kernels in transformers' eager
 code, fuse into a handful of kernels around the matmuls. In place means the module tree,
 parameter names and ``state_dict`` keys are unchanged (no ``_orig_mod.`` prefix), so
-checkpoints, resume, LoRA's merge, FSDP2's per-layer shards and the weights published to
-samplers see the same model as without it.
+checkpoints, resume, LoRA's merge and the weights published to samplers see the same
+model as without it.
 
 - ``auto``: on when the learner is on CUDA; off on CPU, where compiling costs more than a
   small model's steps gain on a few cores (the 2-layer test model's graphs take over a
@@ -30,12 +30,13 @@ cache makes every layer its own graph (guards on its layer index and the cache's
 
 The first step pays the compile (seconds per distinct layer graph; all layers of one
 model share a graph). Composes with bf16/fp16 autocast (autocast is traced into the
-graph: the weights' casts happen inside the compiled layer, once per micro-batch, fused
-with nothing else, instead of once per update as :meth:`Precision.casts_once` does
-eagerly; see docs/gpu.md), gradient checkpointing (the checkpoint wraps the compiled
-layer), LoRA (peft's adapted linears are traced inside the layer) and DDP; FSDP2
-(``learner.parallel: fsdp``) is refused with ``on`` and skipped with ``auto``: its
-per-layer hooks inside a compiled layer have not been run in this project.
+graph: the weights' casts happen inside the compiled layer, once per micro-batch, instead
+of once per update as :meth:`Precision.casts_once` does eagerly; counted in
+docs/performance.md), gradient checkpointing (traced into the graph when transformers
+checkpoints inside the layer's forward, as 5.2x does; the attention-kernel ``context_fn``
+is left out then), LoRA (peft's adapted linears are traced inside the layer) and DDP;
+FSDP2 (``learner.parallel: fsdp``) is refused with ``on`` and skipped with ``auto``:
+dynamo breaks the layer's graph at its hooks, and it has not been measured across GPUs.
 """
 
 from __future__ import annotations
