@@ -9,10 +9,11 @@ parameter names and ``state_dict`` keys are unchanged (no ``_orig_mod.`` prefix)
 checkpoints, resume, LoRA's merge and the weights published to samplers see the same
 model as without it.
 
-- ``auto``: on when the learner is on CUDA; off on CPU, where compiling costs more than a
-  small model's steps gain on a few cores (the 2-layer test model's graphs take over a
-  minute of inductor on 2 cores). A forward whose compile fails puts the layers back to
-  eager with one warning (this path has not yet run on a GPU).
+- ``auto``: on when the learner is on CUDA; off on CPU, where the first compile takes
+  tens of seconds of a few cores (the 2-layer test model's graphs over a minute) and pays
+  back only over long runs (SmolLM2-135M on 2 cores: 1.16-1.21x a step after ~29 s,
+  ``benchmarks/learner_compile.py``). A forward whose compile fails puts the layers back
+  to eager with one warning (this path has not yet run on a GPU).
 - ``on``: compiled on any device (inductor's C++ backend on CPU); a model whose decoder
   layers cannot be found is a config error.
 - ``off``: eager.
