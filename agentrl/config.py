@@ -222,8 +222,8 @@ class LearnerConfig(_Section):
     fused_logprobs: Literal["auto", "on", "off"] = "auto"
     # regional torch.compile: each decoder layer of the policy (critic, reference model)
     # compiled in place, fusing the element-wise work around the matmuls: auto = on CUDA,
-    # off on CPU (compile time outweighs the gain there); on = any device. See
-    # agentrl.learner.compiled
+    # off on CPU (a first compile of tens of seconds, paid back by long runs only); on = any
+    # device (share_prompt is off then). See agentrl.learner.compiled
     compile: Literal["auto", "on", "off"] = "auto"
     # forward a group's shared prompt once (its KV cache repeated for the group's rows):
     # identical values and gradients, a fraction of the compute when prompts dominate
