@@ -220,6 +220,12 @@ class LearnerConfig(_Section):
     # row): auto = on CPU where it compiles, else the eager passes; on = an error if it
     # cannot; off = eager. See agentrl.algos.fused
     fused_logprobs: Literal["auto", "on", "off"] = "auto"
+    # regional torch.compile: each decoder layer of the policy (critic, reference model)
+    # compiled in place, fusing the element-wise work around the matmuls: off (the default
+    # until a GPU run has measured it); auto = on CUDA, off on CPU (a first compile of tens
+    # of seconds, paid back by long runs only); on = any device (share_prompt is off then).
+    # See agentrl.learner.compiled
+    compile: Literal["auto", "on", "off"] = "off"
     # forward a group's shared prompt once (its KV cache repeated for the group's rows):
     # identical values and gradients, a fraction of the compute when prompts dominate
     share_prompt: bool = True
@@ -248,7 +254,7 @@ class LearnerConfig(_Section):
     # how long any collective of the learner group may wait before it fails (a dead rank)
     collective_timeout_s: float = Field(600.0, gt=0)
 
-    @field_validator("bf16", "fp16", "fused_logprobs", mode="before")
+    @field_validator("bf16", "fp16", "fused_logprobs", "compile", mode="before")
     @classmethod
     def _on_off(cls, v: Any) -> Any:
         # YAML reads a bare on/off as a boolean (`--set learner.bf16=off`)

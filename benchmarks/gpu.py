@@ -12,7 +12,9 @@ Sections (each a ratio measured in this run, on this device):
   ``graphs`` (``kv_cache=static``, ``cuda_graphs=on``: the decode step replayed as CUDA
   graphs; eager ``static`` in the CPU smoke run).
 - ``learner``: learner step tokens/s and model FLOPs utilisation for the ~0.5B and ~1.5B
-  Llama shapes, ``learner.packing`` off (padded) vs on, bf16 autocast, full fine-tune.
+  Llama shapes, ``learner.packing`` off (padded) vs on, bf16 autocast, full fine-tune; then
+  the same workload with the decoder layers compiled (``learner.compile=on``, padded;
+  ``--compile-packing``), its first (untimed) step's time reported as the compile.
   MFU = 6 x (non-embedding parameters + the LM head) x trained tokens / step time / the
   GPU's dense bf16 peak (attention-score FLOPs are left out: a few percent here).
 - ``publish``: learner -> sampler weights on the GPU for the ~1.5B shape (target <= 0.2 s):
@@ -333,27 +335,80 @@ def peak_flops(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
-def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def compile_available() -> bool:
+    from agentrl.config import LearnerConfig
+
+    return "compile" in LearnerConfig.model_fields
+
+
+def eager() -> dict[str, str]:
+    """learner.compile=off, for a section whose learner steps are not about it (auto
+    compiles on CUDA, which would only add its compile time there)."""
+    return {"compile": "off"} if compile_available() else {}
+
+
+def learner_configs(args: argparse.Namespace) -> list[tuple[bool, bool]]:
+    """(compiled, packing) of each learner row, eager ones first; compiled rows take
+    ``--compile-packing``'s modes (padded only by default: each packed variant is another
+    compile of the layers, ~30-60 s at 1.5B)."""
+    modes = [False, True] if packing_available() else [False]
+    eager = [m for m in modes if args.packing == "both" or m == (args.packing == "on")]
+    compiled = [
+        m for m in modes if args.compile_packing == "both" or m == (args.compile_packing == "on")
+    ]
+    rows = [(False, p) for p in eager] if args.compile in ("both", "off") else []
+    if args.compile in ("both", "on") and compile_available():
+        rows += [(True, p) for p in compiled]
+    return rows
+
+
+def bench_learner(
+    args: argparse.Namespace, device: torch.device, save: Any = None
+) -> dict[str, Any]:
+    """Learner rows, eager then compiled (learner.compile), same workload and process;
+    `save(partial)` after each row, so a section cut off by its limit keeps its rows."""
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.models import load_tokenizer
 
+    backend = None
+    if compile_available():
+        from agentrl.learner import compiled as compiled_layers
+
+        if args.smoke:  # inductor takes minutes of a small CPU
+            compiled_layers.BACKEND = "aot_eager"
+        backend = str(compiled_layers.BACKEND)
     tokenizer = load_tokenizer("tiny-llama")
-    modes = [False, True] if packing_available() else [False]
-    modes = [m for m in modes if args.packing == "both" or m == (args.packing == "on")]
     peak = peak_flops(device)
     groups = make_groups(args.groups, args.group_size, args.prompt_len, args.response_len)
     tokens = sum(len(t.input_ids) for g in groups for t in g.trajectories)
     longest = max(len(t.input_ids) for g in groups for t in g.trajectories)
-    rows = []
+    rows: list[dict[str, Any]] = []
+
+    def summary() -> dict[str, Any]:
+        return {
+            "dtype": "float32 masters, bf16 autocast" if device.type == "cuda" else "float32",
+            "peak_bf16_flops": peak,
+            "groups": args.groups,
+            "group_size": args.group_size,
+            "micro_batch_size": args.micro_batch,
+            "longest_sequence": longest,
+            "packing_available": packing_available(),
+            "compile_available": compile_available(),
+            "compile_backend": backend,  # aot_eager in --smoke: the plumbing, not the speed
+            "rows": rows,
+        }
+
     for shape in args.learner_shapes:
-        for packing in modes:
+        for compiled, packing in learner_configs(args):
             learner_cfg: dict[str, Any] = {
                 "device": str(device),
                 "lr": 1e-6,
                 "micro_batch_size": args.micro_batch,
                 "share_prompt": False,  # every prompt differs anyway
             }
+            if compile_available():  # explicit: auto compiles on CUDA
+                learner_cfg["compile"] = "on" if compiled else "off"
             if args.smoke:  # no torch.compile of the CPU kernels: seconds, not a minute
                 learner_cfg["fused_logprobs"] = "off"
             if packing_available():
@@ -365,7 +420,11 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
             times, extra_pass = [], False
             try:
                 learner.warmup()
-                learner.step(groups)  # warm-up: allocator, kernels
+                sync(device)
+                t_warm = time.perf_counter()
+                learner.step(groups)  # warm-up: allocator, kernels, and the layers' compile
+                sync(device)
+                warmup_s = time.perf_counter() - t_warm
                 for _ in range(args.steps):
                     sync(device)
                     t0 = time.perf_counter()
@@ -374,7 +433,14 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
                     times.append(time.perf_counter() - t0)
                     extra_pass = extra_pass or metrics.get("time/no_grad_pass_s", 0.0) > 1e-3
             except torch.cuda.OutOfMemoryError as e:
-                rows.append({"shape": shape, "packing": packing, "error": f"out of memory: {e}"})
+                rows.append(
+                    {
+                        "shape": shape,
+                        "packing": packing,
+                        "compiled": compiled,
+                        "error": f"out of memory: {e}",
+                    }
+                )
                 print(f"  learner {shape} packing={packing}: out of memory", flush=True)
                 del learner, model
                 free_memory(device)
@@ -388,10 +454,28 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
             peak_mem = (
                 torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
             )
+            eager = next(
+                (
+                    r
+                    for r in rows
+                    if r["shape"] == shape
+                    and r["packing"] == packing
+                    and not r.get("compiled")
+                    and "error" not in r
+                ),
+                None,
+            )
             row = {
                 "shape": shape,
                 "params_compute": n_compute,
                 "packing": packing,
+                "compiled": compiled,
+                # the untimed first step: with compiled layers, their compile (the rest of
+                # the warm-up is the eager row's warmup_step_s)
+                "warmup_step_s": warmup_s,
+                "speedup_vs_eager": (
+                    eager["step_s_best"] / best if compiled and eager is not None else None
+                ),
                 "tokens_per_step": tokens,
                 "step_s_best": best,
                 "step_s_all": times,
@@ -404,24 +488,21 @@ def bench_learner(args: argparse.Namespace, device: torch.device) -> dict[str, A
             if args.profile:
                 row["profile"] = row_profile
             rows.append(row)
+            ratio = row["speedup_vs_eager"]
             print(
                 f"  learner {shape:<11} packing={'on ' if packing else 'off'} "
+                f"{'compiled' if compiled else 'eager   '} "
                 f"{tokens / best:10.0f} tok/s  step {best:7.3f} s  MFU "
-                + (f"{mfu:6.1%}" if mfu is not None else "   n/a"),
+                + (f"{mfu:6.1%}" if mfu is not None else "   n/a")
+                + f"  warm-up step {warmup_s:6.1f} s"
+                + (f"  {ratio:.2f}x eager" if ratio is not None else ""),
                 flush=True,
             )
             del learner, model
             free_memory(device)
-    return {
-        "dtype": "float32 masters, bf16 autocast" if device.type == "cuda" else "float32",
-        "peak_bf16_flops": peak,
-        "groups": args.groups,
-        "group_size": args.group_size,
-        "micro_batch_size": args.micro_batch,
-        "longest_sequence": longest,
-        "packing_available": packing_available(),
-        "rows": rows,
-    }
+            if save is not None:
+                save(summary())
+    return summary()
 
 
 # --- publish --------------------------------------------------------------------------------
@@ -607,7 +688,7 @@ def extra_lora(args: argparse.Namespace, device: torch.device, root: Path) -> di
     from agentrl.samplers.hf import HFSampler
 
     cfg = config_from_dict(
-        {"model": {"lora": {"r": 16}}, "learner": {"device": str(device), "lr": 1e-3}}
+        {"model": {"lora": {"r": 16}}, "learner": {"device": str(device), "lr": 1e-3, **eager()}}
     )
     tokenizer = load_tokenizer("tiny-llama")
     policy = apply_lora(llama(args.extras_shape, device), cfg.model.lora)
@@ -657,7 +738,9 @@ def extra_fp16(args: argparse.Namespace, device: torch.device, root: Path) -> di
 
     if device.type != "cuda":
         return {"skipped": "fp16 autocast is for CUDA"}
-    cfg = config_from_dict({"learner": {"device": str(device), "lr": 1e-6, "fp16": "on"}})
+    cfg = config_from_dict(
+        {"learner": {"device": str(device), "lr": 1e-6, "fp16": "on", **eager()}}
+    )
     learner = Learner(llama(args.extras_shape, device), load_tokenizer("tiny-llama"), cfg)
     groups = make_groups(2, 4, (16, 64), (16, 64))
     rows = []
@@ -796,6 +879,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--packing", choices=["both", "on", "off"], default="both", help="learner: packing modes"
     )
+    ap.add_argument(
+        "--compile",
+        choices=["both", "on", "off"],
+        default="both",
+        help="learner: eager (learner.compile=off) and/or compiled rows, eager first",
+    )
+    ap.add_argument(
+        "--compile-packing",
+        choices=["both", "on", "off"],
+        default="off",
+        help="learner: packing modes of the compiled rows (default padded only)",
+    )
     args = ap.parse_args(argv)
     if args.smoke:
         args.device = "cpu"
@@ -853,7 +948,9 @@ def run(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         root = Path(tmp)
         benches = {
             "sampler": lambda: bench_sampler(args, device),
-            "learner": lambda: bench_learner(args, device),
+            "learner": lambda: bench_learner(
+                args, device, lambda part: write({**result, "learner": part}, Path(args.out))
+            ),
             "publish": lambda: bench_publish(args, device, root),
             "async": lambda: bench_async(args, device, root),
             "extras": lambda: bench_extras(args, device, root),
@@ -907,9 +1004,13 @@ def print_table(result: dict[str, Any]) -> None:
                 lines.append(f"| learner step {row['shape']} | {row['error'][:80]} |")
                 continue
             mfu = f", MFU {row['mfu']:.1%}" if row["mfu"] is not None else ""
+            kind = "compiled" if row.get("compiled") else "eager"
+            ratio = row.get("speedup_vs_eager")
+            vs = f", {ratio:.2f}x eager" if ratio is not None else ""
             lines.append(
-                f"| learner step {row['shape']}, packing {'on' if row['packing'] else 'off'} | "
-                f"{row['tokens_per_s']:.0f} tok/s{mfu} |"
+                f"| learner step {row['shape']}, packing {'on' if row['packing'] else 'off'}, "
+                f"{kind} | {row['tokens_per_s']:.0f} tok/s{mfu}{vs}, warm-up step "
+                f"{row['warmup_step_s']:.1f} s |"
             )
     if "publish" in result:
         for kind, row in result["publish"]["in_process"].items():

@@ -39,7 +39,7 @@ BINARY=(pydantic-core psutil)
 
 section_limit() {  # seconds
     case "$1" in
-        tests) echo 150 ;; learner) echo 120 ;; async) echo 240 ;; publish) echo 90 ;;
+        tests) echo 200 ;; learner) echo 240 ;; async) echo 240 ;; publish) echo 90 ;;
         sampler) echo 150 ;; extras) echo 90 ;; *) echo 120 ;;
     esac
 }

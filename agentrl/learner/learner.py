@@ -48,8 +48,8 @@ from agentrl.checkpoint_files import (
 )
 from agentrl.config import AlgorithmConfig, Config, LearnerConfig
 from agentrl.devices import to_device, to_host
-from agentrl.errors import CheckpointError
-from agentrl.learner import sharded_checkpoint
+from agentrl.errors import CheckpointError, ConfigError
+from agentrl.learner import compiled, sharded_checkpoint
 from agentrl.learner.batching import BatchLayout, minibatch_rows
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.distributed import Ranks, Strategy, rank_micro_batches, whole_rows
@@ -129,6 +129,9 @@ class Learner:
             norm_length=self.norm_length,
             step_weight=cfg.reward.step_weight,
         )
+        why = compiled.refusal(self.lcfg.compile, self.lcfg.parallel)
+        if why is not None and self.lcfg.compile == "on":  # before a process group exists
+            raise ConfigError(why)
         self.precision = Precision.from_config(self.lcfg)
         self.device = self.precision.device
         self.bf16 = self.precision.bf16
@@ -136,8 +139,14 @@ class Learner:
         # float32 master weights; bf16 only inside autocast
         self.model = model.to(device=self.device, dtype=torch.float32)
         self.model.config.use_cache = False
+        # compiled layers trace the checkpoint into their graph (agentrl.learner.compiled)
+        traced = (
+            compiled.wanted(self.lcfg.compile, self.device)
+            and why is None
+            and bool(compiled.decoder_blocks(self.model))
+        )
         if cfg.model.gradient_checkpointing:
-            enable_checkpointing(self.model)
+            enable_checkpointing(self.model, traced=traced)
         elif self.lcfg.recompute_mlp:
             from agentrl.learner.recompute import recompute_mlp
 
@@ -155,6 +164,11 @@ class Learner:
         if self.ranks.parallel == "fsdp" and self.lcfg.share_prompt:
             # the shared-prompt path calls the decoder outside the FSDP root's forward
             self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
+        if traced and self.lcfg.share_prompt:
+            # the shared prompt's KV cache makes every layer its own graph (guards on the
+            # layer index and the cache's state), past dynamo's recompile limit
+            self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
+            log.info("learner.compile: learner.share_prompt is off with compiled layers")
         if self.ranks.parallel == "fsdp" and self.objective.use_kl and ref_model is None:
             ref_model = copy.deepcopy(self.model)  # copied whole, sharded on its own below
         self.model = self.strategy.wrap(self.model)
@@ -162,7 +176,7 @@ class Learner:
         self.use_critic = self.objective.needs_critic
         self.critic = critic.to(self.device) if critic is not None else None
         if self.critic is not None and cfg.model.gradient_checkpointing:
-            enable_checkpointing(self.critic.backbone)
+            enable_checkpointing(self.critic.backbone, traced=traced)
         if self.critic is not None:
             self.critic = self.strategy.wrap(self.critic)
         self.value_head: ValueHead | None = None
@@ -187,6 +201,8 @@ class Learner:
         if self.objective.needs_ref:
             ref = ref_model if ref_model is not None else copy.deepcopy(self.model)
             self.ref_model = self.strategy.wrap(ref.to(self.device).eval().requires_grad_(False))
+        # after the reference model's copy: a copy of a compiled layer would run the original
+        self.compiled_layers = self._compile_layers()
 
         groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
         if self.use_critic:
@@ -236,6 +252,35 @@ class Learner:
         # called with each phase of a step as it starts (PHASES): a learner rank reports
         # where it is, so a dead or stuck rank is named with its place in the step
         self.on_phase: Callable[[str], None] | None = None
+
+    def _compile_layers(self) -> dict[str, int]:
+        """``learner.compile``: the decoder layers of every model this learner forwards,
+        compiled in place (:mod:`agentrl.learner.compiled`); how many, by model."""
+        mode = self.lcfg.compile
+        if not compiled.wanted(mode, self.device):
+            return {}
+        why = compiled.refusal(mode, self.ranks.parallel)
+        if why is not None:  # auto (on is refused at the start of __init__)
+            log.info("%s: the decoder layers stay eager", why.split("; set", 1)[0])
+            return {}
+        counts: dict[str, int] = {}
+        seen: set[int] = set()  # LoRA's reference is the policy itself, adapters off
+        models = {"policy": self.model, "critic": self.critic, "reference model": self.ref_model}
+        for what, model in models.items():
+            blocks = [] if model is None else compiled.decoder_blocks(model)
+            if model is None or (blocks and all(id(b) in seen for b in blocks)):
+                continue
+            seen.update(id(b) for b in blocks)
+            counts[what] = compiled.compile_layers(model, mode, self.device, what=f"the {what}")
+        log.info(
+            "learner.compile=%s: %s compiled in place with torch.compile (backend %s); the "
+            "first step compiles them",
+            mode,
+            ", ".join(f"{n} decoder layers of the {what}" for what, n in counts.items() if n)
+            or "no layers",
+            compiled.BACKEND,
+        )
+        return counts
 
     def _phase(self, name: str) -> None:
         if self.on_phase is not None:
@@ -639,11 +684,15 @@ class Learner:
         """Nothing to release in this process (see :class:`~agentrl.learner.LearnerLike`)."""
 
 
-def enable_checkpointing(model: Any) -> None:
+def enable_checkpointing(model: Any, *, traced: bool = False) -> None:
     """Activation (gradient) checkpointing on a transformers model: each decoder layer's
     activations are recomputed in backward instead of kept (``model.gradient_checkpointing``),
-    non-reentrant, the recompute under the forward's attention kernel."""
-    kwargs = {"use_reentrant": False, "context_fn": same_attention_kernel}
+    non-reentrant, the recompute under the forward's attention kernel. `traced`: the layers
+    are compiled (``learner.compile``), their graph holds the recompute with the forward's
+    kernels, and torch.compile takes no ``context_fn`` that is not a dispatch mode."""
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if not traced:
+        kwargs["context_fn"] = same_attention_kernel
     # transformers 5.2x renamed it (the old name warns); older versions have only the old one
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
