@@ -154,7 +154,7 @@ def test_compiled_layers_with_lora_checkpointing_and_a_reference_model(
 def test_bad_settings_are_one_line_errors(caplog: pytest.LogCaptureFixture) -> None:
     assert make_cfg(learner={"compile": True}).learner.compile == "on"  # YAML's bare on
     assert make_cfg(learner={"compile": False}).learner.compile == "off"
-    assert make_cfg().learner.compile == "auto"
+    assert make_cfg().learner.compile == "off"  # until a GPU run has measured it
     with pytest.raises(ConfigError, match=r"learner\.compile"):
         make_cfg(learner={"compile": "always"})
     assert compiled.wanted("auto", torch.device("cuda"))
