@@ -3,11 +3,13 @@ them, so ranks whose own rows saw different KLs keep one beta (before: each rank
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 from agentrl.learner.distributed import Ranks, init_rank_group
 from agentrl.learner.objective import Objective
@@ -45,6 +47,7 @@ def _see_kl(obj: Objective, batch: Batch, shift: float) -> None:
 
 
 def _rank(rank: int, address: str, out: str) -> None:
+    """One rank (a process of its own: ``python -m tests.learner.test_adaptive_kl_ranks``)."""
     torch.set_num_threads(1)
     init_rank_group(rank, 2, address, device=torch.device("cpu"), timeout_s=60)
     batch = Batch.from_groups(make_groups(tiny_llama(seed=0), n_groups=2, group_size=2, seed=1))
@@ -69,7 +72,29 @@ def _rank(rank: int, address: str, out: str) -> None:
 
 
 def test_ranks_adapt_one_beta_from_the_kl_of_all_ranks(tmp_path: Path) -> None:
-    mp.spawn(_rank, args=(f"tcp://127.0.0.1:{_free_port()}", str(tmp_path)), nprocs=2)
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    module = "tests.learner.test_adaptive_kl_ranks"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", module, str(r), address, str(tmp_path)],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
+        assert p.returncode == 0, f"rank {r} failed:\n{log[-4000:]}"
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     assert r0["k1"] > 0
     assert r0["beta"] == r1["beta"] == 1.0
@@ -88,3 +113,7 @@ def test_a_single_process_adapts_from_its_own_kl() -> None:
     obj.end_step()
     obj.advantages(batch, batch.rewards, None)
     assert obj.loss_options["kl_beta"] == 2.0
+
+
+if __name__ == "__main__":
+    _rank(int(sys.argv[1]), sys.argv[2], sys.argv[3])
