@@ -16,9 +16,16 @@ def test_the_gpu_benchmark_runs_on_the_cpu_with_smoke(tmp_path):
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     env = result["environment"]
     assert env["device"] == "cpu" and env["gpu"] is None and len(env["load_average"]) == 3
-    for row in result["sampler"]["by_concurrency"].values():
-        assert row["generate_tok_s"] > 0 and row["sampler_tok_s"] > 0
-        assert math.isclose(row["ratio"], row["sampler_tok_s"] / row["generate_tok_s"])
+    sampler = result["sampler"]
+    # on a CPU: the default sampler and the fixed-slot one (eager; graphs need CUDA)
+    assert set(sampler["by_variant"]) == {"growing", "static"} and sampler["errors"] == {}
+    assert sampler["by_concurrency"] == sampler["by_variant"]["growing"]
+    assert sampler["stats"]["static"]["cuda_graphs"] == 0
+    for rows in sampler["by_variant"].values():
+        assert rows
+        for row in rows.values():
+            assert row["generate_tok_s"] > 0 and row["sampler_tok_s"] > 0
+            assert math.isclose(row["ratio"], row["sampler_tok_s"] / row["generate_tok_s"])
     rows = result["learner"]["rows"]
     assert rows and all(r["tokens_per_s"] > 0 and r["mfu"] is None for r in rows)  # no GPU peak
     assert {r["packing"] for r in rows} == (
