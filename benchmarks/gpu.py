@@ -877,7 +877,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-learner-process", dest="learner_process", action="store_false")
     ap.add_argument("--profile", action="store_true", help="learner: profile one more step")
     ap.add_argument(
-        "--packing", choices=["both", "on", "off"], default="both", help="learner: packing modes"
+        "--packing",
+        choices=["both", "on", "off"],
+        default=None,
+        help="learner: packing modes of the eager rows (default: off on a GPU, where two runs "
+        "measured packing slower; both with --smoke)",
     )
     ap.add_argument(
         "--compile",
@@ -918,6 +922,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.tool_delay, args.turns, args.async_new_tokens = 0.2, 3, 64
         args.async_group_size, args.async_batch_groups, args.async_steps = 8, 4, 5
         args.out = args.out or str(RESULTS / "gpu.json")
+    args.packing = args.packing or ("both" if args.smoke else "off")
     args.micro_batch = args.micro_batch or 4
     args.learner_shapes = args.shapes or args.learner_shapes
     args.staleness = 2

@@ -22,7 +22,7 @@
 #   publish  learner -> sampler weights at ~1.5B: CUDA IPC vs shared-memory files
 #   extras   a LoRA step with merge-and-publish, fp16 with the scaler, gpu_memory_fraction
 # (sampler moved before async and publish once those had met their targets on two runs and
-# the sampler had not). The whole check is estimated at ~9-9.5 minutes: docs/gpu.md runs it
+# the sampler had not). The whole check is estimated at ~9 minutes: docs/gpu.md runs it
 # as two calls, --sections "tests learner sampler" then "async publish extras".
 # The time estimate per section is in docs/gpu.md; the limits below add ~50% to it.
 set -uo pipefail
