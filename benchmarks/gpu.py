@@ -54,6 +54,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 
+from benchmarks.decode_timing import generate_tok_s, sampler_tok_s  # noqa: E402
+
 VOCAB = 49152
 SHAPES: dict[str, dict[str, int]] = {
     # hidden, MLP width, layers, heads (key/value heads = heads)
@@ -144,44 +146,6 @@ def sync(device: torch.device) -> None:
 # --- sampler --------------------------------------------------------------------------------
 
 
-def generate_once(model: Any, prompt: list[int], c: int, new_tokens: int) -> float:
-    """Tokens/s of one batched model.generate call over `c` copies of the prompt."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt] * c, device=device)
-    sync(device)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            pad_token_id=0,
-        )
-    sync(device)
-    return out.shape[0] * (out.shape[1] - len(prompt)) / (time.perf_counter() - t0)
-
-
-async def sampler_once(sampler: Any, prompt: list[int], c: int, new_tokens: int) -> float:
-    from agentrl.samplers import SamplingParams
-
-    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
-    counts: list[int] = []
-
-    async def one() -> None:
-        counts.append(len(await sampler.generate(prompt, params)))
-
-    t0 = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for _ in range(c):
-            tg.start_soon(one)
-    return sum(counts) / (time.perf_counter() - t0)
-
-
 def sampler_variants(device: torch.device) -> dict[str, dict[str, Any]]:
     """The hf sampler configurations measured next to ``generate``: the default eager path
     (growing cache) and the fixed-slot cache with its decode step replayed as CUDA graphs
@@ -217,7 +181,7 @@ def bench_sampler(args: argparse.Namespace, device: torch.device) -> dict[str, A
         if name in errors:
             return None
         try:
-            return await sampler_once(samplers[name], prompt, c, new_tokens)
+            return await sampler_tok_s(samplers[name], prompt, c, new_tokens)
         except Exception as e:
             errors[name] = f"{type(e).__name__}: {e}"
             print(f"  sampler {name} failed: {errors[name][:200]}", flush=True)
@@ -225,7 +189,7 @@ def bench_sampler(args: argparse.Namespace, device: torch.device) -> dict[str, A
 
     async def main() -> None:
         try:
-            generate_once(model, prompt, 1, 4)  # warm-up all (graphs: the short buckets)
+            generate_tok_s(model, prompt, 1, 4)  # warm-up all (graphs: the short buckets)
             for name in samplers:
                 await measure(name, 1, 4)
                 await measure(name, batch, 4)
@@ -233,7 +197,7 @@ def bench_sampler(args: argparse.Namespace, device: torch.device) -> dict[str, A
                 raw: list[float] = []
                 ours: dict[str, list[float]] = {name: [] for name in samplers}
                 for _ in range(args.repeats):  # alternating, so load hits all alike
-                    raw.append(generate_once(model, prompt, c, args.new_tokens))
+                    raw.append(generate_tok_s(model, prompt, c, args.new_tokens))
                     for name in samplers:
                         if (tok_s := await measure(name, c, args.new_tokens)) is not None:
                             ours[name].append(tok_s)

@@ -46,6 +46,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+# at the end of the path: the child's PYTHONPATH (an older revision's agentrl) stays first
+sys.path.append(str(ROOT))
+
+from benchmarks.decode_timing import generate_tok_s, sampler_tok_s  # noqa: E402
+
 PROMPT = [1, 415, 293, 349, 264, 136, 302, 272, 431, 287, 13, 228]  # < --vocab
 VARIANTS = {"growing": {"kv_cache": "growing"}, "static": {"kv_cache": "static"}}
 
@@ -71,40 +76,6 @@ def build_model(
     config._attn_implementation = attention
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
-
-
-def generate_tok_s(model: Any, prompt: list[int], c: int, new_tokens: int) -> float:
-    ids = torch.tensor([prompt] * c)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            pad_token_id=0,
-        )
-    return out.shape[0] * (out.shape[1] - len(prompt)) / (time.perf_counter() - t0)
-
-
-async def sampler_tok_s(sampler: Any, prompt: list[int], c: int, new_tokens: int) -> float:
-    from agentrl.samplers import SamplingParams
-
-    params = SamplingParams(temperature=1.0, max_new_tokens=new_tokens)
-    counts: list[int] = []
-
-    async def one() -> None:
-        counts.append(len(await sampler.generate(prompt, params)))
-
-    t0 = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for _ in range(c):
-            tg.start_soon(one)
-    return sum(counts) / (time.perf_counter() - t0)
 
 
 class Sections:

@@ -36,27 +36,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "samplers.json"
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.decode_timing import generate_tok_s  # noqa: E402
+
 CONCURRENCY = (1, 8, 32)
-
-
-def raw_once(model, prompt: list[int], c: int, new_tokens: int) -> float:
-    """Tokens/s of one batched model.generate call over `c` copies of the prompt."""
-    ids = torch.tensor([prompt] * c)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            pad_token_id=0,
-        )
-    elapsed = time.perf_counter() - t0
-    return (out.shape[0] * (out.shape[1] - len(prompt))) / elapsed
 
 
 async def ours_once(sampler, prompt: list[int], c: int, new_tokens: int) -> float:
@@ -79,11 +63,11 @@ async def ours_once(sampler, prompt: list[int], c: int, new_tokens: int) -> floa
 async def throughput(args, model, sampler, prompt) -> dict[str, dict[str, float]]:
     raw: dict[int, float] = {}
     mine: dict[int, float] = {}
-    await anyio.to_thread.run_sync(raw_once, model, prompt, 1, 4)  # warm-up
+    await anyio.to_thread.run_sync(generate_tok_s, model, prompt, 1, 4)  # warm-up
     await ours_once(sampler, prompt, 1, 4)
     for c in args.concurrency:
         for _ in range(args.repeats):
-            r = await anyio.to_thread.run_sync(raw_once, model, prompt, c, args.new_tokens)
+            r = await anyio.to_thread.run_sync(generate_tok_s, model, prompt, c, args.new_tokens)
             raw[c] = max(raw.get(c, 0.0), r)
             m = await ours_once(sampler, prompt, c, args.new_tokens)
             mine[c] = max(mine.get(c, 0.0), m)

@@ -415,9 +415,9 @@ class Objective:
         the adaptive-KL beta and the KL seen since it was last adapted ({} for the rest)."""
         if self.adaptive_kl is None:
             return {}
-        if self._kl_seen:  # a step not ended by :meth:`end_step`: this process's KL
-            self.end_step()
-        return {"adaptive_kl": {"beta": self.adaptive_kl.beta, "pending_kl": self._last_kl}}
+        seen = self._seen_kl()  # a step not ended by :meth:`end_step`: this process's KL
+        pending = float(seen[0] / seen[1]) if seen[1] > 0 else self._last_kl
+        return {"adaptive_kl": {"beta": self.adaptive_kl.beta, "pending_kl": pending}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`. The checkpoint's adapted beta replaces the configured
@@ -439,15 +439,21 @@ class Objective:
         adapt the same beta. One host read a step."""
         if self.adaptive_kl is None:
             return
-        seen = torch.zeros(2, dtype=torch.float64)
-        if self._kl_seen:
-            seen[0] = float(torch.stack([k.detach().double() for k in self._kl_seen]).sum())
-            seen[1] = len(self._kl_seen)
+        seen = self._seen_kl()
         if sum_over_ranks is not None:
             seen = sum_over_ranks(seen)
         self._kl_seen = []
         if float(seen[1]) > 0:
             self._last_kl = float(seen[0] / seen[1])
+
+    def _seen_kl(self) -> Tensor:
+        """[sum, count] (float64, host) of the KL of the micro-batches since the last
+        :meth:`end_step`."""
+        seen = torch.zeros(2, dtype=torch.float64)
+        if self._kl_seen:
+            seen[0] = float(torch.stack([k.detach().double() for k in self._kl_seen]).sum())
+            seen[1] = len(self._kl_seen)
+        return seen
 
     def _adapt_kl(self) -> None:
         """Adaptive-KL PPO: the last step's mean KL(pi_old || pi_theta) sets this step's beta."""

@@ -3,9 +3,6 @@ them, so ranks whose own rows saw different KLs keep one beta (before: each rank
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,14 +13,9 @@ from agentrl.learner.objective import Objective
 from agentrl.models import tiny_llama
 from agentrl.types import Batch
 from tests.learner.conftest import make_cfg, make_groups
+from tests.learner.ranks import free_port, run_ranks
 
 SHIFT = 0.5  # rank 1's policy change (log-prob shift on every trained token); rank 0's is 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _objective(target: float) -> Objective:
@@ -72,29 +64,8 @@ def _rank(rank: int, address: str, out: str) -> None:
 
 
 def test_ranks_adapt_one_beta_from_the_kl_of_all_ranks(tmp_path: Path) -> None:
-    address = f"tcp://127.0.0.1:{_free_port()}"
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    module = "tests.learner.test_adaptive_kl_ranks"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", module, str(r), address, str(tmp_path)],
-            cwd=root,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    try:
-        logs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"rank {r} failed:\n{log[-4000:]}"
+    address = f"tcp://127.0.0.1:{free_port()}"
+    run_ranks("tests.learner.test_adaptive_kl_ranks", 2, address, str(tmp_path))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     assert r0["k1"] > 0
     assert r0["beta"] == r1["beta"] == 1.0

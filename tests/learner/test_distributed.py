@@ -3,60 +3,19 @@ weights after 3 steps (float32 tolerance), with global loss denominators and met
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.learner.distributed_worker import CASES, train
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.learner.ranks import free_port, run_ranks
 
 
 def two_ranks(out: Path, case: str) -> Path:
     """`case` trained by 2 ranks in one gloo group; rank 0's results in `out`."""
     address = f"tcp://127.0.0.1:{free_port()}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.learner.distributed_worker",
-                str(r),
-                "2",
-                address,
-                str(out),
-                case,
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    for r, (p, log) in enumerate(zip(procs, logs, strict=True)):
-        assert p.returncode == 0, f"rank {r} failed:\n{log[-4000:]}"
+    run_ranks("tests.learner.distributed_worker", 2, "2", address, str(out), case)
     return out
 
 
