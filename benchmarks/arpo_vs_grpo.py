@@ -47,8 +47,8 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentrl.config import Config, load_config
-from agentrl.events import BatchTrained, GroupFinished
-from agentrl.orchestrator import Orchestrator
+from agentrl.run.events import BatchTrained, GroupFinished
+from agentrl.run.orchestrator import Orchestrator
 from agentrl.types import Trajectory, TrajectoryGroup
 
 REPO = Path(__file__).resolve().parent.parent
@@ -123,8 +123,8 @@ async def held_out(cfg: Config, checkpoint: Path, n_tasks: int, samples: int) ->
     """Success and tool calls per solved question of `checkpoint` on held-out questions."""
     import itertools
 
-    from agentrl.evaluation import SUCCESS
-    from agentrl.runtime import assemble, load_checkpoint_into_sampler
+    from agentrl.run.evaluation import SUCCESS
+    from agentrl.run.runtime import assemble, load_checkpoint_into_sampler
 
     run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "eval", samples=samples))
     async with run:

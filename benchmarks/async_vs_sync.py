@@ -37,9 +37,9 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentrl.config import load_config
-from agentrl.events import BatchTrained
-from agentrl.orchestrator import Orchestrator
-from agentrl.plotting import read_steps
+from agentrl.run.events import BatchTrained
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 
 
 def _cpu_seconds() -> float:

@@ -543,7 +543,7 @@ def bench_publish(args: argparse.Namespace, device: torch.device, root: Path) ->
 
     async def learner_process(kinds: list[str], root: Path, swap: Any) -> None:
         from agentrl.config import config_from_dict
-        from agentrl.placement.learner_process import LearnerProcess
+        from agentrl.run.placement.learner_process import LearnerProcess
 
         folder = save_folder(args.publish_shape, root, device)
         for kind in kinds:

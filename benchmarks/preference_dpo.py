@@ -42,13 +42,13 @@ from pathlib import Path
 import anyio
 import torch
 
-from agentrl.components import build_engine
+from agentrl.run.components import build_engine
 from agentrl.config import load_config
 from agentrl.devices import resolve_device
 from agentrl.models import load_model
 from agentrl.preference.rollouts import pairs_from_groups
 from agentrl.preference.trainer import PreferenceTrainer
-from agentrl.runtime import assemble
+from agentrl.run.runtime import assemble
 from agentrl.weights import WeightBus
 
 ROOT = Path(__file__).resolve().parent.parent

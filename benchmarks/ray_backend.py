@@ -32,8 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agentrl.config import load_config  # noqa: E402
-from agentrl.orchestrator import Orchestrator  # noqa: E402
-from agentrl.plotting import read_steps  # noqa: E402
+from agentrl.run.orchestrator import Orchestrator  # noqa: E402
+from agentrl.run.plotting import read_steps  # noqa: E402
 
 
 def training_overrides(args: argparse.Namespace, backend: str) -> list[str]:
@@ -97,7 +97,7 @@ def bench_publish(args: argparse.Namespace) -> dict[str, object]:
     import ray
 
     from agentrl.models import load_model, prepare_files
-    from agentrl.placement.actors import ReplicaClient, SamplerShell
+    from agentrl.run.placement.actors import ReplicaClient, SamplerShell
     from agentrl.weights import WeightBus
     from agentrl.weights.broadcast import BroadcastTransport
 

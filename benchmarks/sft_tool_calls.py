@@ -114,7 +114,7 @@ def tool_call_rate(model_name: str, env, samples: int, seed: int) -> tuple[float
 def main() -> None:
     from agentrl.config import load_config
     from agentrl.envs import make_env
-    from agentrl.sft import train_sft
+    from agentrl.training.sft import train_sft
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")

@@ -67,7 +67,7 @@ DATA_SEED = 0
 CONFIGS = ["trl", "sync", "async", "sync+gc", "async+gc"]
 # agentrl settings of this benchmark beyond the shared workload (--agentrl-set replaces them)
 AGENTRL_DEFAULT_SET: list[str] = []
-# reasoning-gym basic_arithmetic, code_math's "easy" settings (envs/code_math.py)
+# reasoning-gym basic_arithmetic, code_math's "easy" settings (agentrl/envs/code_math.py)
 EASY = {"min_terms": 2, "max_terms": 3, "min_digits": 2, "max_digits": 3, "operators": "+-*"}
 
 
@@ -235,8 +235,8 @@ def child_agentrl(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from agentrl.config import load_config
-    from agentrl.events import BatchTrained, GroupFinished
-    from agentrl.orchestrator import Orchestrator
+    from agentrl.run.events import BatchTrained, GroupFinished
+    from agentrl.run.orchestrator import Orchestrator
 
     mode, _, saver = args.config.partition("+")
     staleness = 1 if mode == "async" else 0

@@ -111,7 +111,7 @@ def cli(*args: str, log: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from agentrl.plotting import learning_summary, read_steps
+    from agentrl.run.plotting import learning_summary, read_steps
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")

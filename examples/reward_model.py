@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> dict:
     import anyio
 
     from agentrl.config import load_config
-    from agentrl.orchestrator import train
-    from agentrl.plotting import read_steps
+    from agentrl.run.orchestrator import train
+    from agentrl.run.plotting import read_steps
     from agentrl.rewards.bradley_terry import train_reward_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

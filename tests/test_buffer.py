@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from agentrl.algos import dynamic_sampling_mask
-from agentrl.buffer import Admission, Buffer, BufferClosedError
+from agentrl.run.buffer import Admission, Buffer, BufferClosedError
 from agentrl.types import Segment, Trajectory, TrajectoryGroup
 from tests.waiting import wait_until_async
 

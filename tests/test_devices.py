@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.components import build_sampler
+from agentrl.run.components import build_sampler
 from agentrl.config import config_from_dict
 from agentrl.devices import (
     GiB,

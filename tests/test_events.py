@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 
 from agentrl.config import LoggingConfig
-from agentrl.events import (
+from agentrl.run.events import (
     BatchTrained,
     EvalFinished,
     EventBus,
@@ -18,7 +18,7 @@ from agentrl.events import (
     RunFinished,
     step_metrics,
 )
-from agentrl.subscribers import subscribers_for
+from agentrl.run.subscribers import subscribers_for
 
 
 def _line(metrics: dict[str, float]) -> str:
@@ -102,7 +102,7 @@ def test_step_metrics_prefix_other_events_by_name():
 
 
 def test_gateway_prefix_breaks_are_a_group_number_only_for_gateway_groups():
-    from agentrl.events import summarize_group
+    from agentrl.run.events import summarize_group
     from agentrl.types import Trajectory, TrajectoryGroup
 
     def sample(started_by: str) -> Trajectory:

@@ -92,7 +92,7 @@ def test_datasets_and_parquet_need_datasets(tmp_path, monkeypatch):
 
 
 def test_curves_need_plots(tmp_path, monkeypatch):
-    from agentrl.plotting import plot_run
+    from agentrl.run.plotting import plot_run
 
     (tmp_path / "metrics.jsonl").write_text(
         json.dumps({"event": "BatchTrained", "step": 1, "metrics": {"reward_mean": 0.5}}) + "\n"
@@ -117,7 +117,7 @@ def test_the_gateway_needs_gateway(monkeypatch):
 
 
 def test_the_ray_backend_needs_ray(monkeypatch):
-    from agentrl.placement.cluster import import_ray
+    from agentrl.run.placement.cluster import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(MissingExtra) as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.algos import maj_at_k, pass_at_k
-from agentrl.evaluation import group_scores
+from agentrl.run.evaluation import group_scores
 from agentrl.types import Trajectory, TrajectoryGroup
 
 

@@ -11,14 +11,14 @@ import pytest
 
 from agentrl.config import LoggingConfig, WandbConfig, config_from_dict
 from agentrl.errors import ConfigError, MissingExtra
-from agentrl.events import (
+from agentrl.run.events import (
     BatchTrained,
     EvalFinished,
     EventBus,
     RunFinished,
     RunStarted,
 )
-from agentrl.subscribers import subscribers_for
+from agentrl.run.subscribers import subscribers_for
 from tests.procs import live_descendants
 from tests.waiting import wait_until
 
@@ -173,7 +173,7 @@ def test_missing_wandb_names_the_install_command(tmp_path, monkeypatch):
 
 
 def test_a_resumed_run_continues_the_same_wandb_run(tmp_path):
-    from agentrl.wandb_writer import WandbWriter
+    from agentrl.run.wandb_writer import WandbWriter
 
     first = WandbWriter(WandbConfig(), tmp_path)
     first(RunStarted(run_dir=str(tmp_path), config={}))

@@ -21,7 +21,7 @@ def export(
 ) -> None:
     """Export a checkpoint: weights, config, tokenizer, chat template, generation config."""
     from agentrl.errors import AgentRLError
-    from agentrl.export import export_checkpoint
+    from agentrl.run.export import export_checkpoint
 
     try:
         path = export_checkpoint(run_dir, out, step=step, dtype=dtype, overwrite=overwrite)

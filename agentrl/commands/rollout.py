@@ -38,7 +38,7 @@ def rollout(
     from agentrl.errors import user_error
     from agentrl.rollout.sinks import JsonlSink
     from agentrl.rollout.summary import summarize
-    from agentrl.runtime import assemble
+    from agentrl.run.runtime import assemble
 
     console = Console()
     out_dir = out or Path("runs") / f"rollout-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -49,7 +49,7 @@ def serve(
         from agentrl.gateway import GatewayServer, GatewaySettings
         from agentrl.gateway.service import Gateway
         from agentrl.rollout.sinks import JsonlSink
-        from agentrl.runtime import assemble, load_checkpoint_into_sampler
+        from agentrl.run.runtime import assemble, load_checkpoint_into_sampler
         from agentrl.types import Trajectory, TrajectoryGroup
 
         run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout"))

@@ -31,7 +31,7 @@ def sft(
     """Fine-tune on transcripts with assistant-only loss; RL starts from --out."""
     from agentrl.config import load_config
     from agentrl.errors import AgentRLError
-    from agentrl.sft import train_sft
+    from agentrl.training.sft import train_sft
 
     try:
         cfg = load_config(config, set_ or [])

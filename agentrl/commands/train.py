@@ -43,7 +43,7 @@ def train(
 
     from agentrl.config import load_config
     from agentrl.errors import user_error
-    from agentrl.orchestrator import train as run_train
+    from agentrl.run.orchestrator import train as run_train
 
     try:
         if resume is not None:
@@ -88,7 +88,7 @@ def _print_summary(run_dir: Path) -> None:
     from rich.table import Table
 
     from agentrl.errors import MissingExtra
-    from agentrl.plotting import learning_summary, plot_run, read_steps
+    from agentrl.run.plotting import learning_summary, plot_run, read_steps
 
     steps = read_steps(run_dir)
     if not steps:
@@ -136,7 +136,7 @@ def plot(
 ) -> None:
     """Plot training curves (reward, success, entropy, KL, clip fraction, staleness, ...)."""
     from agentrl.errors import AgentRLError
-    from agentrl.plotting import plot_run
+    from agentrl.run.plotting import plot_run
 
     try:
         typer.echo(str(plot_run(run_dir, out)))
@@ -159,7 +159,7 @@ def eval_(
     from agentrl.config import load_config
     from agentrl.cpu import set_allocator
     from agentrl.errors import user_error
-    from agentrl.evaluation import evaluate, print_eval
+    from agentrl.run.evaluation import evaluate, print_eval
 
     try:
         cfg = load_config(config, set_ or [])

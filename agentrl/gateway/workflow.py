@@ -21,7 +21,7 @@ from agentrl.extras import require
 from agentrl.gateway.programs import load_entrypoint, run_command, run_entrypoint
 from agentrl.gateway.server import run_gateway
 from agentrl.gateway.service import Gateway, GatewaySettings
-from agentrl.resources import ResourceScope, current_run_scope
+from agentrl.run.resources import ResourceScope, current_run_scope
 from agentrl.rollout.workflow import BUILTIN, EpisodeContext, Workflow
 from agentrl.types import Trajectory
 
@@ -62,7 +62,7 @@ def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
         if scope is None:
             raise ConfigError(
                 f"env.name={env.name} serves its program through the run's gateway: run episodes "
-                "inside a run (run = agentrl.runtime.assemble(cfg, role); async with run: ...)"
+                "inside a run (run = agentrl.run.runtime.assemble(cfg, role); async with run: ...)"
             )
         gateway = await run_gateway(scope, ctx.sampler, settings)
         session = gateway.open_session(

@@ -1,6 +1,6 @@
 """The learner: logprob recomputation, losses, optimizer, weight publishing, checkpoints.
 
-:class:`Learner` trains in this process; :class:`~agentrl.placement.learner_process.LearnerProcess`
+:class:`Learner` trains in this process; :class:`~agentrl.run.placement.learner_process.LearnerProcess`
 runs one in a child process; both are :class:`LearnerLike`.
 """
 

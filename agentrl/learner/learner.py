@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from agentrl.algos import loglinear_proximal_logprobs
-from agentrl.checkpoint_files import (
+from agentrl.run.checkpoint_files import (
     atomic_directory,
     capture_rng_state,
     resolve_checkpoint,

@@ -1,7 +1,7 @@
 """What the orchestrator needs of a learner, wherever it computes.
 
 :class:`~agentrl.learner.Learner` (in this process, driven from a worker thread) and
-:class:`~agentrl.placement.learner_process.LearnerProcess` (a child process) both satisfy it, so the
+:class:`~agentrl.run.placement.learner_process.LearnerProcess` (a child process) both satisfy it, so the
 code that drives training takes a :class:`LearnerLike` and never asks which it has.
 """
 

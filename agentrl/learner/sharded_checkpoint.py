@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentrl.checkpoint_files import atomic_directory, capture_rng_state
+from agentrl.run.checkpoint_files import atomic_directory, capture_rng_state
 from agentrl.errors import CheckpointError
 from agentrl.weights.files import unshared
 

@@ -10,7 +10,7 @@ A JSONL row (or a row of a ``data.path`` dataset) is one of:
   prompt is the messages they share from the start;
 * an unpaired row (KTO): ``{"prompt": P, "completion": C, "label": true|false}``.
 
-Each conversation is encoded by :func:`agentrl.sft.encode_transcript` (the episode layout:
+Each conversation is encoded by :func:`agentrl.training.sft.encode_transcript` (the episode layout:
 prompt, model segments, observation deltas, the runtime prefix check), and the loss mask
 keeps only the assistant turns after the prompt (a prompt's own assistant turns are
 context). A bad row is a :class:`~agentrl.errors.DatasetError` naming its line and field.
@@ -28,7 +28,7 @@ from typing import Any
 
 from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError
-from agentrl.sft import encode_transcript
+from agentrl.training.sft import encode_transcript
 
 Message = dict[str, Any]
 

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from agentrl.chat import ChatRenderer
-from agentrl.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
-from agentrl.checkpoint_files import (
+from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
+from agentrl.run.checkpoint_files import (
     atomic_directory,
     capture_rng_state,
     restore_rng_state,
@@ -35,7 +35,7 @@ from agentrl.config import Config, load_config
 from agentrl.devices import resolve_device
 from agentrl.envs import make_env
 from agentrl.errors import CheckpointError, DatasetError
-from agentrl.export import write_model_folder
+from agentrl.run.export import write_model_folder
 from agentrl.learner.lora import load_policy, save_policy
 from agentrl.models import load_model
 from agentrl.preference.data import (

@@ -1,6 +1,6 @@
 """A state dict in flat shared buffers, one per dtype, seen by several processes.
 
-The learner process (:mod:`agentrl.placement.learner_process`) owns a :class:`SharedWeights` and
+The learner process (:mod:`agentrl.run.placement.learner_process`) owns a :class:`SharedWeights` and
 refreshes it after every step; the parent maps the same files with :func:`map_file` and
 reads the weights through :func:`views` without a copy. Entries that share storage (tied
 embeddings) share one slot.

@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentrl.components import build_env
+from agentrl.run.components import build_env
 from agentrl.config import load_config
 from agentrl.envs.dataset import DatasetEnv
 from agentrl.errors import ConfigError, DatasetError

@@ -16,9 +16,9 @@ from agentrl.config import config_from_dict
 from agentrl.envs import make_env
 from agentrl.envs.base import AssistantTurn
 from agentrl.errors import ConfigError, MissingExtra
-from agentrl.events import GroupFinished
-from agentrl.orchestrator import Orchestrator
-from agentrl.plotting import read_steps
+from agentrl.run.events import GroupFinished
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 from agentrl.rollout.sinks import read_groups
 
 GAMES = [
@@ -122,7 +122,7 @@ def test_the_adapter_maps_reset_and_step_onto_turns() -> None:
 
 
 def test_a_game_that_raises_is_an_infra_error_of_its_episodes(tmp_path: Path) -> None:
-    from agentrl.runtime import assemble
+    from agentrl.run.runtime import assemble
 
     # a real GEM game whose constructor raises (an empty number range), in every episode
     cfg = config_from_dict(

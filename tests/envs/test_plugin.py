@@ -1,4 +1,4 @@
-"""The plug-in example of envs/README.md, loaded as a user would: by module:Class and by
+"""The plug-in example of agentrl/envs/README.md, loaded as a user would: by module:Class and by
 an ``agentrl.envs`` entry point (a real dist-info folder on sys.path, which is what
 ``pip install`` leaves behind), then run for a whole episode with the real python tool."""
 
@@ -13,13 +13,13 @@ import pytest
 
 from agentrl.envs import AssistantTurn, list_envs, make_env, resolve
 
-README = Path(__file__).resolve().parents[2] / "envs" / "README.md"
+README = Path(__file__).resolve().parents[2] / "agentrl" / "envs" / "README.md"
 
 
 def readme_example() -> str:
     text = README.read_text(encoding="utf-8").split("<!-- plugin-example -->", 1)[1]
     match = re.search(r"```python\n(.*?)```", text, re.S)
-    assert match, "envs/README.md lost its plug-in example"
+    assert match, "agentrl/envs/README.md lost its plug-in example"
     return match.group(1)
 
 

@@ -17,9 +17,9 @@ pytest.importorskip(
 
 from agentrl.envs import make_env
 from agentrl.errors import ConfigError, MissingExtra
-from agentrl.events import GroupFinished
-from agentrl.orchestrator import Orchestrator
-from agentrl.plotting import read_steps
+from agentrl.run.events import GroupFinished
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 from tests.envs.verifiers_config import verifiers_config
 
 _config = verifiers_config

@@ -9,11 +9,11 @@ import anyio
 import pytest
 import torch
 
-from agentrl.checkpoint import latest_checkpoint
+from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.config import load_config
 from agentrl.errors import CheckpointError
-from agentrl.export import export_checkpoint
-from agentrl.orchestrator import Orchestrator
+from agentrl.run.export import export_checkpoint
+from agentrl.run.orchestrator import Orchestrator
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.checkpoint import LOOP_STATE, latest_checkpoint
+from agentrl.run.checkpoint import LOOP_STATE, latest_checkpoint
 from tests import waiting
 
 REPO = Path(__file__).resolve().parents[2]
@@ -268,7 +268,7 @@ def run_in_process(run_dir: Path, max_steps: int, *overrides: str, resume: bool 
     import anyio
 
     from agentrl.config import load_config
-    from agentrl.orchestrator import Orchestrator
+    from agentrl.run.orchestrator import Orchestrator
 
     sets = [*TINY, "orchestrator.learner_worker=thread", f"orchestrator.max_steps={max_steps}"]
     cfg = load_config(overrides=[*sets, *overrides])

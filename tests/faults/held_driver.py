@@ -28,7 +28,7 @@ def _hold(marker: Path, said: str) -> None:
 
 
 def hold_in_checkpoint_write(marker: Path) -> None:
-    import agentrl.orchestrator as orchestrator
+    import agentrl.run.orchestrator as orchestrator
 
     real = orchestrator.save_run_checkpoint
 

@@ -160,7 +160,7 @@ def _learner_child(pgid: int) -> int | None:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"agentrl.placement.learner_process" in cmd:
+        if b"agentrl.run.placement.learner_process" in cmd:
             return pid
     return None
 
@@ -504,11 +504,11 @@ def corrupt_latest(run_dir: Path, max_steps: int = 4) -> dict[str, Any]:
     said: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("agentrl.checkpoint").addHandler(handler)
+    logging.getLogger("agentrl.run.checkpoint").addHandler(handler)
     try:
         orch = run_in_process(run_dir, max_steps, resume=True)
     finally:
-        logging.getLogger("agentrl.checkpoint").removeHandler(handler)
+        logging.getLogger("agentrl.run.checkpoint").removeHandler(handler)
     a = audit(run_dir)
     return {
         "scenario": "corrupt latest checkpoint",

@@ -11,9 +11,9 @@ import pytest
 
 from agentrl.config import config_from_dict
 from agentrl.errors import ConfigError
-from agentrl.events import GroupFinished
-from agentrl.orchestrator import Orchestrator
-from agentrl.plotting import read_steps
+from agentrl.run.events import GroupFinished
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 
 REPO = Path(__file__).resolve().parents[2]
 TASKS = [{"id": f"t{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
@@ -82,7 +82,7 @@ def test_two_training_steps_through_an_agent_program(tmp_path: Path, program: di
 
 
 def test_a_crashed_agent_is_an_infra_error_of_its_episode_only(tmp_path: Path) -> None:
-    from agentrl.runtime import assemble
+    from agentrl.run.runtime import assemble
 
     cfg = _config({"entrypoint": "tests.gateway.agents:crashes_on_odd_tasks"})
 
@@ -152,7 +152,7 @@ def test_the_example_agent_trains_through_its_config(tmp_path: Path, monkeypatch
 def test_an_openai_agents_sdk_agent_runs_through_the_gateway(tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("agents")  # the `agents` extra
     from agentrl.config import load_config
-    from agentrl.runtime import assemble
+    from agentrl.run.runtime import assemble
 
     monkeypatch.chdir(REPO)
     cfg = load_config(

@@ -21,7 +21,7 @@ def test_demonstrations_are_the_agents_conversations_as_the_gateway_renders_them
     from agentrl.config import load_config
     from agentrl.gateway.convert import reply_from_text
     from agentrl.models import load_tokenizer
-    from agentrl.sft import encode_transcript
+    from agentrl.training.sft import encode_transcript
 
     n = warmstart.write_demos(tmp_path / "demos.jsonl", 12)
     rows = [json.loads(line) for line in (tmp_path / "demos.jsonl").read_text().splitlines()]

@@ -14,8 +14,8 @@ import torch
 from agentrl.config import config_from_dict, load_config
 from agentrl.learner import Learner
 from agentrl.models import load_model, tiny_llama
-from agentrl.orchestrator import Orchestrator
-from agentrl.placement.learner_process import LearnerProcess
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.placement.learner_process import LearnerProcess
 from agentrl.samplers import SamplingParams
 from agentrl.samplers.hf import HFSampler
 from agentrl.types import Segment, Trajectory, TrajectoryGroup
@@ -30,8 +30,8 @@ CUDA = ["sampler.device=cuda", "learner.device=cuda"]
 def test_three_training_steps_on_cuda(tmp_path, worker):
     from safetensors.torch import load_file
 
-    from agentrl.checkpoint import latest_checkpoint
-    from agentrl.events import WeightsPublished
+    from agentrl.run.checkpoint import latest_checkpoint
+    from agentrl.run.events import WeightsPublished
 
     cfg = load_config(
         overrides=[

@@ -540,7 +540,7 @@ def test_a_registered_critic_estimator_trains_a_value_function(
 def test_learner_and_learner_process_are_learner_like(
     fresh_model: Callable[[], torch.nn.Module],
 ) -> None:
-    from agentrl.placement.learner_process import LearnerProcess
+    from agentrl.run.placement.learner_process import LearnerProcess
 
     learner = Learner(fresh_model(), None, make_cfg())
     assert isinstance(learner, LearnerLike)

@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.checkpoint import latest_checkpoint
+from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.config import LoraConfig, config_from_dict, load_config
 from agentrl.errors import CheckpointError, ConfigError
 from agentrl.learner import Learner
 from agentrl.learner.lora import AdaptersOff, adapter_state, apply_lora, has_lora, sampler_state
 from agentrl.models import tiny_llama
-from agentrl.orchestrator import Orchestrator
+from agentrl.run.orchestrator import Orchestrator
 from tests.learner.conftest import make_groups
 from tests.orchestrator.test_train import BASE
 
@@ -62,7 +62,7 @@ def test_published_weights_equal_peft_merge_and_unload():
 
 
 def test_the_kl_reference_of_a_lora_run_is_the_base_model_without_a_copy():
-    from agentrl.components import load_learner
+    from agentrl.run.components import load_learner
 
     cfg = config_from_dict(
         {
@@ -149,7 +149,7 @@ def test_lora_run_trains_publishes_merged_weights_resumes_and_exports(tmp_path):
     anyio.run(resumed.run)
     assert resumed.step == 3 and resumed.learner.version == 3
 
-    from agentrl.export import export_checkpoint
+    from agentrl.run.export import export_checkpoint
 
     out = export_checkpoint(tmp_path / "run", tmp_path / "exported")
     exported = load_file(str(out / "model.safetensors"))
@@ -170,7 +170,7 @@ def test_a_checkpoint_resumes_only_with_the_same_lora_setting(tmp_path):
 
 
 def test_lora_trains_under_gradient_checkpointing():
-    from agentrl.components import load_learner
+    from agentrl.run.components import load_learner
 
     cfg = config_from_dict(
         {

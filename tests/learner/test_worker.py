@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agentrl.learner import Learner
-from agentrl.placement.learner_process import LearnerError, LearnerProcess
+from agentrl.run.placement.learner_process import LearnerError, LearnerProcess
 from agentrl.types import TrajectoryGroup
 from tests.learner.conftest import make_cfg
 from tests.procs import alive
@@ -170,7 +170,7 @@ def test_the_child_exits_when_its_parent_dies(tmp_path) -> None:
         "import sys\n"
         "from tests.learner.test_worker import CFG\n"
         "from tests.learner.conftest import make_cfg\n"
-        "from agentrl.placement.learner_process import LearnerProcess\n"
+        "from agentrl.run.placement.learner_process import LearnerProcess\n"
         "p = LearnerProcess(make_cfg(**CFG))\n"
         "p.wait_ready()\n"
         "print(p._proc.pid, flush=True)\n"
@@ -214,7 +214,7 @@ def test_a_bf16_run_shares_the_float32_masters_themselves(
 def test_shared_weights_are_a_half_type_copy_only_where_they_cannot_be_the_parameters() -> None:
     """The buffers are kept in the hf sampler's half type only where they are a copy anyway
     (CUDA IPC, LoRA's merged policy); in shared memory they are the float32 parameters."""
-    from agentrl.placement.learner_process import shared_dtype
+    from agentrl.run.placement.learner_process import shared_dtype
 
     bf16 = make_cfg(**{**CFG, "model": {**CFG["model"], "dtype": "bfloat16"}})
     assert shared_dtype(bf16, "shared_memory") is None

@@ -10,8 +10,8 @@ import anyio
 
 from agentrl.config import load_config
 from agentrl.envs import make_env
-from agentrl.orchestrator import Orchestrator
-from agentrl.plotting import read_steps
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 from agentrl.rollout import check_shared_prefixes
 from agentrl.rollout.sinks import read_groups
 from tests.orchestrator.test_train import BASE

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.checkpoint import latest_checkpoint
-from agentrl.plotting import read_steps
+from agentrl.run.checkpoint import latest_checkpoint
+from agentrl.run.plotting import read_steps
 from tests.orchestrator.test_train import _trained_staleness
 
 REPO = Path(__file__).resolve().parents[2]

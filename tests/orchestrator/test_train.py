@@ -12,12 +12,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentrl.checkpoint import latest_checkpoint
+from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
-from agentrl.orchestrator import Orchestrator
-from agentrl.placement.learner_process import LearnerProcess
-from agentrl.plotting import read_steps
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.placement.learner_process import LearnerProcess
+from agentrl.run.plotting import read_steps
 from tests.procs import alive
 from tests.waiting import wait_until
 
@@ -98,7 +98,7 @@ def _learner_children(pid: int) -> list[int]:
             cmd = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid and b"agentrl.placement.learner_process" in cmd:
+        if ppid == pid and b"agentrl.run.placement.learner_process" in cmd:
             found.append(int(stat.parent.name))
     return found
 
@@ -402,7 +402,7 @@ def test_config_error_names_the_field(tmp_path):
 
 
 def test_eval_reports_pass_and_maj_at_k(tmp_path):
-    from agentrl.evaluation import evaluate
+    from agentrl.run.evaluation import evaluate
 
     _run(tmp_path, "orchestrator.max_steps=1", "orchestrator.checkpoint_every=1")
     cfg = load_config(overrides=BASE)

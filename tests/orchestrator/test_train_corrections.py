@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.plotting import read_steps
+from agentrl.run.plotting import read_steps
 from tests.orchestrator.test_train import _run, _weights_changed
 
 

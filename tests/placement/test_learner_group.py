@@ -17,15 +17,15 @@ import torch
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.models import tiny_llama
-from agentrl.placement.learner_process import (
+from agentrl.run.placement.learner_process import (
     FAULT_ENV,
     Fault,
     LearnerError,
     LearnerProcess,
     RankPhase,
 )
-from agentrl.plotting import read_steps
-from agentrl.runtime import learner_worker
+from agentrl.run.plotting import read_steps
+from agentrl.run.runtime import learner_worker
 from tests.learner.conftest import make_cfg, make_groups, one_torch_thread
 
 GROUP = {
@@ -177,7 +177,7 @@ def test_a_run_whose_rank_dies_mid_step_resumes_through_the_cli(tmp_path: Path) 
 
     from safetensors.torch import load_file
 
-    from agentrl.checkpoint_files import latest_checkpoint
+    from agentrl.run.checkpoint_files import latest_checkpoint
     from tests.orchestrator.test_train import REPO, _cli_train
 
     (tmp_path / "c.yaml").write_text("{}\n")
@@ -293,7 +293,7 @@ def test_a_run_trains_on_two_ranks_and_resumes_on_one(tmp_path: Path, parallel: 
     assert (orch.run_dir / "checkpoints" / "step_000002" / "learner" / "sharded").is_dir() == (
         parallel == "fsdp"
     )
-    from agentrl.export import export_checkpoint
+    from agentrl.run.export import export_checkpoint
 
     folder = export_checkpoint(orch.run_dir, tmp_path / "hf")  # one Hugging Face folder
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
@@ -328,9 +328,9 @@ def test_two_ranks_under_ray_match_one_process(
     monkeypatch.setenv(FAULT_ENV, "1:4:backward:kill")  # the local Ray's workers inherit it
     from safetensors.torch import load_file
 
-    from agentrl.placement import cluster
-    from agentrl.placement.actors import LearnerShell
-    from agentrl.placement.assemble import _learner_ranks
+    from agentrl.run.placement import cluster
+    from agentrl.run.placement.actors import LearnerShell
+    from agentrl.run.placement.assemble import _learner_ranks
 
     cfg = make_cfg(
         **{

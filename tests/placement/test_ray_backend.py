@@ -19,12 +19,12 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from agentrl.checkpoint import latest_checkpoint  # noqa: E402
+from agentrl.run.checkpoint import latest_checkpoint  # noqa: E402
 from agentrl.config import load_config  # noqa: E402
-from agentrl.events import BatchTrained, CheckpointSaved  # noqa: E402
+from agentrl.run.events import BatchTrained, CheckpointSaved  # noqa: E402
 from agentrl.models import load_model  # noqa: E402
-from agentrl.orchestrator import Orchestrator  # noqa: E402
-from agentrl.plotting import read_steps  # noqa: E402
+from agentrl.run.orchestrator import Orchestrator  # noqa: E402
+from agentrl.run.plotting import read_steps  # noqa: E402
 from tests.orchestrator.test_train import BASE, REPO  # noqa: E402
 from tests.procs import alive, live_descendants  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
@@ -303,7 +303,7 @@ def test_bad_placement_is_one_line_before_any_model_loads(tmp_path, monkeypatch)
 
 def test_a_local_instance_is_sized_for_the_default_roles_and_a_small_one_is_one_line():
     from agentrl.errors import ConfigError
-    from agentrl.placement import cluster
+    from agentrl.run.placement import cluster
 
     # the defaults reserve 3 CPUs (sampler + rollout worker + learner): a local instance
     # holds at least that many scheduling tokens, even on a 2-core machine

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from agentrl.errors import InfraError
-from agentrl.placement.driver import RemoteEngine
+from agentrl.run.placement.driver import RemoteEngine
 from tests.waiting import wait_until_async
 
 ActorDied = type("ActorDiedError", (RuntimeError,), {})  # what Ray raises, by name

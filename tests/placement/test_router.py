@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.errors import InfraError
 from agentrl.models import load_model
-from agentrl.placement.router import ReplicaLost, ReplicaRouter
+from agentrl.run.placement.router import ReplicaLost, ReplicaRouter
 from agentrl.samplers import create_sampler
 from agentrl.samplers.base import SamplingParams
 

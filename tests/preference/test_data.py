@@ -13,7 +13,7 @@ from agentrl.config import load_config
 from agentrl.errors import DatasetError
 from agentrl.models import load_tokenizer
 from agentrl.preference.data import encode_pairs, encode_unpaired, read_jsonl_rows, read_rows
-from agentrl.sft import encode_transcript
+from agentrl.training.sft import encode_transcript
 
 TOOL = {
     "type": "function",

@@ -15,7 +15,7 @@ from agentrl.config import JudgeConfig, load_config
 from agentrl.errors import ConfigError, RewardError, user_error
 from agentrl.models import load_tokenizer
 from agentrl.rewards.judge import Judge
-from agentrl.runtime import assemble
+from agentrl.run.runtime import assemble
 from agentrl.samplers.base import Generation
 
 

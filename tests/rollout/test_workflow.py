@@ -9,9 +9,9 @@ import pytest
 
 from agentrl.config import RolloutConfig, SamplerConfig, load_config
 from agentrl.errors import ConfigError, InfraError, PluginError
-from agentrl.events import GroupFinished
-from agentrl.orchestrator import Orchestrator
-from agentrl.plotting import read_steps
+from agentrl.run.events import GroupFinished
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 from agentrl.rollout import RolloutEngine
 from agentrl.rollout.workflow import EpisodeContext, register_workflow
 from tests.rollout.scripted import ScriptedToolEnv

@@ -10,7 +10,7 @@ import pytest
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 pytest.importorskip("vllm", reason="needs .venv-vllm (make test-vllm)")
 
-from agentrl.plotting import read_steps  # noqa: E402
+from agentrl.run.plotting import read_steps  # noqa: E402
 from tests.samplers.test_vllm_train import CONFIG, overrides  # noqa: E402
 from tests.samplers.vllm_train import (  # noqa: E402
     agentrl,

@@ -12,7 +12,7 @@ import pytest
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 pytest.importorskip("vllm", reason="needs .venv-vllm (make test-vllm)")
 
-from agentrl.plotting import read_steps  # noqa: E402
+from agentrl.run.plotting import read_steps  # noqa: E402
 from tests.samplers.vllm_train import agentrl, audit_tokens, read_jsonl, save_tiny_model, sets  # noqa: E402
 
 CONFIG = "configs/vllm_code_math.yaml"

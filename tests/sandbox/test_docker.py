@@ -1,7 +1,7 @@
 """The docker backend against a real Docker-API engine (skipped when none is reachable).
 
 Point it at an engine with DOCKER_HOST (e.g. podman's service, see docs/sandbox.md) and
-build the image from sandbox/Dockerfile first.
+build the image from agentrl/sandbox/Dockerfile first.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from agentrl.chat import ChatRenderer
 from agentrl.config import load_config
 from agentrl.errors import DatasetError
 from agentrl.models import load_tokenizer
-from agentrl.runtime import assemble
-from agentrl.sft import encode_transcript, train_sft
+from agentrl.run.runtime import assemble
+from agentrl.training.sft import encode_transcript, train_sft
 
 PYTHON_TOOL = {
     "type": "function",

@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 
 from agentrl.config import load_config
-from agentrl.orchestrator import Orchestrator
+from agentrl.run.orchestrator import Orchestrator
 from tests.orchestrator.test_train import BASE
 
 FIXTURE = Path(__file__).parent / "fixture_run"

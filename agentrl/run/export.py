@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.chat import ChatRenderer
-from agentrl.checkpoint_files import CHECKPOINTS, policy_weights_file, resolve_checkpoint
+from agentrl.run.checkpoint_files import CHECKPOINTS, policy_weights_file, resolve_checkpoint
 from agentrl.config import load_config
 from agentrl.envs import make_env
 from agentrl.errors import CheckpointError
@@ -54,7 +54,7 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
 
 def chat_template_of(cfg: Any, tokenizer: Any) -> tuple[str, Any]:
     """(template source, renderer) the run rendered its conversations with: the run's
-    environment's tools decide, as in :func:`agentrl.components.build_engine`."""
+    environment's tools decide, as in :func:`agentrl.run.components.build_engine`."""
     env = make_env(cfg.env.name, **cfg.env.options)  # tools only; its tasks are not read
     renderer = ChatRenderer(tokenizer, tools=env.tool_schemas(), template=cfg.model.chat_template)
     return renderer.chat_template, renderer

@@ -4,10 +4,10 @@ Components publish events; subscribers turn them into files and displays:
 
 * :class:`JsonlMetrics`  -- ``metrics.jsonl`` (always): one line per event with numbers,
 * :class:`TraceWriter`   -- ``trajectories.jsonl``: every finished group, read by ``agentrl inspect``,
-* :class:`TensorBoardWriter`, :class:`agentrl.wandb_writer.WandbWriter` (optional),
+* :class:`TensorBoardWriter`, :class:`agentrl.run.wandb_writer.WandbWriter` (optional),
 * :class:`ProgressDisplay` (rich, optional).
 
-:func:`agentrl.subscribers.subscribers_for` builds the ones a ``logging`` config asks for.
+:func:`agentrl.run.subscribers.subscribers_for` builds the ones a ``logging`` config asks for.
 
 Publishing never blocks on a slow subscriber for long and never raises into the
 publisher: a subscriber that fails is reported once and detached.
@@ -25,7 +25,7 @@ from typing import Any
 
 from agentrl.errors import ConfigError
 
-log = logging.getLogger("agentrl.events")
+log = logging.getLogger("agentrl.run.events")
 
 
 @dataclass

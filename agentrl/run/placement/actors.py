@@ -1,10 +1,10 @@
 """Thin actor shells: each builds one of the ordinary classes and forwards calls to it.
 
-The classes (a Sampler from :func:`agentrl.components.build_sampler`, a RolloutEngine from
-:func:`agentrl.components.build_engine`, a Learner from :func:`agentrl.components.load_learner`)
+The classes (a Sampler from :func:`agentrl.run.components.build_sampler`, a RolloutEngine from
+:func:`agentrl.run.components.build_engine`, a Learner from :func:`agentrl.run.components.load_learner`)
 do not know Ray; these shells are what Ray places (``ray.remote(SamplerShell)``), and a
 test can construct any shell in-process without Ray. Every shell owns one
-:class:`~agentrl.resources.ResourceScope` closed by :meth:`close`, and applies the run's
+:class:`~agentrl.run.resources.ResourceScope` closed by :meth:`close`, and applies the run's
 process settings (seed, allocator) with torch threads sized to the CPUs Ray gave it.
 """
 
@@ -20,26 +20,26 @@ from typing import Any
 
 import anyio
 
-from agentrl.components import build_engine, build_env, build_sampler, load_learner
+from agentrl.run.components import build_engine, build_env, build_sampler, load_learner
 from agentrl.config import Config
 from agentrl.devices import resolve_device
 from agentrl.learner.distributed import set_collective_timeout
 from agentrl.models import load_tokenizer
-from agentrl.placement.learner_process import (
+from agentrl.run.placement.learner_process import (
     ATTRIBUTE_S,
     LearnerError,
     join_learner_group,
     report_phases,
     timed_out,
 )
-from agentrl.placement.router import ReplicaRouter
-from agentrl.process_settings import apply_process_settings
-from agentrl.resources import ResourceScope
+from agentrl.run.placement.router import ReplicaRouter
+from agentrl.run.process_settings import apply_process_settings
+from agentrl.run.resources import ResourceScope
 from agentrl.samplers.base import Generation, SamplingParams
 from agentrl.weights import WeightBus
 from agentrl.weights.broadcast import BroadcastPayload, BroadcastReceiver, BroadcastTransport
 
-log = logging.getLogger("agentrl.placement")
+log = logging.getLogger("agentrl.run.placement")
 
 
 def _process_settings(cfg: Config, num_cpus: float) -> None:
@@ -128,7 +128,7 @@ class SamplerShell:
 
 class RolloutWorkerShell:
     """Runs episodes on its node: its own environment (and sandboxes), an engine whose
-    sampler is a :class:`~agentrl.placement.router.ReplicaRouter` over the replicas."""
+    sampler is a :class:`~agentrl.run.placement.router.ReplicaRouter` over the replicas."""
 
     def __init__(self, cfg: Config, index: int, replicas: list[Any]) -> None:
         import ray

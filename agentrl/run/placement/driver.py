@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import InfraError
-from agentrl.placement.learner_process import LearnerError
-from agentrl.placement.router import ReplicaRouter
+from agentrl.run.placement.learner_process import LearnerError
+from agentrl.run.placement.router import ReplicaRouter
 
-log = logging.getLogger("agentrl.placement")
+log = logging.getLogger("agentrl.run.placement")
 
 
 @dataclass(frozen=True)

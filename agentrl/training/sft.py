@@ -29,7 +29,7 @@ from agentrl.config import Config
 from agentrl.envs import make_env
 from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError, TemplateMismatchError
-from agentrl.export import write_model_folder
+from agentrl.run.export import write_model_folder
 from agentrl.models import load_model
 
 Message = dict[str, Any]

@@ -10,10 +10,10 @@ bus, rollout engine), ``rollout`` and ``eval`` (environment, sampler, engine; ``
 uses ``env.eval_options`` and loads a checkpoint's weights into the sampler whatever its
 backend). Every entry point goes through here; this is where a run chooses between this
 process and Ray (``orchestrator.backend``) and between a thread learner and a learner
-process. The components themselves are built by :mod:`agentrl.components`, the same way
+process. The components themselves are built by :mod:`agentrl.run.components`, the same way
 in every placement.
 
-Everything a run opens is registered in one :class:`~agentrl.resources.ResourceScope`;
+Everything a run opens is registered in one :class:`~agentrl.run.resources.ResourceScope`;
 ``async with run`` makes it the run scope for tools (the python tool's sandbox lives
 there) and closes it, in reverse order, on every exit path.
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import anyio
 
-from agentrl.checkpoint_files import policy_weights_file, resolve_checkpoint
-from agentrl.components import (
+from agentrl.run.checkpoint_files import policy_weights_file, resolve_checkpoint
+from agentrl.run.components import (
     Role,
     Run,
     attach_rewards,
@@ -41,9 +41,9 @@ from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.learner.objective import check_algorithm
 from agentrl.models import prepare_files
-from agentrl.placement.assemble import assemble_on_ray
-from agentrl.placement.learner_process import LearnerProcess
-from agentrl.resources import ResourceScope
+from agentrl.run.placement.assemble import assemble_on_ray
+from agentrl.run.placement.learner_process import LearnerProcess
+from agentrl.run.resources import ResourceScope
 from agentrl.rewards import RewardPipeline
 from agentrl.weights import WeightBus
 
@@ -82,7 +82,7 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
     `split` picks the environment's task split (default: train; eval for ``eval``);
     `samples` is the group size of an ``eval`` run. On failure, whatever was started
     (a learner process) is stopped before the error propagates.
-    ``orchestrator.backend: ray`` builds the same parts in Ray actors (agentrl.placement)."""
+    ``orchestrator.backend: ray`` builds the same parts in Ray actors (agentrl.run.placement)."""
     if cfg.orchestrator.backend == "ray":
         if cfg.reward.enabled:
             raise ConfigError(

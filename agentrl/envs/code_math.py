@@ -78,7 +78,7 @@ When you have the result, reply with only the final answer in \\boxed{}.""",
 
 # Two worked examples (question, code, printed output) per generator, phrased the way that
 # generator phrases its questions. Measured on SmolLM2-135M-Instruct at temperature 1
-# (envs/README.md): it copies the call format from examples that look like its task
+# (agentrl/envs/README.md): it copies the call format from examples that look like its task
 # (chain_sum: 8/16 used the tool) and ignores generic ones (0/16).
 _CHAIN = "State the final answer to the following arithmetic problem: "
 _PRODUCT = "Solve the following multiplication: {}. Give only the result as your final answer."
@@ -180,7 +180,7 @@ class CodeMathOptions(EnvOptions):
     call_format: CallFormat = "code"
     system_prompt: str | None = None  # replaces INSTRUCTIONS[call_format] (keep its format)
     # where the two worked examples go: as earlier turns (measured best on SmolLM2-135M,
-    # see envs/README.md), written into the system prompt, or nowhere
+    # see agentrl/envs/README.md), written into the system prompt, or nowhere
     fewshot: Literal["system", "messages", "none"] = "messages"
     # default: "python_fence" for call_format "code"; "lenient" for "tool_call" (it also
     # reads call objects in the wrong tags and ```python blocks, as small models write them)

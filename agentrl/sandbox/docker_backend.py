@@ -10,7 +10,7 @@ Container PID 1 reads its attached stdin (`stdin_once`) and exits at end of file
 our process dies the engine closes that stream and the container goes with it.
 
 Needs the `docker` extra (`pip install 'agentrl[docker]'`) and a Docker-API engine (Docker,
-or `podman system service`); the image is built from sandbox/Dockerfile.
+or `podman system service`); the image is built from agentrl/sandbox/Dockerfile.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class DockerBackend(Backend):
         except Exception:
             return (
                 f"image {limits.docker_image!r} not found on the engine; build it with "
-                f"`docker build -t {limits.docker_image} sandbox/`"
+                f"`docker build -t {limits.docker_image} agentrl/sandbox/`"
             )
         return None
 

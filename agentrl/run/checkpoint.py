@@ -1,7 +1,7 @@
 """A run's checkpoints: save one step (the learner's part, then the loop's), resume from
 the latest readable one.
 
-The folder format and its crash safety live in :mod:`agentrl.checkpoint_files`.
+The folder format and its crash safety live in :mod:`agentrl.run.checkpoint_files`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.checkpoint_files import (
+from agentrl.run.checkpoint_files import (
     CHECKPOINTS,
     COMPLETE_MARKER,
     LATEST,
@@ -27,7 +27,7 @@ from agentrl.checkpoint_files import (
 )
 from agentrl.errors import CheckpointError
 
-log = logging.getLogger("agentrl.checkpoint")
+log = logging.getLogger("agentrl.run.checkpoint")
 
 
 def save_run_checkpoint(

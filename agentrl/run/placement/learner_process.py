@@ -11,7 +11,7 @@ both slow down when they compute at the same time (``benchmarks/async_vs_sync.py
 measures the end-to-end effect).
 
 The child builds its :class:`~agentrl.learner.Learner` with the run assembly's
-:func:`agentrl.components.load_learner` (as a thread learner is built) after applying the
+:func:`agentrl.run.components.load_learner` (as a thread learner is built) after applying the
 run's process settings, and serves requests over a pipe, one at a
 time. Weights come back through shared buffers: one flat buffer per dtype, allocated once,
 refreshed after every step and every checkpoint load, and mapped into this process as
@@ -60,12 +60,12 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.registry import plugin_modules
-from agentrl.components import load_learner
+from agentrl.run.components import load_learner
 from agentrl.cpu import learner_process_threads, release_freed_memory
 from agentrl.devices import limit_process_memory, sharing_kind
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.learner.learner import PHASES
-from agentrl.process_settings import apply_process_settings
+from agentrl.run.process_settings import apply_process_settings
 from agentrl.weights.shared import (
     CudaSharedWeights,
     SharedWeights,
@@ -286,7 +286,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
 
 
 def main() -> None:
-    """Entry of the child: ``python -m agentrl.placement.learner_process SOCKET_FD LIFELINE_FD``."""
+    """Entry of the child: ``python -m agentrl.run.placement.learner_process SOCKET_FD LIFELINE_FD``."""
     _serve(Connection(int(sys.argv[1])), int(sys.argv[2]))
 
 
@@ -318,7 +318,7 @@ class _Rank:
         mine, theirs = socket.socketpair()
         lifeline_r, self.lifeline = os.pipe()  # the child exits when this end closes
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])  # where `agentrl` imports from
+        root = str(Path(__file__).resolve().parents[3])  # where `agentrl` imports from
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         # idle OpenMP threads sleep instead of spinning: spinning ones would take CPU from
         # the sampler's threads in the other process (2 cores: 19-23 vs 28 traj/s in
@@ -330,7 +330,7 @@ class _Rank:
             [
                 sys.executable,
                 "-m",
-                "agentrl.placement.learner_process",
+                "agentrl.run.placement.learner_process",
                 str(theirs.fileno()),
                 str(lifeline_r),
             ],

@@ -1,6 +1,6 @@
 """``orchestrator.backend: ray``: the run's parts as Ray actors, in the same Run.
 
-    run = assemble_on_ray(cfg, "train")     # what agentrl.runtime.assemble returns for ray
+    run = assemble_on_ray(cfg, "train")     # what agentrl.run.runtime.assemble returns for ray
 
 Order (every check before any model loads): connect (``ray.address`` / ``RAY_ADDRESS`` or
 a local instance), check the cluster has what every role asks for, place each role in a
@@ -16,30 +16,30 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import agentrl.placement.cluster as cluster
+import agentrl.run.placement.cluster as cluster
 from agentrl.chat import ChatRenderer
-from agentrl.components import Run, build_env
+from agentrl.run.components import Run, build_env
 from agentrl.config import Config
 from agentrl.errors import ConfigError, PluginError
 from agentrl.models import load_tokenizer, prepare_files
-from agentrl.placement.actors import (
+from agentrl.run.placement.actors import (
     ActorReplica,
     LearnerRankShell,
     LearnerShell,
     RolloutWorkerShell,
     SamplerShell,
 )
-from agentrl.placement.driver import (
+from agentrl.run.placement.driver import (
     DriverSampler,
     RayWeightBus,
     RemoteEngine,
     RemoteLearner,
 )
-from agentrl.placement.learner_process import free_port
-from agentrl.placement.router import ReplicaRouter
-from agentrl.resources import ResourceScope
+from agentrl.run.placement.learner_process import free_port
+from agentrl.run.placement.router import ReplicaRouter
+from agentrl.run.resources import ResourceScope
 
-log = logging.getLogger("agentrl.placement")
+log = logging.getLogger("agentrl.run.placement")
 
 
 def _probe_env(cfg: Config) -> dict[str, str]:
@@ -92,7 +92,7 @@ def _learner_ranks(
 
 def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Run:
     """The training run's parts in Ray actors (rollout and eval run in one process: see
-    :func:`agentrl.runtime.assemble`)."""
+    :func:`agentrl.run.runtime.assemble`)."""
     if role != "train":
         raise ValueError(f"assemble_on_ray places training runs (got role={role!r})")
     conn = cluster.connect(cfg)

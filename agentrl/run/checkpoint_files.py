@@ -9,7 +9,7 @@ A checkpoint folder is written under a temporary name and renamed into place, wi
 checkpoint (or the new complete one) readable; ``latest`` names the newest and moves only
 after it is complete. :func:`resolve_checkpoint` finds the folder for a run directory, a
 checkpoint or a learner part, recovering one whose replacement a kill interrupted.
-The run's save and resume (:mod:`agentrl.checkpoint`) and the learner's own part both
+The run's save and resume (:mod:`agentrl.run.checkpoint`) and the learner's own part both
 write through here.
 """
 

@@ -10,7 +10,7 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.events import Event, RunFinished, RunStarted, step_metrics
+from agentrl.run.events import Event, RunFinished, RunStarted, step_metrics
 from agentrl.extras import require
 
 if TYPE_CHECKING:

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import anyio
 
-from agentrl.buffer import Buffer
-from agentrl.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
+from agentrl.run.buffer import Buffer
+from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
 from agentrl.config import Config
-from agentrl.evaluation import Evaluator
-from agentrl.events import (
+from agentrl.run.evaluation import Evaluator
+from agentrl.run.events import (
     BatchTrained,
     CheckpointSaved,
     EventBus,
@@ -37,17 +37,17 @@ from agentrl.events import (
     WeightsPublished,
     summarize_group,
 )
-from agentrl.process_settings import apply_process_settings
+from agentrl.run.process_settings import apply_process_settings
 from agentrl.rollout.tasks import TaskCursor
-from agentrl.runtime import assemble
-from agentrl.subscribers import subscribers_for
+from agentrl.run.runtime import assemble
+from agentrl.run.subscribers import subscribers_for
 from agentrl.types import TrajectoryGroup
 
-log = logging.getLogger("agentrl.orchestrator")
+log = logging.getLogger("agentrl.run.orchestrator")
 
 
 class Orchestrator:
-    """The training loop over the components :func:`agentrl.runtime.assemble` builds."""
+    """The training loop over the components :func:`agentrl.run.runtime.assemble` builds."""
 
     def __init__(self, cfg: Config, run_dir: str | Path, resume: bool = False) -> None:
         self.cfg = cfg

@@ -6,7 +6,7 @@
 
 Built-ins: ``code_math`` (reasoning-gym arithmetic or a user's {question, answer} file,
 python tool) and ``search_qa`` (questions about countries, local search tool). Plug-ins:
-the ``agentrl.envs`` entry-point group or a ``module:Class`` path; see envs/README.md.
+the ``agentrl.envs`` entry-point group or a ``module:Class`` path; see agentrl/envs/README.md.
 """
 
 from agentrl.envs.base import (

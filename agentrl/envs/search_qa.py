@@ -12,7 +12,7 @@ Call formats (``call_format``), each with two worked examples phrased like the t
 
 * ``search_tag`` (default): ``<search>query</search>``; the results come back as
   ``<result>...</result>`` in the next user turn; the answer is ``<answer>...</answer>``
-  (ARPO's and Search-R1's format; SmolLM2-135M writes it, see envs/README.md);
+  (ARPO's and Search-R1's format; SmolLM2-135M writes it, see agentrl/envs/README.md);
 * ``tool_call``: Hermes ``<tool_call>`` JSON with the tool schema, ``\\boxed{}`` answers
   (for models trained on function calling).
 
@@ -67,7 +67,7 @@ answer in \\boxed{}.""",
 
 # Two worked examples per question kind, phrased like it (what made the python tool work
 # on code_math: a 135M model copies examples that look like its task). Measured in
-# envs/README.md. (question, searches, final answer), facts from the corpus.
+# agentrl/envs/README.md. (question, searches, final answer), facts from the corpus.
 Example = tuple[str, tuple[str, ...], str]
 
 
@@ -124,7 +124,7 @@ class SearchQAOptions(EnvOptions):
     call_format: CallFormat = "search_tag"
     fewshot: Literal["messages", "system", "none"] = "messages"
     backend: Literal["local", "http"] = "local"
-    search_url: str | None = None  # backend http: POST {"query", "k"} (tools/search.py)
+    search_url: str | None = None  # backend http: POST {"query", "k"} (agentrl/tools/search.py)
     search_retries: int = Field(2, ge=0, description="http: retries of a failed request")
     search_delay_s: float = Field(0.0, ge=0.0, description="added latency per search call")
     search_timeout_s: float = Field(10.0, gt=0)

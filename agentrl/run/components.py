@@ -1,8 +1,8 @@
 """The components of one run (:class:`Run`), and each built from its config: environment,
 sampler, rollout engine, reward pipeline, learner.
 
-The run assembly (:mod:`agentrl.runtime`), the learner process and the Ray actor shells
-(:mod:`agentrl.placement`) all build through here, so a config key means the same thing
+The run assembly (:mod:`agentrl.run.runtime`), the learner process and the Ray actor shells
+(:mod:`agentrl.run.placement`) all build through here, so a config key means the same thing
 wherever a component runs. Each sampler backend maps the config to its own options
 (``from_config``, :mod:`agentrl.samplers`); a setting a backend cannot honour is an error
 naming it, never silently dropped.
@@ -22,7 +22,7 @@ from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.learner.lora import AdaptersOff, apply_lora
 from agentrl.models import load_model
-from agentrl.resources import ResourceScope
+from agentrl.run.resources import ResourceScope
 from agentrl.rewards import RewardPipeline
 from agentrl.rollout import RolloutEngine
 from agentrl.samplers import Sampler, sampler_from_config

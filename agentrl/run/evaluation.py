@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.algos import maj_at_k, pass_at_k
-from agentrl.components import build_engine, build_env
+from agentrl.run.components import build_engine, build_env
 from agentrl.config import Config
 from agentrl.errors import DatasetError
-from agentrl.runtime import assemble, load_checkpoint_into_sampler
+from agentrl.run.runtime import assemble, load_checkpoint_into_sampler
 from agentrl.types import TrajectoryGroup
 
 SUCCESS = 0.5  # a sample counts as correct when its reward is above this

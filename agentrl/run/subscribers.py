@@ -1,12 +1,12 @@
-"""The subscribers a ``logging`` config asks for (the writers are in :mod:`agentrl.events`
-and :mod:`agentrl.wandb_writer`)."""
+"""The subscribers a ``logging`` config asks for (the writers are in :mod:`agentrl.run.events`
+and :mod:`agentrl.run.wandb_writer`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from agentrl.config import LoggingConfig
-from agentrl.events import (
+from agentrl.run.events import (
     EveryNSteps,
     JsonlMetrics,
     ProgressDisplay,
@@ -14,7 +14,7 @@ from agentrl.events import (
     TensorBoardWriter,
     TraceWriter,
 )
-from agentrl.wandb_writer import WandbWriter
+from agentrl.run.wandb_writer import WandbWriter
 
 
 def subscribers_for(logging_cfg: LoggingConfig, run_dir: Path, max_steps: int) -> list[Subscriber]:
