@@ -149,10 +149,10 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import benchmarks.gateway as bench  # the module the entrypoint runs in (not __main__)
-    from agentrl.run.components import build_engine, build_sampler
     from agentrl.envs.agent import AgentEnv
-    from agentrl.run.resources import ResourceScope
+    from agentrl.resources import ResourceScope
     from agentrl.rollout.tasks import TaskCursor
+    from agentrl.run.components import build_engine, build_sampler
 
     cfg = _config(args.model, args.max_new_tokens, args.group_size, args.concurrency)
     sampler = TimedSampler(build_sampler(cfg))

@@ -7,9 +7,9 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
+from agentrl.resources import ResourceScope, current_run_scope
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.plotting import read_steps
-from agentrl.run.resources import ResourceScope, current_run_scope
 from agentrl.run.runtime import assemble
 from agentrl.samplers import sampler_options
 from tests.orchestrator.test_train import BASE

@@ -55,7 +55,7 @@ from agentrl.envs.base import AssistantTurn, Environment, EnvOptions, Message, S
 from agentrl.errors import ConfigError, EnvError, InfraError, PluginError
 from agentrl.extras import require
 from agentrl.registry import load_object
-from agentrl.run.resources import current_run_scope
+from agentrl.resources import current_run_scope
 
 
 class VerifiersOptions(EnvOptions):

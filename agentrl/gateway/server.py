@@ -10,7 +10,7 @@ Routes (each also under ``/s/<key>/v1/...``, the per-episode base URL):
 The session is the key in the path, else the ``Authorization: Bearer <key>`` header.
 Every error is OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``, with
 its HTTP status. :func:`run_gateway` opens the server once per run in the run's
-:class:`~agentrl.run.resources.ResourceScope`, so every entry point closes it.
+:class:`~agentrl.resources.ResourceScope`, so every entry point closes it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from agentrl.gateway.protocol import (
     from_validation,
 )
 from agentrl.gateway.service import Gateway, GatewaySettings
-from agentrl.run.resources import ResourceScope
+from agentrl.resources import ResourceScope
 from agentrl.samplers.base import Sampler
 
 START_TIMEOUT_S = 30.0

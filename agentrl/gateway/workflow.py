@@ -21,7 +21,7 @@ from agentrl.extras import require
 from agentrl.gateway.programs import load_entrypoint, run_command, run_entrypoint
 from agentrl.gateway.server import run_gateway
 from agentrl.gateway.service import Gateway, GatewaySettings
-from agentrl.run.resources import ResourceScope, current_run_scope
+from agentrl.resources import ResourceScope, current_run_scope
 from agentrl.rollout.workflow import BUILTIN, EpisodeContext, Workflow
 from agentrl.types import Trajectory
 

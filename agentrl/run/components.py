@@ -22,7 +22,7 @@ from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.learner.lora import AdaptersOff, apply_lora
 from agentrl.models import load_model
-from agentrl.run.resources import ResourceScope
+from agentrl.resources import ResourceScope
 from agentrl.rewards import RewardPipeline
 from agentrl.rollout import RolloutEngine
 from agentrl.samplers import Sampler, sampler_from_config

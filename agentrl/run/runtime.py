@@ -13,7 +13,7 @@ process and Ray (``orchestrator.backend``) and between a thread learner and a le
 process. The components themselves are built by :mod:`agentrl.run.components`, the same way
 in every placement.
 
-Everything a run opens is registered in one :class:`~agentrl.run.resources.ResourceScope`;
+Everything a run opens is registered in one :class:`~agentrl.resources.ResourceScope`;
 ``async with run`` makes it the run scope for tools (the python tool's sandbox lives
 there) and closes it, in reverse order, on every exit path.
 """
@@ -43,7 +43,7 @@ from agentrl.learner.objective import check_algorithm
 from agentrl.models import prepare_files
 from agentrl.run.placement.assemble import assemble_on_ray
 from agentrl.run.placement.learner_process import LearnerProcess
-from agentrl.run.resources import ResourceScope
+from agentrl.resources import ResourceScope
 from agentrl.rewards import RewardPipeline
 from agentrl.weights import WeightBus
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
-from agentrl.run.resources import Factory, ResourceScope, current_run_scope
+from agentrl.resources import Factory, ResourceScope, current_run_scope
 
 T = TypeVar("T")
 

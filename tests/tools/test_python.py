@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from agentrl.run.resources import ResourceScope
+from agentrl.resources import ResourceScope
 from agentrl.sandbox import SandboxResult, create_sandbox
 from agentrl.sandbox.backends import BwrapBackend
 from agentrl.sandbox.limits import SandboxLimits

@@ -4,7 +4,7 @@ The classes (a Sampler from :func:`agentrl.run.components.build_sampler`, a Roll
 :func:`agentrl.run.components.build_engine`, a Learner from :func:`agentrl.run.components.load_learner`)
 do not know Ray; these shells are what Ray places (``ray.remote(SamplerShell)``), and a
 test can construct any shell in-process without Ray. Every shell owns one
-:class:`~agentrl.run.resources.ResourceScope` closed by :meth:`close`, and applies the run's
+:class:`~agentrl.resources.ResourceScope` closed by :meth:`close`, and applies the run's
 process settings (seed, allocator) with torch threads sized to the CPUs Ray gave it.
 """
 
@@ -34,7 +34,7 @@ from agentrl.run.placement.learner_process import (
 )
 from agentrl.run.placement.router import ReplicaRouter
 from agentrl.run.process_settings import apply_process_settings
-from agentrl.run.resources import ResourceScope
+from agentrl.resources import ResourceScope
 from agentrl.samplers.base import Generation, SamplingParams
 from agentrl.weights import WeightBus
 from agentrl.weights.broadcast import BroadcastPayload, BroadcastReceiver, BroadcastTransport

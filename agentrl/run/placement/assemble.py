@@ -37,7 +37,7 @@ from agentrl.run.placement.driver import (
 )
 from agentrl.run.placement.learner_process import free_port
 from agentrl.run.placement.router import ReplicaRouter
-from agentrl.run.resources import ResourceScope
+from agentrl.resources import ResourceScope
 
 log = logging.getLogger("agentrl.run.placement")
 
