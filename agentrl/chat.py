@@ -1,4 +1,4 @@
-"""Chat rendering with exact token accounting (DESIGN.md §3).
+"""Chat rendering with exact token accounting (docs/architecture.md, "Data flow").
 
 :class:`ChatRenderer` turns messages (+ tool schemas) into token ids with the tokenizer's
 chat template (``apply_chat_template(..., tools=...)``). When the model's own template

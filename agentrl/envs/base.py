@@ -1,4 +1,4 @@
-"""The environment contract (DESIGN.md §4).
+"""The environment contract (docs/architecture.md, "Where to add").
 
 An :class:`Environment` instance holds the state of one episode. The rollout gets a
 configured instance from :func:`agentrl.envs.make_env`, reads tasks from it, and calls
@@ -9,7 +9,7 @@ as a search index, belong in class-level caches, not per-episode state).
 A turn with tool calls gets the tools' results back as ``tool`` messages; a turn without
 any is the final answer and is scored by the verifier. The turn limit is the rollout's.
 
-Failures (DESIGN.md §6): anything an environment raises in ``reset``/``step`` is an
+Failures (docs/architecture.md, "Failures"): anything an environment raises in ``reset``/``step`` is an
 infrastructure failure of that episode; :func:`safe_reset` / :func:`safe_step` turn it
 into :class:`agentrl.errors.EnvError` (the rollout does the same). A tool timeout or a
 malformed call is an observation for the agent, never an exception.
