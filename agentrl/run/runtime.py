@@ -42,7 +42,7 @@ from agentrl.learner import Learner
 from agentrl.learner.objective import check_algorithm
 from agentrl.models import prepare_files
 from agentrl.run.placement.assemble import assemble_on_ray
-from agentrl.run.placement.learner_process import LearnerProcess
+from agentrl.run.placement.learner_process import LearnerProcess, drill_fault
 from agentrl.resources import ResourceScope
 from agentrl.rewards import RewardPipeline
 from agentrl.weights import WeightBus
@@ -73,7 +73,7 @@ def start_learner(cfg: Config) -> Learner | LearnerProcess:
         return load_learner(cfg)
     # a conversion the model needs (first run of the embedded default) happens once, here
     prepare_files(cfg.model.name)
-    return LearnerProcess(cfg)
+    return LearnerProcess(cfg, fault=drill_fault())
 
 
 def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int = 1) -> Run:

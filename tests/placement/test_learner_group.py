@@ -104,17 +104,15 @@ class _InThread:
 
 # each spawns 2 rank processes: integration (about a minute each on 2 shared cores)
 @pytest.mark.integration
-def test_a_rank_killed_mid_step_is_named_and_the_checkpoint_resumes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_rank_killed_mid_step_is_named_and_the_checkpoint_resumes(tmp_path: Path) -> None:
     """Rank 1 killed inside step 2's backward (FSDP2: rank 0 is inside the same step's
     collectives): one line naming the rank and where it was, no hang, the step-1
     checkpoint intact and resumable."""
-    monkeypatch.setenv(FAULT_ENV, "1:2:backward:hold")  # rank 1 stops there; killed below
     with one_torch_thread():
         groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
         single = Learner(tiny_llama(seed=0), None, make_cfg(**ONE))
-    with closing(LearnerProcess(make_cfg(**GROUP))) as group:
+    hold = Fault(1, 2, "backward", "hold")  # rank 1 stops there; killed below
+    with closing(LearnerProcess(make_cfg(**GROUP), fault=hold)) as group:
         group.step(groups)
         assert [p.phase for p in group.phases().values()] == ["metrics all-reduce"] * 2
         saved = group.save_checkpoint(tmp_path / "ckpt")
@@ -128,7 +126,7 @@ def test_a_rank_killed_mid_step_is_named_and_the_checkpoint_resumes(
     assert "\n" not in message
     assert message.startswith(
         "learner rank 1 died while training a step (killed by signal 9; it was in backward "
-        "of step 2, held there by AGENTRL_LEARNER_FAULT); the last checkpoint is intact"
+        "of step 2, held there by an injected fault); the last checkpoint is intact"
     ), message
     assert all(_gone(pid) for pid in group.pids)
     with one_torch_thread():
@@ -140,18 +138,15 @@ def test_a_rank_killed_mid_step_is_named_and_the_checkpoint_resumes(
 
 
 @pytest.mark.integration
-def test_a_rank_that_stops_taking_part_times_the_collective_out(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_rank_that_stops_taking_part_times_the_collective_out() -> None:
     """DDP: rank 1 holds in its first backward, rank 0 waits in the gradient all-reduce,
     which gives up after learner.collective_timeout_s with one line naming both ranks."""
-    monkeypatch.setenv(FAULT_ENV, "1:1:backward:hold")
     cfg = make_cfg(
         **{**GROUP, "learner": {**GROUP["learner"], "parallel": "ddp", "collective_timeout_s": 3}}
     )
     with one_torch_thread():
         groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
-    with closing(LearnerProcess(cfg)) as group:
+    with closing(LearnerProcess(cfg, fault=Fault(1, 1, "backward", "hold"))) as group:
         step = _InThread(lambda: group.step(groups))
         group.wait_for_phase(1, "backward", fault="hold")
         group.wait_for_phase(0, "gradient all-reduce")  # the collective rank 1 never joins
@@ -160,7 +155,7 @@ def test_a_rank_that_stops_taking_part_times_the_collective_out(
     assert str(error) == (
         "learner rank 0 waited 3 s (learner.collective_timeout_s) for the other ranks in a "
         "collective in gradient all-reduce of step 1 while training a step: rank 1 last seen "
-        "in backward of step 1, held there by AGENTRL_LEARNER_FAULT; the group is stopped, "
+        "in backward of step 1, held there by an injected fault; the group is stopped, "
         "the last checkpoint is intact"
     )
     assert "Timed out" in str(error.__cause__)  # gloo's own timeout ended the wait
@@ -212,7 +207,7 @@ def test_a_run_whose_rank_dies_mid_step_resumes_through_the_cli(tmp_path: Path) 
     assert runs["killed"].returncode != 0
     assert out["killed"].strip().splitlines()[-1] == (
         "error: learner rank 1 died while training a step (killed by signal 9; it was in "
-        "backward of step 2, killed there by AGENTRL_LEARNER_FAULT); the last checkpoint "
+        "backward of step 2, killed there by an injected fault); the last checkpoint "
         "is intact"
     ), out["killed"][-3000:]
     ckpt = latest_checkpoint(killed_dir)
@@ -317,15 +312,12 @@ def test_two_ranks_under_ray(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_two_ranks_under_ray_match_one_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_two_ranks_under_ray_match_one_process(tmp_path: Path) -> None:
     """The Ray placement of the group (rank 0 a LearnerShell on the driver's node, rank 1 a
     LearnerRankShell in the learner's placement group, as a run assembles them): 3 steps
     on the same batches give one process's weights (float32 tolerance) and losses; rank 1
     killed inside step 4's backward is named by the failed step."""
     ray = pytest.importorskip("ray")
-    monkeypatch.setenv(FAULT_ENV, "1:4:backward:kill")  # the local Ray's workers inherit it
     from safetensors.torch import load_file
 
     from agentrl.run.placement import cluster
@@ -345,7 +337,8 @@ def test_two_ranks_under_ray_match_one_process(
     conn = cluster.connect(cfg)
     try:
         on_ray = {"num_cpus": 0.5, "max_restarts": 0}
-        peers, address = _learner_ranks(conn, cfg, on_ray, cfg.ray.start_timeout_s)
+        kill = Fault(1, 4, "backward", "kill")
+        peers, address = _learner_ranks(conn, cfg, on_ray, cfg.ray.start_timeout_s, kill)
         assert len(peers) == 1 and len(conn.placement_groups) == 1
         rank0 = (
             ray.remote(LearnerShell)

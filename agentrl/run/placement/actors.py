@@ -27,6 +27,7 @@ from agentrl.learner.distributed import set_collective_timeout
 from agentrl.models import load_tokenizer
 from agentrl.run.placement.learner_process import (
     ATTRIBUTE_S,
+    Fault,
     LearnerError,
     join_learner_group,
     report_phases,
@@ -329,14 +330,14 @@ class LearnerRankShell:
     it joins rank 0's group, and runs each request rank 0 forwards at the same time, so
     the collectives meet (see :mod:`agentrl.learner.distributed`)."""
 
-    def __init__(self, cfg: Config, rank: int, address: str) -> None:
+    def __init__(self, cfg: Config, rank: int, address: str, fault: Fault | None = None) -> None:
         _process_settings(cfg, cfg.ray.learner.num_cpus)
         self.rank = rank
         join_learner_group(cfg, rank, address, local_rank=0)
         self.learner = load_learner(cfg)
         self.learner.gathered_sampler_weights()  # rank 0 gathers the first version now
         set_collective_timeout(float(cfg.learner.collective_timeout_s))
-        report_phases(self.learner, rank)  # AGENTRL_LEARNER_FAULT, where it names this rank
+        report_phases(self.learner, rank, fault=fault)  # a drill's fault, where it names this rank
 
     def step(self, groups: list[Any]) -> None:
         self.learner.step(groups)

@@ -35,7 +35,7 @@ from agentrl.run.placement.driver import (
     RemoteEngine,
     RemoteLearner,
 )
-from agentrl.run.placement.learner_process import free_port
+from agentrl.run.placement.learner_process import Fault, drill_fault, free_port
 from agentrl.run.placement.router import ReplicaRouter
 from agentrl.resources import ResourceScope
 
@@ -68,12 +68,16 @@ def _ready(ray: Any, refs: list[Any], what: str, timeout_s: float) -> list[Any]:
 
 
 def _learner_ranks(
-    conn: cluster.Connection, cfg: Config, options: dict[str, Any], timeout: float
+    conn: cluster.Connection,
+    cfg: Config,
+    options: dict[str, Any],
+    timeout: float,
+    fault: Fault | None = None,
 ) -> tuple[list[Any], str]:
     """Ranks 1..n-1 of a learner group (``learner.world_size: n``) as Ray actors in a
     placement group (one bundle of ``ray.learner`` each, ``ray.placement_strategy``), and
     the rendezvous address of rank 0, which runs on the driver's node (it writes the run's
-    checkpoints)."""
+    checkpoints). `fault`: a drill's, handed to the rank it names."""
     world = cfg.learner.world_size
     if world == 1:
         return [], ""
@@ -83,7 +87,7 @@ def _learner_ranks(
     rank_cls = ray.remote(LearnerRankShell)
     peers = [
         rank_cls.options(**options, max_concurrency=1, **cluster.scheduling(pg, r - 1)).remote(
-            cfg, r, address
+            cfg, r, address, fault
         )
         for r in range(1, world)
     ]
@@ -135,7 +139,9 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Run:
             **options(rc.learner, max_restarts=0, max_concurrency=1),
             **cluster.on_this_node(ray),
         )
-        peers, address = _learner_ranks(conn, cfg, options(rc.learner, max_restarts=0), timeout)
+        peers, address = _learner_ranks(
+            conn, cfg, options(rc.learner, max_restarts=0), timeout, drill_fault()
+        )
         actors.extend(peers)
         learner_handle = learner_cls.remote(cfg, peers, address)
         actors.append(learner_handle)

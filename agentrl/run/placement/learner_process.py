@@ -31,8 +31,9 @@ child's traceback; a child that dies (killed, out of memory) raises :class:`Lear
 with its exit code. With several ranks, each reports the phase of the step it starts
 (:attr:`Learner.on_phase`, :meth:`LearnerProcess.phases`), so a rank that dies is named
 with where it was, and one that stops taking part ends the step once its peers' collective
-gives up (``learner.collective_timeout_s``), named the same way; ``AGENTRL_LEARNER_FAULT``
-(:class:`Fault`) kills or holds a rank at a named phase, for drills and tests. The child
+gives up (``learner.collective_timeout_s``), named the same way. A :class:`Fault` handed to
+the constructor kills or holds a rank at a named phase, for drills and tests (a run reads one
+from ``AGENTRL_LEARNER_FAULT`` at its assembly, :func:`drill_fault`). The child
 ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process
 group; the orchestrator finishes the step and asks for the checkpoint) and exits as soon
 as its parent is gone (a lifeline pipe only the parent holds), so no orphan is left.
@@ -51,7 +52,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ START_TIMEOUT_S = 600.0
 # a learner group's rank, and rank 0's rendezvous address, for each spawned rank
 RANK_ENV = "AGENTRL_LEARNER_RANK"
 ADDRESS_ENV = "AGENTRL_LEARNER_ADDRESS"
-# fault injection for drills and tests: RANK:STEP:PHASE:ACTION (see Fault)
+# a drill's fault for a whole run: RANK:STEP:PHASE:ACTION (see Fault, drill_fault)
 FAULT_ENV = "AGENTRL_LEARNER_FAULT"
 # after one rank fails, how long the others may take to show whether one of them died first
 # (its death is the cause: a peer's collective fails as soon as its sockets close)
@@ -95,22 +96,26 @@ class LearnerError(AgentRLError):
 @dataclass(frozen=True)
 class RankPhase:
     """Where a rank was last seen: the phase of a step it started (``Learner.on_phase``)
-    and, when ``AGENTRL_LEARNER_FAULT`` acted there, what it did (``hold`` / ``kill``)."""
+    and, when an injected :class:`Fault` acted there, what it did (``hold`` / ``kill``)."""
 
     step: int
     phase: str
     fault: str = ""
 
     def __str__(self) -> str:
-        held = {"hold": ", held there by " + FAULT_ENV, "kill": ", killed there by " + FAULT_ENV}
+        held = {
+            "hold": ", held there by an injected fault",
+            "kill": ", killed there by an injected fault",
+        }
         return f"{self.phase} of step {self.step}{held.get(self.fault, '')}"
 
 
 @dataclass(frozen=True)
 class Fault:
     """A fault a learner rank injects into itself, for drills and tests of the failure
-    path: ``AGENTRL_LEARNER_FAULT=RANK:STEP:PHASE:ACTION`` (e.g. ``1:2:backward:kill``).
-    When rank RANK first starts PHASE (one of :data:`~agentrl.learner.learner.PHASES`) in
+    path, handed to :class:`LearnerProcess` (or a Ray rank) by whoever starts the learner:
+    ``Fault(1, 2, "backward", "kill")``, or ``AGENTRL_LEARNER_FAULT=1:2:backward:kill`` for a
+    whole run (:func:`drill_fault`). When rank RANK first starts PHASE (one of :data:`~agentrl.learner.learner.PHASES`) in
     step STEP (1-based, counted over resumes) it reports that to the parent, then
     ``kill``: SIGKILLs itself (a rank dying mid-step, its peers inside the step's
     collectives), or ``hold``: stays there for good (a rank that stops taking part: its
@@ -123,6 +128,7 @@ class Fault:
 
     @classmethod
     def from_env(cls) -> Fault | None:
+        """The fault ``AGENTRL_LEARNER_FAULT`` names (None when unset)."""
         value = os.environ.get(FAULT_ENV, "").strip()
         if not value:
             return None
@@ -138,13 +144,22 @@ class Fault:
             raise ConfigError(fix)
         return fault
 
+    def hits(self, rank: int, step: int, phase: str) -> bool:
+        return (rank, step, phase) == (self.rank, self.step, self.phase)
+
     def act(self) -> None:
-        log.warning("%s: learner rank %d %ss itself now", FAULT_ENV, self.rank, self.action)
+        log.warning("injected fault: learner rank %d %ss itself now", self.rank, self.action)
         sys.stdout.flush()
         sys.stderr.flush()
         if self.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         threading.Event().wait()  # hold: until the parent kills this rank or goes away
+
+
+def drill_fault() -> Fault | None:
+    """The drill's fault for a run (``AGENTRL_LEARNER_FAULT``), read once where the run
+    assembles its learner and handed to it; components never read the environment."""
+    return Fault.from_env()
 
 
 # --- the child -----------------------------------------------------------------------------
@@ -187,11 +202,10 @@ class _NotShared:
         pass
 
 
-def report_phases(learner: Any, rank: int, send: Any = None) -> None:
+def report_phases(learner: Any, rank: int, send: Any = None, fault: Fault | None = None) -> None:
     """Hand `send` each phase of a step as this rank starts it (``(step, phase, fault)``),
-    and act on ``AGENTRL_LEARNER_FAULT`` where it names this rank (without `send`: only
-    that, as a Ray rank does)."""
-    fault = Fault.from_env()
+    and act on `fault` where it names this rank (without `send`: only that, as a Ray rank
+    does)."""
     if fault is not None and fault.rank != rank:
         fault = None
     if fault is None and send is None:
@@ -199,7 +213,7 @@ def report_phases(learner: Any, rank: int, send: Any = None) -> None:
 
     def report(phase: str) -> None:
         step = learner.step_count + 1
-        hit = fault is not None and step == fault.step and phase == fault.phase
+        hit = fault is not None and fault.hits(rank, step, phase)
         if send is not None:
             send((step, phase, fault.action if hit else ""))
         if hit:
@@ -215,7 +229,8 @@ def _serve(conn: Connection, lifeline: int) -> None:
     shared: SharedWeights | CudaSharedWeights | _NotShared | None = None
     rank = int(os.environ.get(RANK_ENV, "0"))
     try:
-        cfg, path, plugins = conn.recv()
+        cfg, path, plugins, fault_fields = conn.recv()
+        fault = Fault(*fault_fields) if fault_fields else None
         sys.path[:] = path + [p for p in sys.path if p not in path]
         import importlib
 
@@ -231,7 +246,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
         if cfg.learner.world_size > 1:
             # ("phase", ...) messages before the request's reply; plain values: this module
             # is the child's __main__, its classes do not unpickle in the parent
-            report_phases(learner, rank, lambda seen: conn.send(("phase", seen)))
+            report_phases(learner, rank, lambda seen: conn.send(("phase", seen)), fault)
             # every rank has loaded: from now on a collective waits collective_timeout_s
             from agentrl.learner.distributed import set_collective_timeout
 
@@ -369,9 +384,8 @@ class LearnerProcess:
     broken; the last checkpoint is intact for ``--resume``).
     """
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, *, fault: Fault | None = None) -> None:
         self.world_size = int(cfg.learner.world_size)
-        Fault.from_env()  # a malformed AGENTRL_LEARNER_FAULT fails here, in one line
         self.collective_timeout_s = float(cfg.learner.collective_timeout_s)
         # where each rank has been in the request under way (RankPhase, in order)
         self._seen = threading.Condition()
@@ -388,7 +402,9 @@ class LearnerProcess:
         for rank in self._ranks:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 # a child that died at once is reported by wait_ready, with its exit status
-                rank.conn.send((cfg, [p for p in sys.path if p], plugin_modules()))
+                # the fault as plain fields: this module is the child's __main__
+                fields = astuple(fault) if fault is not None else None
+                rank.conn.send((cfg, [p for p in sys.path if p], plugin_modules(), fields))
 
     @property
     def _proc(self) -> subprocess.Popen[bytes]:
@@ -506,7 +522,7 @@ class LearnerProcess:
         self, rank: int, phase: str, *, fault: str = "", timeout: float | None = None
     ) -> RankPhase:
         """Block until `rank` has started `phase` in the request under way (with `fault`:
-        and ``AGENTRL_LEARNER_FAULT`` acted there); returns that report. For drills and
+        and the injected fault acted there); returns that report. For drills and
         tests that act on a rank at a known point of a step."""
 
         def reached() -> RankPhase | None:
