@@ -333,15 +333,12 @@ def bench_learner(
     `save(partial)` after each row, so a section cut off by its limit keeps its rows."""
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
+    from agentrl.learner.compiled import DEFAULT_BACKEND
     from agentrl.models import load_tokenizer
 
     backend = None
-    if compile_available():
-        from agentrl.learner import compiled as compiled_layers
-
-        if args.smoke:  # inductor takes minutes of a small CPU
-            compiled_layers.BACKEND = "aot_eager"
-        backend = str(compiled_layers.BACKEND)
+    if compile_available():  # inductor takes minutes of a small CPU: aot_eager in --smoke
+        backend = "aot_eager" if args.smoke else DEFAULT_BACKEND
     tokenizer = load_tokenizer("tiny-llama")
     peak = peak_flops(device)
     groups = make_groups(args.groups, args.group_size, args.prompt_len, args.response_len)
@@ -380,7 +377,7 @@ def bench_learner(
             cfg = config_from_dict({"learner": learner_cfg})
             model = llama(shape, device)
             n_compute = compute_params(model)
-            learner = Learner(model, tokenizer, cfg)
+            learner = Learner(model, tokenizer, cfg, compile_backend=backend or DEFAULT_BACKEND)
             times, extra_pass = [], False
             try:
                 learner.warmup()

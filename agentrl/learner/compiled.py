@@ -55,9 +55,10 @@ log = logging.getLogger(__name__)
 
 Compile = Literal["auto", "on", "off"]
 
-# torch.compile's backend. Not a config key: tests set "aot_eager" (traces and runs the same
-# graphs without inductor's code generation, which takes minutes of a 2-core CPU)
-BACKEND = "inductor"
+# torch.compile's backend. Not a config key: tests pass "aot_eager" to the learner (it traces
+# and runs the same graphs without inductor's code generation, minutes of a 2-core CPU)
+DEFAULT_BACKEND = "inductor"
+Backend = str | Callable[..., Any]  # a torch.compile backend: a name or a callable
 
 
 def wanted(mode: str, device: torch.device) -> bool:
@@ -96,10 +97,17 @@ def decoder_blocks(model: Any) -> list[torch.nn.Module]:
     return []
 
 
-def compile_layers(model: Any, mode: str, device: torch.device, *, what: str) -> int:
-    """Compile `model`'s decoder blocks in place when ``learner.compile=mode`` asks for
-    it on `device`; returns how many were compiled (0 when off, or skipped under
-    ``auto``). `what` names the model in errors and logs ("the policy")."""
+def compile_layers(
+    model: Any,
+    mode: str,
+    device: torch.device,
+    *,
+    what: str,
+    backend: Backend = DEFAULT_BACKEND,
+) -> int:
+    """Compile `model`'s decoder blocks in place with torch.compile's `backend` when
+    ``learner.compile=mode`` asks for it on `device`; returns how many were compiled (0 when
+    off, or skipped under ``auto``). `what` names the model in errors and logs ("the policy")."""
     if not wanted(mode, device):
         return 0
     blocks = decoder_blocks(model)
@@ -115,7 +123,7 @@ def compile_layers(model: Any, mode: str, device: torch.device, *, what: str) ->
     for block in blocks:
         # in place: the module keeps its names and state_dict keys; a block copied from a
         # compiled one (deepcopy) would still call the original's compiled forward
-        block.compile(backend=BACKEND, dynamic=True)
+        block.compile(backend=backend, dynamic=True)
         if mode == "auto":
             block._compiled_call_impl = _eager_on_failure(block, blocks, what)
     return len(blocks)

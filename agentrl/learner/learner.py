@@ -114,8 +114,10 @@ class Learner:
         total_steps: int | None = None,
         max_tokens: int | None = None,
         seed: int | None = None,
+        compile_backend: compiled.Backend = compiled.DEFAULT_BACKEND,
     ) -> None:
         cfg = cfg or Config()
+        self.compile_backend = compile_backend  # torch.compile's, for learner.compile
         self.alg = algorithm or cfg.algorithm
         self.lcfg = learner or cfg.learner
         t = cfg.sampler.temperature if temperature is None else temperature
@@ -271,14 +273,16 @@ class Learner:
             if model is None or (blocks and all(id(b) in seen for b in blocks)):
                 continue
             seen.update(id(b) for b in blocks)
-            counts[what] = compiled.compile_layers(model, mode, self.device, what=f"the {what}")
+            counts[what] = compiled.compile_layers(
+                model, mode, self.device, what=f"the {what}", backend=self.compile_backend
+            )
         log.info(
             "learner.compile=%s: %s compiled in place with torch.compile (backend %s); the "
             "first step compiles them",
             mode,
             ", ".join(f"{n} decoder layers of the {what}" for what, n in counts.items() if n)
             or "no layers",
-            compiled.BACKEND,
+            self.compile_backend,
         )
         return counts
 

@@ -2,7 +2,7 @@
 
 The default-suite tests compile with torch.compile's "aot_eager" backend (the same
 dynamo capture and autograd graphs, without inductor's code generation, which takes over
-a minute of a 2-core CPU: :data:`agentrl.learner.compiled.BACKEND`); the inductor run is
+a minute of a 2-core CPU), passed as the learner's ``compile_backend``; the inductor run is
 an integration test. Compiled and eager are compared with tolerances, never bit for bit:
 inductor reorders float arithmetic.
 """
@@ -27,11 +27,11 @@ KL = {"kl": "k3", "kl_coef": 0.1}  # a KL term: the reference model is forwarded
 
 
 @pytest.fixture
-def aot_eager(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
+def aot_eager() -> Iterator[str]:
+    """The backend to compile with, on a fresh dynamo state."""
     torch._dynamo.reset()
     counters.clear()
-    yield
+    yield "aot_eager"
     torch._dynamo.reset()
 
 
@@ -63,7 +63,7 @@ def _assert_same_training(
 
 
 def test_compiled_layers_train_like_eager_without_recompiling_per_length(
-    aot_eager: None,
+    aot_eager: str,
     fresh_model: Callable[[], torch.nn.Module],
     batches: list[list[TrajectoryGroup]],
     caplog: pytest.LogCaptureFixture,
@@ -76,7 +76,7 @@ def test_compiled_layers_train_like_eager_without_recompiling_per_length(
     assert eager.compiled_layers == {}
     with caplog.at_level(logging.INFO, logger="agentrl.learner.learner"):
         on = make_cfg(learner={**cfg, "compile": "on"}, algorithm=KL)
-        learner = Learner(fresh_model(), None, on)
+        learner = Learner(fresh_model(), None, on, compile_backend=aot_eager)
     assert learner.compiled_layers == {"policy": 2, "reference model": 2}
     # a shared prompt's KV cache would make each layer its own graph
     assert eager.lcfg.share_prompt and not learner.lcfg.share_prompt
@@ -94,7 +94,7 @@ def test_compiled_layers_train_like_eager_without_recompiling_per_length(
 
 
 def test_checkpoint_and_published_names_are_unchanged_and_resume_matches(
-    aot_eager: None,
+    aot_eager: str,
     tmp_path: Path,
     fresh_model: Callable[[], torch.nn.Module],
     batches: list[list[TrajectoryGroup]],
@@ -105,7 +105,7 @@ def test_checkpoint_and_published_names_are_unchanged_and_resume_matches(
     off = make_cfg(learner={"fused_logprobs": "off", "compile": "off"})
     eager = Learner(fresh_model(), None, off)
     eager.save_checkpoint(tmp_path / "eager")
-    learner = Learner(fresh_model(), None, on)
+    learner = Learner(fresh_model(), None, on, compile_backend=aot_eager)
     learner.step(batches[0])
     learner.save_checkpoint(tmp_path / "compiled")
     names = list(load_file(str(tmp_path / "compiled" / "model.safetensors")))
@@ -114,7 +114,7 @@ def test_checkpoint_and_published_names_are_unchanged_and_resume_matches(
     assert list(learner.model.state_dict()) == list(eager.model.state_dict())
     assert list(learner.state_dict_for_sampler()) == list(eager.state_dict_for_sampler())
 
-    resumed = Learner(fresh_model(), None, on)
+    resumed = Learner(fresh_model(), None, on, compile_backend=aot_eager)
     resumed.load_checkpoint(tmp_path / "compiled")
     torch.testing.assert_close(_flat(resumed.model), _flat(learner.model), rtol=0, atol=0)
     _assert_same_training([learner.step(batches[1])], [resumed.step(batches[1])], tol=1e-6)
@@ -123,7 +123,7 @@ def test_checkpoint_and_published_names_are_unchanged_and_resume_matches(
 
 @pytest.mark.integration  # ~25 s on 2 cores
 def test_compiled_layers_with_lora_checkpointing_and_a_reference_model(
-    aot_eager: None,
+    aot_eager: str,
     fresh_model: Callable[[], torch.nn.Module],
     batches: list[list[TrajectoryGroup]],
 ) -> None:
@@ -140,7 +140,7 @@ def test_compiled_layers_with_lora_checkpointing_and_a_reference_model(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)  # the same adapter initialisation in both runs
             model = apply_lora(fresh_model(), cfg.model.lora, gradient_checkpointing=True)
-        learner = Learner(model, None, cfg, ref_model=AdaptersOff(model))
+        learner = Learner(model, None, cfg, ref_model=AdaptersOff(model), compile_backend=aot_eager)
         return learner, _train(learner, batches[:2])
 
     eager, eager_metrics = run("off")
@@ -178,23 +178,22 @@ def _broken_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
 
 
 def test_auto_falls_back_to_eager_when_compiling_fails_and_on_raises(
-    monkeypatch: pytest.MonkeyPatch,
     fresh_model: Callable[[], torch.nn.Module],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(compiled, "BACKEND", _broken_backend)
     torch._dynamo.reset()
     ids = torch.tensor([[5, 6, 7, 8]])
     expected = fresh_model()(input_ids=ids).logits
     model = fresh_model()
     cuda = torch.device("cuda")  # where auto compiles (nothing is placed there)
-    assert compiled.compile_layers(model, "auto", cuda, what="the policy") == 2
+    broken = _broken_backend
+    assert compiled.compile_layers(model, "auto", cuda, what="the policy", backend=broken) == 2
     with caplog.at_level(logging.WARNING, logger="agentrl.learner.compiled"):
         torch.testing.assert_close(model(input_ids=ids).logits, expected)
     assert "run eagerly" in caplog.text and "no compiler here" in caplog.text
     assert all(b._compiled_call_impl is None for b in compiled.decoder_blocks(model))
     model = fresh_model()
-    compiled.compile_layers(model, "on", torch.device("cpu"), what="the policy")
+    compiled.compile_layers(model, "on", torch.device("cpu"), what="the policy", backend=broken)
     with pytest.raises(Exception, match="no compiler here"):
         model(input_ids=ids)
     torch._dynamo.reset()
