@@ -57,6 +57,16 @@ def unsupported(param: str, why: str) -> OpenAIError:
     return OpenAIError(400, f"{param}: {why}", param=param, code="unsupported_parameter")
 
 
+def stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
+    """A request's ``stop`` as a tuple, as OpenAI allows it: up to 4 non-empty strings."""
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stops) > 4 or any(not s for s in stops):
+        raise bad_request("stop takes up to 4 non-empty strings", "stop")
+    return stops
+
+
 def from_validation(err: ValidationError) -> OpenAIError:
     """The first problem of a pydantic error as a 400 naming the parameter."""
     first = err.errors()[0]
@@ -206,12 +216,7 @@ class ChatCompletionRequest(_Wire):
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if len(stops) > 4 or any(not s for s in stops):
-            raise bad_request("stop takes up to 4 non-empty strings", "stop")
-        return stops
+        return stop_strings(self.stop)
 
     @property
     def token_limit(self) -> int | None:
@@ -256,12 +261,7 @@ class CompletionRequest(_Wire):
 
     @property
     def stop_strings(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if len(stops) > 4 or any(not s for s in stops):
-            raise bad_request("stop takes up to 4 non-empty strings", "stop")
-        return stops
+        return stop_strings(self.stop)
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of this request (batched prompts are rejected)."""

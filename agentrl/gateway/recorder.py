@@ -220,21 +220,12 @@ class Session:
         self, plan: Plan, gens: list[Generation], replies: list[Reply], latency_s: float
     ) -> None:
         base = plan.base
-        if plan.extends:
-            base.segments.append(Segment("observation", plan.observation_ids))
+        if self._extend(plan):
             base.messages.extend(plan.new_messages)
             self._fill_tool_results(base, plan.new_messages)
-            if base.turns:
-                base.turns[-1].observation_tokens = len(plan.observation_ids)
             base.keys = list(plan.keys)
-        else:
-            self._add(base)
-        start = base.fork(base.reason) if len(gens) > 1 else None
-        for i, (gen, reply) in enumerate(zip(gens, replies, strict=True)):
-            sample = base if i == 0 else start.fork(f"choice {i + 1} of {len(gens)}")  # type: ignore[union-attr]
-            if i > 0:
-                self._add(sample)
-            self._append_model(sample, gen, reply.text, latency_s)
+        choices = self._choices(base, gens, [r.text for r in replies], latency_s)
+        for sample, reply in zip(choices, replies, strict=True):
             sample.messages.append({"role": "assistant", "content": reply.text})
             sample.keys.append(reply.key())
             self.recorded[reply.key()] = reply.text
@@ -280,24 +271,41 @@ class Session:
         self, plan: Plan, gens: list[Generation], texts: list[str], latency_s: float
     ) -> None:
         base = plan.base
-        if plan.extends:
-            base.segments.append(Segment("observation", plan.observation_ids))
-            if base.turns:
-                base.turns[-1].observation_tokens = len(plan.observation_ids)
+        if self._extend(plan):
             base.text = plan.text if plan.text else ""
-        else:
-            self._add(base)
-        start = base.fork(base.reason) if len(gens) > 1 else None
-        for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
-            sample = base if i == 0 else start.fork(f"choice {i + 1} of {len(gens)}")  # type: ignore[union-attr]
-            if i > 0:
-                self._add(sample)
-            self._append_model(sample, gen, text, latency_s)
+        for sample, text in zip(self._choices(base, gens, texts, latency_s), texts, strict=True):
             # a token-id prompt cannot be extended by text: keep text only when it came as text
             sample.text = sample.text + text if sample.text else ""
         self.last_reply = texts[0]
 
     # --- shared ------------------------------------------------------------------------------
+
+    def _extend(self, plan: Plan) -> bool:
+        """Whether the call extends its sample (then its observation tokens are appended);
+        otherwise the sample is new and is recorded."""
+        base = plan.base
+        if not plan.extends:
+            self._add(base)
+            return False
+        base.segments.append(Segment("observation", plan.observation_ids))
+        if base.turns:
+            base.turns[-1].observation_tokens = len(plan.observation_ids)
+        return True
+
+    def _choices(
+        self, base: Sample, gens: list[Generation], texts: list[str], latency_s: float
+    ) -> list[Sample]:
+        """One sample per generated choice, each with its model tokens: the first continues
+        `base`, the others fork from where `base` stood before this call."""
+        start = base.fork(base.reason) if len(gens) > 1 else None
+        samples = []
+        for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
+            sample = base if i == 0 else start.fork(f"choice {i + 1} of {len(gens)}")  # type: ignore[union-attr]
+            if i > 0:
+                self._add(sample)
+            self._append_model(sample, gen, text, latency_s)
+            samples.append(sample)
+        return samples
 
     def _add(self, sample: Sample) -> None:
         if sample.reason.startswith("prefix break"):

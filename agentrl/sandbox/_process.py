@@ -13,7 +13,6 @@ import json
 import marshal
 import os
 import re
-import secrets
 import signal
 import struct
 import subprocess
@@ -28,6 +27,7 @@ from agentrl.sandbox._wire import (
     _Capture,
     _read_now,
     _read_some,
+    call_captures,
     encode_config,
     kernel_config,
     kernel_source,
@@ -283,9 +283,7 @@ class KernelProcess:
         """Run one snippet. Kills the sandbox on timeout / output flood / cancellation."""
         limits = self.limits
         self._calls += 1
-        nonce = b"\x00<agentrl-end-" + secrets.token_hex(12).encode() + b">\x00"
-        out = _Capture(nonce, limits.max_output_bytes, self._leftover["out"])
-        err = _Capture(nonce, limits.max_output_bytes, self._leftover["err"])
+        nonce, out, err = call_captures(limits, self._leftover)
         reply: dict[str, Any] | None = None
         flooded = False
         timed_out = True

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -118,6 +119,16 @@ class _Capture:
         if self.truncated:
             text += f"\n[... output truncated: {self.total - self.keep} more bytes not shown ...]\n"
         return text
+
+
+def call_captures(
+    limits: SandboxLimits, leftover: dict[str, bytes]
+) -> tuple[bytes, _Capture, _Capture]:
+    """A new call's end nonce and its stdout and stderr captures, fed what the previous
+    call left after its nonce."""
+    nonce = b"\x00<agentrl-end-" + secrets.token_hex(12).encode() + b">\x00"
+    keep = limits.max_output_bytes
+    return nonce, _Capture(nonce, keep, leftover["out"]), _Capture(nonce, keep, leftover["err"])
 
 
 @dataclass

@@ -20,7 +20,6 @@ import contextlib
 import json
 import marshal
 import os
-import secrets
 import struct
 import time
 from typing import Any
@@ -30,7 +29,7 @@ import anyio
 from agentrl.errors import SandboxError
 from agentrl.sandbox._wire import (
     CallOutcome,
-    _Capture,
+    call_captures,
     encode_config,
     kernel_config,
     kernel_source,
@@ -372,9 +371,7 @@ class DockerKernel:
     async def execute(self, code: str, timeout: float) -> CallOutcome:
         limits = self.limits
         self._calls += 1
-        nonce = b"\x00<agentrl-end-" + secrets.token_hex(12).encode() + b">\x00"
-        out = _Capture(nonce, limits.max_output_bytes, self._leftover["out"])
-        err = _Capture(nonce, limits.max_output_bytes, self._leftover["err"])
+        nonce, out, err = call_captures(limits, self._leftover)
         reply: dict[str, Any] | None = None
         flooded = broken = False
         timed_out = True

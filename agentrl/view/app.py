@@ -8,6 +8,7 @@ the last one; nothing here writes to a run folder.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -61,21 +62,21 @@ def _model_name(run: Run) -> str | None:
 
 
 def _int(v: str | None, name: str) -> int | None:
-    if v in (None, ""):
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        raise HTTPException(400, f"{name} must be an integer (got {v!r})") from None
+    return _parse(v, name, int, "an integer")
 
 
 def _float(v: str | None, name: str) -> float | None:
-    if v in (None, ""):
+    return _parse(v, name, float, "a number")
+
+
+def _parse(v: str | None, name: str, kind: Callable[[str], Any], what: str) -> Any:
+    """A query parameter as `kind` (None when absent); a 400 naming it when malformed."""
+    if v is None or v == "":
         return None
     try:
-        return float(v)
+        return kind(v)
     except ValueError:
-        raise HTTPException(400, f"{name} must be a number (got {v!r})") from None
+        raise HTTPException(400, f"{name} must be {what} (got {v!r})") from None
 
 
 def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> FastAPI:
