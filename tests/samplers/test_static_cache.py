@@ -71,7 +71,9 @@ async def _run(pair, kv_cache: str, waves, **options):
     return {(tuple(p), params.seed): g for p, params, g in results}, stats
 
 
-async def test_rows_joining_and_leaving_match_the_growing_cache(pair) -> None:
+# every mode behind the sampler's one KV interface (samplers/batch_kv.py)
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+async def test_rows_joining_and_leaving_match_the_growing_cache(pair, mode: str) -> None:
     _, tokenizer = pair
     batch = prompts(9, tokenizer)
     waves = [
@@ -84,7 +86,7 @@ async def test_rows_joining_and_leaving_match_the_growing_cache(pair) -> None:
         ]
     ]
     growing, _ = await _run(pair, "growing", waves, max_batch_size=5)
-    static, stats = await _run(pair, "static", waves, max_batch_size=5)
+    static, stats = await _run(pair, mode, waves, max_batch_size=5)
     assert growing.keys() == static.keys()
     for key, g in growing.items():
         s = static[key]
