@@ -12,11 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
-
-pytest.importorskip("importlinter", reason="import-linter is in the dev extra")
 
 
 def lint(package_parent: Path) -> subprocess.CompletedProcess[str]:
