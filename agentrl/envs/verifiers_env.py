@@ -38,8 +38,7 @@ __all__ = ["VerifiersEnv", "VerifiersOptions"]
 
 
 class VerifiersEnv(AgentProgram):
-    """A verifiers environment (load_environment or a v1 taskset); its rollout and rubric,
-    our gateway."""
+    """A verifiers environment (0.3 or 0.4); its rollout and rubric, our gateway."""
 
     name = "verifiers"
     Options = VerifiersOptions
