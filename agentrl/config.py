@@ -8,6 +8,7 @@ name the field, the value and what is allowed.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -510,6 +511,55 @@ class RewardConfig(_Section):
         )
 
 
+class GatewayConfig(_Section):
+    """The run's OpenAI-compatible gateway, which agent programs (``env.name: agent``,
+    ``verifiers``) call; ``agentrl serve`` uses it too."""
+
+    max_n: int = Field(4, ge=1, description="largest n (samples per request) a request may ask for")
+    tool_parser: str = Field(
+        "hermes",
+        description="how tool calls are read from model text (agentrl.tools.parser_names())",
+    )
+    strict_model: bool = Field(
+        False,
+        description="answer model names other than agentrl and model.name with 404 "
+        "(false: any name reaches the policy and is recorded in the trace)",
+    )
+    host: str = Field("127.0.0.1", description="interface the gateway listens on")
+    port: int = Field(0, ge=0, le=65535, description="port the gateway listens on (0: a free one)")
+
+
+# env.options keys of the agent-program environments that moved to the gateway: section
+GATEWAY_OPTIONS = ("max_n", "tool_parser", "strict_model", "host", "port")
+
+
+def _gateway_options_moved(data: Any) -> Any:
+    """Old configs' ``env.options.max_n`` ... (env.name agent / verifiers) become
+    ``gateway.max_n`` ..., each with a warning naming the new key."""
+    env = data.get("env") if isinstance(data, dict) else None
+    if not isinstance(env, dict) or env.get("name") not in ("agent", "verifiers"):
+        return data
+    gateway = data.get("gateway") or {}
+    if not isinstance(gateway, dict):
+        return data  # validation names the bad section
+    env, gateway = dict(env), dict(gateway)
+    for section in ("options", "eval_options"):
+        options = env.get(section)
+        if not isinstance(options, dict) or not set(options) & set(GATEWAY_OPTIONS):
+            continue
+        env[section] = options = dict(options)
+        for key in GATEWAY_OPTIONS:
+            if key in options:
+                warnings.warn(
+                    f"env.{section}.{key} is deprecated: set gateway.{key} instead (the "
+                    "gateway: section of the config)",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                gateway.setdefault(key, options.pop(key))
+    return {**data, "env": env, "gateway": gateway}
+
+
 class PreferenceConfig(_Section):
     """`agentrl dpo`: preference optimisation (docs/preference.md)."""
 
@@ -544,6 +594,9 @@ class Config(_Section):
     data: DataConfig = Field(default_factory=DataConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+
+    _moved_gateway_options = model_validator(mode="before")(_gateway_options_moved)
 
     @model_validator(mode="after")
     def _dataset_env(self) -> Config:

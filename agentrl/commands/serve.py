@@ -63,7 +63,7 @@ def serve(
                 host=host,
                 port=port,
                 open_sessions=True,
-                strict_model=strict_model,
+                strict_model=strict_model or cfg.gateway.strict_model,
             )
             server = GatewayServer(Gateway(run.sampler, settings))
             url = await server.start()

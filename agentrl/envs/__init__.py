@@ -11,6 +11,7 @@ the ``agentrl.envs`` entry-point group or a ``module:Class`` path; see agentrl/e
 
 from agentrl.envs.base import (
     AssistantTurn,
+    EnvBase,
     Environment,
     EnvOptions,
     Message,
@@ -19,6 +20,7 @@ from agentrl.envs.base import (
     safe_reset,
     safe_step,
 )
+from agentrl.envs.program import AgentProgram, AnyEnvironment, ModelEndpoint
 from agentrl.envs.registry import ENTRY_POINT_GROUP, EnvInfo, list_envs, make_env, resolve
 from agentrl.envs.verifiers import (
     ExactMatchVerifier,
@@ -30,13 +32,17 @@ from agentrl.envs.verifiers import (
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "AgentProgram",
+    "AnyEnvironment",
     "AssistantTurn",
+    "EnvBase",
     "EnvInfo",
     "EnvOptions",
     "Environment",
     "ExactMatchVerifier",
     "MathVerifier",
     "Message",
+    "ModelEndpoint",
     "ReasoningGymVerifier",
     "StepResult",
     "ToolEnvironment",

@@ -20,18 +20,20 @@ scores the episode: ``verifier`` (``math``, ``exact_match``, ``reasoning_gym`` o
 result), else the model's last reply. A program that crashes, prints no result or runs
 past ``rollout.episode_timeout_s`` is an infrastructure failure of its episode only.
 
-This class holds the options, tasks and scoring; it declares ``driven_from_outside``, and
-the run assembly runs its episodes with the gateway's workflow (:mod:`agentrl.gateway.workflow`).
+An :class:`~agentrl.envs.program.AgentProgram`: the run layer opens the episode's gateway
+session and calls :meth:`AgentEnv.program` with it (:mod:`agentrl.gateway.workflow`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.envs.base import AssistantTurn, Environment, EnvOptions, Message, StepResult
+from agentrl.envs.agent_programs import load_entrypoint, run_command, run_entrypoint
+from agentrl.envs.base import EnvBase, EnvOptions
+from agentrl.envs.program import AgentProgram, ModelEndpoint
 from agentrl.envs.registry import make_env
 from agentrl.errors import ConfigError, EnvError, PluginError
 from agentrl.registry import load_object
@@ -57,14 +59,6 @@ class AgentOptions(EnvOptions):
     cwd: str | None = None  # working directory of a command (default: the current one)
     memory_mb: int | None = Field(None, ge=16)  # address-space limit of a command
     max_output_bytes: int = Field(1 << 20, ge=1024)  # stdout/stderr kept per stream
-    # gateway
-    max_n: int = Field(4, ge=1)  # largest n a request may ask for
-    # any model name the program asks for (gpt-4o-mini ...) reaches the policy and is
-    # recorded in the trace; true answers names other than agentrl / model.name with 404
-    strict_model: bool = False
-    tool_parser: str = "hermes"  # how tool calls are read from model text
-    host: str = "127.0.0.1"
-    port: int = Field(0, ge=0, le=65535)  # 0 = a free port
 
     @model_validator(mode="after")
     def _one_program(self) -> AgentOptions:
@@ -87,20 +81,23 @@ VERIFIERS = {
 }
 
 
-class AgentEnv(Environment):
+class AgentEnv(AgentProgram):
     """An agent program (a Python entrypoint or any command) behind the gateway."""
 
     name = "agent"
     Options = AgentOptions
-    driven_from_outside = True  # the episode is the program; the run layer wires the gateway
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.config: AgentOptions
-        self._task_env: Environment | None = None
+        self._task_env: EnvBase | None = None
         if self.config.task_env is not None:
             self._task_env = make_env(self.config.task_env.name, **self.config.task_env.options)
         self.verifier = self._make_verifier()
+        # a bad entrypoint fails when the environment is built, before any episode
+        self._entrypoint = (
+            load_entrypoint(self.config.entrypoint) if self.config.entrypoint is not None else None
+        )
 
     def _make_verifier(self) -> Any:
         name = self.config.verifier
@@ -134,6 +131,20 @@ class AgentEnv(Environment):
             for i, row in enumerate(tasks or []):
                 yield {**row, "id": str(row.get("id", f"task-{i}"))}
 
+    @property
+    def label(self) -> str:
+        program = self.config.entrypoint or (self.config.command or ["?"])[0]
+        return f"agent:{program}"
+
+    async def program(self, endpoint: ModelEndpoint, task: dict[str, Any]) -> Any:
+        """The entrypoint with a client on `endpoint`, or the command with it in its
+        environment; the program's result."""
+        if self._entrypoint is not None:
+            return await run_entrypoint(self._entrypoint, endpoint.client(), task)
+        return await run_command(
+            self.config, task, endpoint.base_url, endpoint.api_key, endpoint.model
+        )
+
     def score(self, result: Any, task: dict[str, Any], last_reply: str) -> tuple[float, dict]:
         """(reward, info) of an episode whose program returned `result`."""
         if self.verifier is not None:
@@ -160,14 +171,3 @@ class AgentEnv(Environment):
             f"the agent returned {type(result).__name__} {str(result)[:200]!r}: return a "
             "number or {'reward': ...} (or set env.options.verifier to score its answer)"
         )
-
-    async def reset(self, task: dict[str, Any]) -> list[Message]:
-        raise EnvError(self._driven)
-
-    async def step(self, turn: AssistantTurn) -> StepResult:
-        raise EnvError(self._driven)
-
-    _driven: ClassVar[str] = (
-        "the agent environment has no reset/step: its program drives the episode through "
-        "the gateway (agentrl.gateway.workflow), which the run assembly picks for env.name=agent"
-    )

@@ -1,4 +1,10 @@
-"""The environment contract (docs/architecture.md, "Where to add").
+"""The step-environment contract (docs/architecture.md).
+
+Environments come in two protocols sharing :class:`EnvBase` (options, tasks, spawn,
+close): a step environment (:class:`Environment`: ``reset`` / ``step`` / ``reward``) is
+driven by the rollout's episode runner; an agent program
+(:class:`agentrl.envs.program.AgentProgram`: ``program`` / ``score``) drives its episode
+itself through an OpenAI-compatible endpoint that the run layer provides (the gateway).
 
 An :class:`Environment` instance holds the state of one episode. The rollout gets a
 configured instance from :func:`agentrl.envs.make_env`, reads tasks from it, and calls
@@ -20,7 +26,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import anyio
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -64,24 +70,22 @@ class EnvOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Environment(abc.ABC):
-    """One episode's environment. Subclass and implement `reset`, `step` and `tasks`.
+class EnvBase(abc.ABC):  # noqa: B024 (shared part; each protocol declares its abstract methods)
+    """What both environment protocols share: options, tasks, tool listing, spawn, close.
 
     Set ``Options`` to a :class:`EnvOptions` subclass to validate ``**options``; the
-    parsed model is then ``self.config``.
+    parsed model is then ``self.config``. Subclass :class:`Environment` or
+    :class:`agentrl.envs.program.AgentProgram`, not this class.
     """
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[EnvOptions] | None] = None
-    # True: an agent program drives each episode from outside, through the run's gateway
-    # (reset/step are never called); the run assembly runs it with agentrl.gateway.workflow
-    driven_from_outside: ClassVar[bool] = False
 
     def __init__(self, **options: Any) -> None:
         self.options = options
         self.config: Any = parse_options(type(self), options) if self.Options else None
 
-    def spawn(self) -> Environment:
+    def spawn(self) -> Self:
         """A fresh instance for a new episode, configured like this one."""
         return type(self)(**self.options)
 
@@ -103,6 +107,14 @@ class Environment(abc.ABC):
         """Names of the tools this environment offers (for `agentrl envs list`)."""
         return []
 
+    async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
+        """Release per-episode resources (sandbox sessions ...)."""
+
+
+class Environment(EnvBase):
+    """A step environment: one episode's state. Subclass and implement `reset`, `step`
+    and `tasks`; the rollout's episode runner drives it turn by turn."""
+
     @abc.abstractmethod
     async def reset(self, task: dict[str, Any]) -> list[Message]:
         """Start an episode: return the initial messages (system + user)."""
@@ -122,11 +134,8 @@ class Environment(abc.ABC):
         unless it is a string."""
         return None
 
-    async def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
-        """Release per-episode resources (sandbox sessions ...)."""
 
-
-def parse_options(env_cls: type[Environment], options: dict[str, Any]) -> Any:
+def parse_options(env_cls: type[EnvBase], options: dict[str, Any]) -> Any:
     """Validate ``options`` with ``env_cls.Options``; errors name the option and the fix."""
     assert env_cls.Options is not None
     known = list(env_cls.Options.model_fields)

@@ -21,6 +21,7 @@ from typing import Any
 
 from agentrl._suggest import suggest
 from agentrl.envs.base import Environment
+from agentrl.envs.program import AgentProgram, AnyEnvironment
 from agentrl.errors import PluginError, UnknownNameError
 from agentrl.registry import load_object
 
@@ -60,18 +61,26 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def load_class(target: str) -> type[Environment]:
-    """Import ``module:Class`` and check it is an :class:`Environment` subclass."""
+PROTOCOLS = (Environment, AgentProgram)
+
+
+def _is_env_class(obj: object) -> bool:
+    return isinstance(obj, type) and issubclass(obj, PROTOCOLS)
+
+
+def load_class(target: str) -> type[AnyEnvironment]:
+    """Import ``module:Class`` and check it implements one environment protocol."""
     obj = load_object(target)
-    if not (isinstance(obj, type) and issubclass(obj, Environment)):
+    if not _is_env_class(obj):
         raise PluginError(
             f"{target!r} is {obj!r}, not an agentrl.envs.Environment subclass; subclass "
-            "Environment or ToolEnvironment"
+            "Environment or ToolEnvironment (a step environment), or "
+            "agentrl.envs.AgentProgram (a program driven through the gateway)"
         )
-    return obj
+    return obj  # type: ignore[return-value]
 
 
-def resolve(name_or_path: str) -> type[Environment]:
+def resolve(name_or_path: str) -> type[AnyEnvironment]:
     """The environment class for a built-in name, an entry-point name or ``module:Class``."""
     if name_or_path in BUILTINS:
         return load_class(BUILTINS[name_or_path])
@@ -86,9 +95,10 @@ def resolve(name_or_path: str) -> type[Environment]:
             raise PluginError(
                 f"environment plug-in {name_or_path!r} ({ep.value}) failed to load: {e!r}"
             ) from e
-        if not (isinstance(obj, type) and issubclass(obj, Environment)):
+        if not _is_env_class(obj):
             raise PluginError(
-                f"entry point {name_or_path!r} = {ep.value!r} is not an Environment subclass"
+                f"entry point {name_or_path!r} = {ep.value!r} is not an Environment (or "
+                "AgentProgram) subclass"
             )
         return obj
     known = sorted({*BUILTINS, *eps})
@@ -98,7 +108,7 @@ def resolve(name_or_path: str) -> type[Environment]:
     )
 
 
-def make_env(name_or_path: str, **options: Any) -> Environment:
+def make_env(name_or_path: str, **options: Any) -> AnyEnvironment:
     """A configured environment: a built-in name, an ``agentrl.envs`` entry point or a
     ``module:Class`` path. Options go to the class (validated, errors name the option)."""
     return resolve(name_or_path)(**options)

@@ -63,7 +63,9 @@ class GatewaySettings:
 
     @classmethod
     def from_config(cls, cfg: Any, *, training: bool, **overrides: Any) -> GatewaySettings:
-        s = cfg.sampler
+        """The config's ``gateway:`` section, with the model's names and the sampler's
+        defaults; `overrides` win (``agentrl serve``'s flags)."""
+        s, g = cfg.sampler, cfg.gateway
         names = tuple(dict.fromkeys(("agentrl", cfg.model.name)))
         values: dict[str, Any] = dict(
             model_names=names,
@@ -73,6 +75,11 @@ class GatewaySettings:
             top_k=s.top_k,
             max_new_tokens=s.max_new_tokens,
             lock_temperature=training,
+            max_n=g.max_n,
+            strict_model=g.strict_model,
+            tool_parser=g.tool_parser,
+            host=g.host,
+            port=g.port,
         )
         values.update(overrides)
         return cls(**values)

@@ -1,4 +1,5 @@
-"""The episode of an agent program: the workflow the run assembly picks for ``env.name: agent``.
+"""The episode of an agent program: the workflow the run assembly picks for an
+:class:`~agentrl.envs.program.AgentProgram` (``env.name: agent``, ``verifiers``).
 
 Per episode: open a session on the run's gateway (started once, in the run's resource
 scope), run the program against the session's base URL and key, close the session, and
@@ -12,13 +13,11 @@ ends ``truncated``), ``infra_retries`` for programs that crash.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
-from agentrl.envs.agent import AgentEnv
+from agentrl.envs.program import AgentProgram, ModelEndpoint
 from agentrl.errors import ConfigError, InfraError
 from agentrl.extras import require
-from agentrl.gateway.programs import load_entrypoint, run_command, run_entrypoint
 from agentrl.gateway.server import run_gateway
 from agentrl.gateway.service import Gateway, GatewaySettings
 from agentrl.resources import ResourceScope, current_run_scope
@@ -28,34 +27,16 @@ from agentrl.types import Trajectory
 HTTP_KEY = "agentrl.gateway.http"
 
 
-def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
-    """The workflow running `env`'s program for each episode of a run configured by `cfg`.
-
-    `env` is an agent environment (its entrypoint or command), or any environment driven
-    from outside that brings its own ``async program(client, task)`` (``env.name:
-    verifiers``: the environment's rollout) and ``score(result, task, last_reply)``."""
+def agent_workflow(env: AgentProgram, cfg: Any) -> Workflow:
+    """The workflow running `env`'s program for each episode of a run configured by `cfg`
+    (its gateway from the config's ``gateway:`` section)."""
     if cfg.rollout.workflow != BUILTIN:
         raise ConfigError(
             f"env.name={env.name} runs its program as the episode; rollout.workflow="
             f"{cfg.rollout.workflow!r} cannot drive it too: leave rollout.workflow at {BUILTIN}"
         )
-    options = env.config
-    settings = GatewaySettings.from_config(
-        cfg,
-        training=True,
-        max_n=options.max_n,
-        strict_model=options.strict_model,
-        tool_parser=options.tool_parser,
-        host=options.host,
-        port=options.port,
-    )
-    entrypoint: Callable[..., Any] | None = getattr(env, "program", None)
-    label = env.name
-    if entrypoint is None and options.entrypoint is not None:
-        entrypoint = load_entrypoint(options.entrypoint)  # a bad path fails the assembly
-        label = f"agent:{options.entrypoint}"
-    elif entrypoint is None:
-        label = f"agent:{options.command[0]}"
+    settings = GatewaySettings.from_config(cfg, training=True)
+    serving_key = f"agentrl.program.serving.{id(env)}"
 
     async def run_agent(ctx: EpisodeContext) -> list[Trajectory]:
         scope = current_run_scope()
@@ -64,13 +45,15 @@ def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
                 f"env.name={env.name} serves its program through the run's gateway: run episodes "
                 "inside a run (run = agentrl.run.runtime.assemble(cfg, role); async with run: ...)"
             )
+        await scope.get_or_create(serving_key, lambda stack: _serve(env, stack))
         gateway = await run_gateway(scope, ctx.sampler, settings)
         session = gateway.open_session(
             seed=ctx.params.seed, max_calls=ctx.limits.max_turns, max_tokens=ctx.limits.max_tokens
         )
         failure: str | None = None
         try:
-            result = await _run_program(env, entrypoint, gateway, session, ctx, scope)
+            endpoint = await _endpoint(gateway, session, ctx, scope)
+            result = await _run_program(env, endpoint, ctx.task)
         except InfraError as e:
             if session.truncation is None:
                 raise
@@ -95,32 +78,51 @@ def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
             traj.reward, traj.reward_info = reward, dict(info)
         return samples
 
-    run_agent.__name__ = label
+    run_agent.__name__ = env.label
     return run_agent
 
 
-async def _run_program(
-    env: AgentEnv,
-    entrypoint: Callable[..., Any] | None,
-    gateway: Gateway,
-    session: Any,
-    ctx: EpisodeContext,
-    scope: ResourceScope,
-) -> Any:
+async def _run_program(env: AgentProgram, endpoint: ModelEndpoint, task: dict[str, Any]) -> Any:
+    """The program's result; whatever it raises is an infrastructure failure of its episode."""
+    try:
+        return await env.program(endpoint, task)
+    except InfraError:
+        raise
+    except Exception as e:
+        raise InfraError(f"agent program {env.label!r} raised {e!r}") from e
+
+
+async def _serve(env: AgentProgram, stack: contextlib.AsyncExitStack) -> bool:
+    """The program's run-wide servers, open until the run's scope closes."""
+    await stack.enter_async_context(env.serving())
+    return True
+
+
+async def _endpoint(
+    gateway: Gateway, session: Any, ctx: EpisodeContext, scope: ResourceScope
+) -> ModelEndpoint:
+    """The episode's session as the program sees it; clients share one connection pool."""
     url = gateway.session_url(session)
-    model = gateway.settings.model_names[0]
-    if entrypoint is None:
-        return await run_command(env.config, ctx.task, url, session.key, model)
-    openai = require("openai", "gateway", "an agent entrypoint's OpenAI client")
     http = await scope.get_or_create(HTTP_KEY, _shared_http_client)
-    client = openai.AsyncOpenAI(
+    timeout_s = ctx.limits.timeout_s
+
+    def make_client() -> Any:
+        openai = require("openai", "gateway", "an agent program's OpenAI client")
+        return openai.AsyncOpenAI(
+            base_url=url,
+            api_key=session.key,
+            http_client=http,
+            max_retries=0,  # a retried call would be sampled twice
+            timeout=timeout_s,
+        )
+
+    return ModelEndpoint(
         base_url=url,
         api_key=session.key,
-        http_client=http,
-        max_retries=0,  # a retried call would be sampled twice
-        timeout=ctx.limits.timeout_s,
+        model=gateway.settings.model_names[0],
+        timeout_s=timeout_s,
+        make_client=make_client,
     )
-    return await run_entrypoint(entrypoint, client, ctx.task)
 
 
 async def _shared_http_client(stack: contextlib.AsyncExitStack) -> Any:

@@ -30,7 +30,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from agentrl.chat import Renderer, require_renderer
 from agentrl.config import SamplerConfig
-from agentrl.envs.base import Environment
+from agentrl.envs.program import AnyEnvironment
 from agentrl.errors import ConfigError
 from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, new_id
 from agentrl.rollout.group import run_branching_group, run_group
@@ -77,7 +77,7 @@ class RolloutEngine:
 
     def __init__(
         self,
-        env: Environment,
+        env: AnyEnvironment,
         sampler: Sampler,
         renderer: Renderer,
         cfg: Any,

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.chat import ChatTranscript
-from agentrl.envs.base import Environment, Message
+from agentrl.envs.base import Message
+from agentrl.envs.program import AnyEnvironment
 from agentrl.errors import ConfigError
 from agentrl.registry import Registry, load_object
 from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, run_attempts, with_retries
@@ -38,7 +39,7 @@ class EpisodeContext:
     """What a workflow gets for one episode of one task."""
 
     task: dict[str, Any]
-    env: Environment  # the configured prototype; ``env.spawn()`` for an episode's own
+    env: AnyEnvironment  # the configured prototype; ``env.spawn()`` for an episode's own
     sampler: Sampler
     renderer: Any  # agentrl.chat.Renderer
     params: SamplingParams  # per-turn sampling (seeded per episode)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from agentrl.chat import ChatRenderer
 from agentrl.config import Config
 from agentrl.devices import check_memory, learner_bytes, resolve_device
-from agentrl.envs import Environment, make_env
+from agentrl.envs import AgentProgram, AnyEnvironment, make_env
 from agentrl.envs.dataset import attach_dataset
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
@@ -30,7 +30,7 @@ from agentrl.samplers import Sampler, sampler_from_config
 Role = Literal["train", "rollout", "eval"]
 
 
-def build_env(cfg: Config, split: str = "train") -> Environment:
+def build_env(cfg: Config, split: str = "train") -> AnyEnvironment:
     """The environment ``env`` names, with ``env.eval_options`` on top for ``eval``; with
     ``data.path`` its tasks come from that file (columns checked now, before any model
     loads)."""
@@ -49,11 +49,10 @@ def build_sampler(cfg: Config) -> Sampler:
     return sampler_from_config(cfg)
 
 
-def episode_workflow(cfg: Config, env: Environment) -> Any:
+def episode_workflow(cfg: Config, env: AnyEnvironment) -> Any:
     """Who runs `env`'s episodes: None for ``rollout.workflow`` (the built-in episode runner
-    unless set); an environment driven from outside runs as an agent program behind the
-    run's gateway."""
-    if not env.driven_from_outside:
+    unless set) for a step environment; an agent program runs behind the run's gateway."""
+    if not isinstance(env, AgentProgram):
         return None
     from agentrl.gateway.workflow import agent_workflow  # the [gateway] extra (fastapi)
 
@@ -62,7 +61,7 @@ def episode_workflow(cfg: Config, env: Environment) -> Any:
 
 def build_engine(
     cfg: Config,
-    env: Environment,
+    env: AnyEnvironment,
     sampler: Sampler,
     *,
     split: str = "train",

@@ -64,12 +64,10 @@ def test_a_tool_env_calls_its_tools_through_the_gateway() -> None:
     """vf.ToolEnv: the tools go out as OpenAI `tools`, the model's call comes back as
     `tool_calls`, verifiers runs the function and sends its result; one exact sample.
     The model is scripted (a random tiny model writes no tool calls); the rest is real."""
-    import openai
-
     from agentrl.models import load_model
     from agentrl.samplers import create_sampler
     from agentrl.types import Trajectory
-    from tests.gateway.conftest import ScriptedSampler, start_gateway
+    from tests.gateway.conftest import ScriptedSampler, session_endpoint, start_gateway
 
     env = make_env("verifiers", id="tests.envs.vf_envs:load_tool_env")
     task = next(t for t in env.tasks(seed=0) if t["vf_input"]["answer"] == "4")
@@ -82,11 +80,9 @@ def test_a_tool_env_calls_its_tools_through_the_gateway() -> None:
         try:
             gateway = server.gateway
             session = gateway.open_session()
-            client = openai.AsyncOpenAI(
-                base_url=gateway.session_url(session), api_key="unused", max_retries=0
-            )
-            result = await env.program(client, task)
-            await client.close()
+            endpoint = session_endpoint(gateway, session)
+            result = await env.program(endpoint, task)
+            await endpoint.client().close()
             (traj,) = gateway.close_session(session.key).trajectories(
                 Trajectory(task_id="t", group_id="g", traj_id="g-0")
             )
@@ -107,25 +103,39 @@ def test_a_tool_env_calls_its_tools_through_the_gateway() -> None:
 
 
 def test_loading_off_the_main_thread_keeps_the_run_signal_handlers() -> None:
-    """verifiers' constructor installs SIGINT/SIGTERM handlers (an error off the main
-    thread, where `agentrl rollout` assembles the run); the run's own handlers stay."""
+    """verifiers' constructor installs SIGINT/SIGTERM handlers, which Python allows only on
+    the main thread; `agentrl rollout` assembles the run in an anyio worker thread. The
+    environment is built on the event loop's (main) thread and the process's own handlers
+    are put back; a plain thread gets an error saying where to build it."""
     import signal
     import threading
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    async def assemble() -> Any:
+        return await anyio.to_thread.run_sync(
+            lambda: make_env(
+                "verifiers", id="tests.envs.vf_envs:load_multi_turn", args={"num_examples": 5}
+            )
+        )
+
+    env = anyio.run(assemble)
+    assert len(list(env.tasks("train"))) == 5
+    make_env("verifiers", id="tests.envs.vf_envs:load_single_turn", args={"num_examples": 5})
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     errors: list[BaseException] = []
 
     def load() -> None:
         try:
-            make_env("verifiers", id="tests.envs.vf_envs:load_multi_turn", args={"num_examples": 5})
+            make_env("verifiers", id="tests.envs.vf_envs:load_multi_turn", args={"num_examples": 4})
         except BaseException as e:
             errors.append(e)
 
     thread = threading.Thread(target=load)
     thread.start()
     thread.join()
-    assert not errors, errors
-    make_env("verifiers", id="tests.envs.vf_envs:load_single_turn", args={"num_examples": 5})
+    assert len(errors) == 1 and isinstance(errors[0], ConfigError), errors
+    assert "only on the main thread" in str(errors[0])
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 

@@ -83,12 +83,10 @@ def test_one_episode_through_the_gateway_is_exact_and_scored() -> None:
     """The multi-turn env outside a run: verifiers' interception server relays both model
     calls of the exchange to one gateway session; the second extends the first exactly.
     The model is scripted so the reward is known; the rest is real."""
-    import openai
-
     from agentrl.models import load_model
     from agentrl.samplers import create_sampler
     from agentrl.types import Trajectory
-    from tests.gateway.conftest import ScriptedSampler, start_gateway
+    from tests.gateway.conftest import ScriptedSampler, session_endpoint, start_gateway
 
     env = make_env("verifiers", id="vf-check-again", args={"num_examples": 3}, model="m-1")
     task = next(t for t in env.tasks(seed=0) if t["vf_task"]["answer"] == "2")
@@ -100,11 +98,9 @@ def test_one_episode_through_the_gateway_is_exact_and_scored() -> None:
         try:
             gateway = server.gateway
             session = gateway.open_session()
-            client = openai.AsyncOpenAI(
-                base_url=gateway.session_url(session), api_key="unused", max_retries=0
-            )
-            result = await env.program(client, task)
-            await client.close()
+            endpoint = session_endpoint(gateway, session)
+            result = await env.program(endpoint, task)
+            await endpoint.client().close()
             (traj,) = gateway.close_session(session.key).trajectories(
                 Trajectory(task_id="t", group_id="g", traj_id="g-0")
             )

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agentrl.envs.program import ModelEndpoint
 from agentrl.gateway import Gateway, GatewayServer, GatewaySettings
 from agentrl.samplers import Generation, Sampler, SamplingParams, create_sampler
 
@@ -107,3 +108,19 @@ async def gateway(hf_sampler: RecordingSampler) -> AsyncIterator[Gateway]:
     server = await start_gateway(hf_sampler)
     yield server.gateway
     await server.close()
+
+
+def session_endpoint(gateway: Gateway, session: Any) -> ModelEndpoint:
+    """What the run layer hands an agent program for `session`: its URL, key and one
+    openai.AsyncOpenAI on it (``await endpoint.client().close()`` when done)."""
+    import openai
+
+    url = gateway.session_url(session)
+    client = openai.AsyncOpenAI(base_url=url, api_key=session.key, max_retries=0)
+    return ModelEndpoint(
+        base_url=url,
+        api_key=session.key,
+        model=gateway.settings.model_names[0],
+        timeout_s=60.0,
+        make_client=lambda: client,
+    )

@@ -108,15 +108,81 @@ def test_bad_agent_options_name_the_fix() -> None:
 
     with pytest.raises(ConfigError, match="exactly one of entrypoint"):
         make_env("agent", tasks=TASKS)
-    with pytest.raises(ConfigError, match="not an async function"):
-        from agentrl.gateway.workflow import agent_workflow
-
-        env = make_env("agent", tasks=TASKS, entrypoint="tests.gateway.agents:main")
-        agent_workflow(env, _config({"entrypoint": "tests.gateway.agents:main"}))
+    with pytest.raises(ConfigError, match="not an async function"):  # when it is built
+        make_env("agent", tasks=TASKS, entrypoint="tests.gateway.agents:main")
     env = make_env("agent", tasks=TASKS, entrypoint="tests.gateway.agents:two_turns")
     with pytest.raises(Exception, match="return a number"):
         env.score("text", TASKS[0], "")
     assert env.score({"reward": 0.5, "why": "x"}, TASKS[0], "") == (0.5, {"why": "x"})
+
+
+def test_the_run_layer_picks_the_gateway_workflow_by_protocol() -> None:
+    """An AgentProgram (built-in or plug-in) runs behind the gateway, a step environment in
+    the episode runner; neither protocol has the other's methods."""
+    from agentrl.envs import AgentProgram, Environment, make_env
+    from agentrl.run.components import episode_workflow
+
+    cfg = _config({"entrypoint": "tests.gateway.agents:two_turns"})
+    agent = make_env(cfg.env.name, **cfg.env.options)
+    plugin = make_env("tests.gateway.program_plugin:Repeat")
+    step = make_env("code_math")
+    for program in (agent, plugin):
+        assert isinstance(program, AgentProgram) and not hasattr(program, "reset")
+        assert episode_workflow(cfg, program) is not None
+    assert episode_workflow(cfg, agent).__name__ == "agent:tests.gateway.agents:two_turns"
+    assert isinstance(step, Environment) and not hasattr(step, "program")
+    assert episode_workflow(cfg, step) is None
+
+
+def test_a_plugin_program_and_the_gateway_section_reach_the_run() -> None:
+    """A plug-in AgentProgram's episodes go through the run's gateway, configured by the
+    config's gateway: section: strict_model refuses the name the program asks for."""
+    from agentrl.run.runtime import assemble
+
+    def collect(gateway: dict[str, Any], model: str) -> list[Any]:
+        data = _config({}, gateway=gateway).model_dump()
+        data["env"] = {"name": "tests.gateway.program_plugin:Repeat", "options": {"model": model}}
+        cfg = config_from_dict(data)
+
+        async def main() -> list[Any]:
+            run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout"))
+            async with run:
+                return await run.engine.collect(1)
+
+        return [t for g in anyio.run(main) for t in g.trajectories]
+
+    trajs = collect({}, "gpt-4o-mini")
+    assert trajs and all(t.status == "ok" for t in trajs), [t.error for t in trajs]
+    assert all("said" in t.reward_info and t.reward in (0.0, 1.0) for t in trajs)
+    assert all(t.metadata["gateway"]["models"] == {"gpt-4o-mini": 1} for t in trajs)
+    refused = collect({"strict_model": True}, "gpt-4o-mini")
+    assert refused and all(t.status == "infra_error" for t in refused)
+    assert all("model_not_found" in (t.error or "") for t in refused), [t.error for t in refused]
+
+
+def test_old_gateway_options_move_to_the_gateway_section_with_a_warning() -> None:
+    from agentrl.envs import make_env
+    from agentrl.gateway import GatewaySettings
+
+    with pytest.warns(FutureWarning) as warned:
+        cfg = _config({"entrypoint": "tests.gateway.agents:two_turns", "max_n": 2, "port": 0})
+    assert [str(w.message).split(" instead")[0] for w in warned] == [
+        "env.options.max_n is deprecated: set gateway.max_n",
+        "env.options.port is deprecated: set gateway.port",
+    ]
+    assert cfg.gateway.max_n == 2 and "max_n" not in cfg.env.options
+    make_env(cfg.env.name, **cfg.env.options)  # the agent's options no longer hold them
+    settings = GatewaySettings.from_config(cfg, training=True)
+    assert (settings.max_n, settings.strict_model, settings.tool_parser) == (2, False, "hermes")
+    with pytest.warns(FutureWarning, match="env.options.strict_model"):
+        # an explicit gateway: key wins over the old option
+        cfg = _config(
+            {"entrypoint": "tests.gateway.agents:two_turns", "strict_model": False},
+            gateway={"strict_model": True},
+        )
+    assert GatewaySettings.from_config(cfg, training=True).strict_model is True
+    with pytest.raises(ConfigError, match="unknown option 'max_n'"):  # other envs: not moved
+        make_env("agent", tasks=TASKS, entrypoint="tests.gateway.agents:two_turns", max_n=2)
 
 
 @pytest.mark.slow
