@@ -8,13 +8,25 @@ name the field, the value and what is allowed.
 
 from __future__ import annotations
 
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 
 from agentrl._suggest import suggest
+from agentrl.config_sources import Problem, Sources, report
 from agentrl.errors import ConfigError
 
 
@@ -792,8 +804,16 @@ class Config(_Section):
             self.env.name = DATASET_ENV
         return self
 
+    # where each key's value was written (a file's line, a --set override); see source_of
+    _sources: Sources = PrivateAttr(default_factory=Sources)
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def source_of(self, key: str) -> str:
+        """Where the value of dotted `key` came from: ``configs/x.yaml, line 12``, ``--set
+        key=value``, or ``default``."""
+        return self._sources.of(key)
 
 
 # --- loading -------------------------------------------------------------------------
@@ -826,24 +846,25 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
 
 
-def _format_error(err: ValidationError, source: str) -> str:
-    lines = []
+def _problems(err: ValidationError) -> list[Problem]:
+    """Every pydantic error as a problem naming its dotted key."""
+    problems = []
     for e in err.errors():
         loc = tuple(e["loc"])
         dotted = ".".join(str(p) for p in loc)
-        if not dotted.isprintable():  # a key with a line break must not split the message
-            dotted = repr(dotted)[1:-1]
+        printable = dotted if dotted.isprintable() else repr(dotted)[1:-1]
         if e["type"] == "extra_forbidden" and dotted in REMOVED_KEYS:
-            lines.append(REMOVED_KEYS[dotted])
+            problems.append(Problem(dotted, REMOVED_KEYS[dotted]))
         elif e["type"] == "extra_forbidden":
             owner = _model_at(loc)
             hint = suggest(str(loc[-1]), owner.model_fields) if owner else ""
             valid = ", ".join(owner.model_fields) if owner else ""
-            lines.append(f"unknown key '{dotted}'{hint}; valid keys here: {valid}")
+            problems.append(
+                Problem(dotted, f"unknown key '{printable}'{hint}; valid keys here: {valid}")
+            )
         else:
-            value = e.get("input")
-            lines.append(f"{dotted or '<root>'}: {e['msg']} (got {value!r})")
-    return f"invalid config ({source}):\n  " + "\n  ".join(lines)
+            problems.append(Problem(dotted, f"{e['msg']} (got {e.get('input')!r})"))
+    return problems
 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
@@ -852,6 +873,43 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     what = getattr(e, "problem", None) or str(e).splitlines()[0]
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     return repr(where + what)[1:-1]
+
+
+def _field_at(path: list[str]) -> tuple[FieldInfo | None, bool]:
+    """The schema field a dotted override path names, and whether the path reaches inside a
+    free-form mapping (``env.options.size``); (None, False) for an unknown key."""
+    model: Any = Config
+    field = None
+    for part in path:
+        if model is None:  # under a mapping-valued field: any key goes
+            return field, True
+        field = model.model_fields.get(part)
+        if field is None:
+            return None, False
+        sections = [
+            a
+            for a in (field.annotation, *typing.get_args(field.annotation))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
+        model = sections[0] if sections else None
+    return field, False
+
+
+def _takes_null(field: FieldInfo) -> bool:
+    annotation = field.annotation
+    return annotation is Any or type(None) in typing.get_args(annotation)
+
+
+def _unsets(path: list[str]) -> bool:
+    """Whether ``--set KEY=null`` removes KEY (its default applies) rather than writing null:
+    always, unless KEY takes null and its default is something else (``data.answer``); an
+    unknown KEY keeps its null so the unknown-key error names it."""
+    field, in_mapping = _field_at(path)
+    if in_mapping:
+        return True
+    if field is None:
+        return False
+    return not _takes_null(field) or field.get_default(call_default_factory=True) is None
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -868,10 +926,22 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply dotted `key=value` overrides (values parsed as YAML scalars) to a dict."""
+def apply_overrides(
+    data: dict[str, Any], overrides: list[str], sources: Sources | None = None
+) -> dict[str, Any]:
+    """Apply dotted `key=value` overrides (values parsed as YAML scalars) to a dict;
+    ``key=null`` unsets the key (see :func:`_unsets`). `sources` records each override."""
     for item in overrides:
         path, value = _parse_override(item)
+        if sources is not None:
+            sources.set(".".join(path), f"--set {item}")
+        if value is None and _unsets(path):
+            node: Any = data
+            for part in path[:-1]:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(path[-1], None)
+            continue
         node = data
         for part in path[:-1]:
             nxt = node.get(part)
@@ -884,28 +954,58 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
-    try:
-        return Config.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format_error(e, source)) from None
+@dataclass
+class RawConfig:
+    """A config as written (the YAML with the overrides applied), before validation, and
+    where each of its keys came from."""
+
+    data: dict[str, Any]
+    sources: Sources
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config (or defaults when `path` is None) and apply overrides."""
+def read_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RawConfig:
+    """The YAML file (or nothing) with `overrides` applied; a missing file, broken YAML or a
+    malformed override is a :class:`ConfigError` here (nothing else can be checked then)."""
     data: dict[str, Any] = {}
-    source = "<defaults>"
+    sources = Sources()
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p} (see configs/ for ready-to-run ones)")
+        text = p.read_text()
         try:
-            loaded = yaml.safe_load(p.read_text()) or {}
+            loaded = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML: {_yaml_problem(e)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: top level must be a mapping of sections")
         data = loaded
-        source = str(p)
-    data = apply_overrides(data, overrides or [])
-    return config_from_dict(data, source)
+        sources = Sources.from_yaml(text, str(p))
+    return RawConfig(apply_overrides(data, overrides or [], sources), sources)
+
+
+def validate_config(raw: RawConfig) -> tuple[Config | None, list[Problem]]:
+    """The validated config, or None and every problem pydantic found."""
+    try:
+        cfg = Config.model_validate(raw.data)
+    except ValidationError as e:
+        return None, _problems(e)
+    cfg._sources = raw.sources
+    return cfg, []
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Config:
+    cfg, problems = validate_config(RawConfig(data, Sources.from_mapping(data, source)))
+    if cfg is None:
+        raise ConfigError(report(problems, Sources.from_mapping(data, source)))
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config (or defaults when `path` is None) and apply overrides; every
+    problem is reported at once, each with where its value came from."""
+    raw = read_config(path, overrides)
+    cfg, problems = validate_config(raw)
+    if cfg is None:
+        raise ConfigError(report(problems, raw.sources))
+    return cfg
