@@ -242,7 +242,7 @@ class AlgorithmConfig(_Section):
     """KL estimator against the reference model: k1 | k2 | k3 | k3+; null disables the KL term.
     Example: `k3`"""
     kl_coef: float = Field(0.0, ge=0.0)
-    """Weight of the KL term (loss, or reward with kl_in_reward); 0 = no KL and no reference model."""
+    """Weight of the KL term (loss, or reward with kl_in_reward); 0 = no KL, no reference model."""
     kl_in_reward: bool = False
     """REINFORCE++: the KL penalty goes into the per-token reward (r_t - kl_coef * KL_t) instead of
     the loss; needs `kl`, kl_coef > 0 and a token-reward advantage"""
@@ -290,7 +290,7 @@ class AlgorithmConfig(_Section):
     critic: bool = False
     """PPO with a learned value function"""
     value_clip: float = Field(0.2, ge=0.0)
-    """PPO value clipping: the new value stays within value_clip of the old one in the value loss."""
+    """PPO value clipping: the value loss keeps the new value within value_clip of the old one."""
     vf_coef: float = Field(0.5, ge=0.0)
     """Weight of the value loss (critic=true)."""
     norm_length: int | None = None
@@ -418,11 +418,9 @@ class LearnerConfig(_Section):
 class OrchestratorConfig(_Section):
     max_steps: int = Field(20, ge=1)
     """Training steps (one optimizer round over learner.batch_groups groups each)."""
-    max_staleness: int = Field(
-        1,
-        ge=0,
-        description="how many versions the learner's weights may be ahead of the weights that sampled a trained token (> 0: sampling and training overlap); 0 = synchronous on-policy",
-    )
+    max_staleness: int = Field(1, ge=0)
+    """How many versions the learner's weights may be ahead of the weights that sampled a
+    trained token (> 0: sampling and training overlap); 0 = synchronous on-policy"""
     time_limit_s: float | None = Field(None, gt=0)
     """Stop after the step that crosses this wall time in seconds (checkpointed); null = no limit.
     Example: `3600`"""

@@ -25,8 +25,7 @@ class Problem:
 
     key: str
     message: str
-    value: Any = None  # the bad value, shown when `show_value`
-    show_value: bool = False
+    related: tuple[str, ...] = ()  # other keys the message names: their sources are shown too
 
 
 class Sources:
@@ -105,10 +104,11 @@ def report(problems: list[Problem], sources: Sources, what: str = "invalid confi
         label = p.key or "<root>"
         if not label.isprintable():  # a key with a line break must not split the message
             label = repr(label)[1:-1]
-        value = f" = {p.value!r}" if p.show_value else ""
         where = sources.of(p.key)
+        others = [(k, sources.of(k)) for k in p.related]
+        where = "; ".join([where] + [f"{k}: {w}" for k, w in others if w not in (DEFAULT, where)])
         if not where.isprintable():
             where = repr(where)[1:-1]
-        lines.append(f"{label}{value} ({where}): {p.message}")
+        lines.append(f"{label} ({where}): {p.message}")
     count = f"{len(problems)} problems" if len(problems) > 1 else "1 problem"
     return f"{what}, {count}:\n  " + "\n  ".join(lines)
