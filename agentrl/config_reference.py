@@ -167,8 +167,8 @@ def render(root: type[BaseModel] = Config) -> str:
         "",
         "A run's config is YAML, one mapping per section (`configs/demo.yaml` is the default",
         "job). Any key can be set on the command line of `agentrl train`, `eval`, `rollout`,",
-        "`serve`, `dpo`, `sft` and `rm train` with `--set section.key=value` (the value is read",
-        "as YAML: `--set learner.betas=[0.9,0.95]`). `--set section.key=null` unsets a key, as",
+        "`serve`, `dpo` and `sft` with `--set section.key=value` (the value is read as",
+        "YAML: `--set learner.betas=[0.9,0.95]`). `--set section.key=null` unsets a key, as",
         "if the file did not set it (its default applies); a key whose default is not null but",
         "that takes null (`data.answer`) is set to null. Unknown keys are errors that suggest",
         "the closest valid one, and every mistake of a config is reported at once, each with",
@@ -181,28 +181,29 @@ def render(root: type[BaseModel] = Config) -> str:
     for section, field in root.model_fields.items():
         out.append(f"- [`{section}`](#{section}): {_cell(_meaning_and_example(field)[0])}")
     out.append("")
-    header = ["| key | type | default | meaning | example |", "|---|---|---|---|---|"]
-    current = None
+    children: dict[str, list[KeyDoc]] = {}
     for doc in keys:
-        parent = doc.key.rsplit(".", 1)[0] if "." in doc.key else None
-        if parent is None:
-            section_model = _sections(root.model_fields[doc.key].annotation)[0]
-            out += ["", f"## {doc.key}", ""]
-            if section_model.__doc__:
-                out += [" ".join(section_model.__doc__.split()), ""]
-            out += header
-            current = doc.key
-            continue
-        if parent != current:
-            out += ["", f"### {parent}", "", *header]
-            current = parent
+        children.setdefault(doc.key.rsplit(".", 1)[0] if "." in doc.key else "", []).append(doc)
+    for doc in children[""]:
+        section_model = _sections(root.model_fields[doc.key].annotation)[0]
+        out += ["", f"## {doc.key}", ""]
+        if section_model.__doc__:
+            out += [" ".join(section_model.__doc__.split()), ""]
+        out += _table(doc.key, children)
+    return "\n".join(out) + "\n"
+
+
+def _table(parent: str, children: dict[str, list[KeyDoc]]) -> list[str]:
+    """The keys of one section, then each of its sub-sections' tables."""
+    out = ["| key | type | default | meaning | example |", "|---|---|---|---|---|"]
+    subsections = []
+    for doc in children.get(parent, []):
         name = doc.key.rsplit(".", 1)[1]
+        meaning = doc.meaning
         if doc.holds_section:
-            meaning = (
-                f"{doc.meaning} See [{doc.key}](#{doc.key.replace('.', '').replace('[]', '')})."
-            )
-        else:
-            meaning = doc.meaning
+            sub = next(k for k in children if k in (doc.key, doc.key + "[]"))
+            subsections.append(sub)
+            meaning += f" See [{sub}](#{sub.replace('.', '').replace('[]', '')})."
         # a list item's key is written inside the item; the others work as `--set key=value`
         where = f"{name}: " if "[]" in doc.key else f"{doc.key}="
         example = f"`{where}{doc.example}`" if doc.example else ""
@@ -210,7 +211,9 @@ def render(root: type[BaseModel] = Config) -> str:
             f"| `{name}` | {_cell(doc.type)} | {_cell(doc.default)} | {_cell(meaning)} | "
             f"{_cell(example)} |"
         )
-    return "\n".join(out) + "\n"
+    for sub in subsections:
+        out += ["", f"### {sub}", "", *_table(sub, children)]
+    return out
 
 
 def write(path: Path = DEFAULT_PATH) -> bool:
