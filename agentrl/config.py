@@ -110,10 +110,10 @@ class SamplerConfig(_Section):
     """Backend-specific extras, given to the backend's constructor (first-class settings such as
     max_batch_size or dtype are refused here). hf: max_context, prefill_tokens,
     prefix_cache_tokens, kv_cache (growing | dynamic | static), cuda_graphs (auto | on | off),
-    default_stop_token_ids. vllm: max_model_len, entropy_top_k, weight_transport,
-    transfer_timeout_s, enforce_eager, ignore_eos, engine_kwargs. openai: timeout,
-    connect_timeout, max_retries, backoff, entropy_top_k, reload_endpoint, model_dir,
-    context_length.
+    default_stop_token_ids, seed (of the unseeded sampling stream). vllm: max_model_len,
+    entropy_top_k, weight_transport, transfer_timeout_s, enforce_eager, ignore_eos,
+    engine_kwargs. openai: timeout, connect_timeout, max_retries, backoff, entropy_top_k,
+    reload_endpoint, model_dir, context_length.
     Example: `{kv_cache: static}`"""
 
 

@@ -90,3 +90,47 @@ def test_agentrl_config_docs_writes_the_page_and_check_names_the_command(tmp_pat
     assert written.exit_code == 0 and out.read_text() == render()
     fresh = runner.invoke(app, ["config", "docs", "--check", "--out", str(out)])
     assert fresh.exit_code == 0, fresh.output
+
+
+def _meaning(key: str) -> str:
+    return next(k.meaning for k in KEYS if k.key == key)
+
+
+def test_the_options_mappings_name_every_option_the_code_takes():
+    """The free-form ``options`` keys list what they accept; a new option in the code
+    fails here until its key's docstring names it."""
+    import inspect
+
+    from agentrl.algos.registry import ADVANTAGES, POLICY_LOSSES
+    from agentrl.config import load_config
+    from agentrl.learner.objective import _ADVANTAGE_INPUTS, _LOSS_INPUTS, keyword_parameters
+    from agentrl.preference.losses import PREFERENCE_LOSSES
+    from agentrl.rollout.hooks import GROUP_HOOKS
+    from agentrl.samplers import backend_class
+
+    # set by the run itself (resume's version) or from first-class sampler keys
+    internal = {"version", "initial_version", "tokenizer", "base_url", "api_key"}
+    internal.add("max_concurrency")
+    sampler_doc = _meaning("sampler.options")
+    for backend in ("hf", "vllm", "openai"):
+        cls = backend_class(backend)
+        filled = cls.options_from_config(load_config(overrides=[f"sampler.backend={backend}"]))
+        params = inspect.signature(cls.__init__).parameters.items()
+        own = [n for n, p in params if p.kind is p.KEYWORD_ONLY and n not in filled]
+        missing = [n for n in own if n not in internal and n not in sampler_doc]
+        assert not missing, f"sampler.options: document the {backend} options {missing}"
+    algorithm_doc = _meaning("algorithm.options")
+    for registry in (ADVANTAGES, POLICY_LOSSES):
+        for name in registry.names():
+            named = keyword_parameters(registry.get(name))[0]
+            own = [p for p in named if p not in _ADVANTAGE_INPUTS | _LOSS_INPUTS]
+            assert all(p in algorithm_doc for p in own), f"algorithm.options: {name} takes {own}"
+    preference_doc = _meaning("preference.options")
+    for name in PREFERENCE_LOSSES.names():
+        params = inspect.signature(PREFERENCE_LOSSES.get(name)).parameters
+        own = [p for p in params if p not in ("pi", "beta")]  # beta: preference.beta
+        assert all(p in preference_doc for p in own), f"preference.options: {name} takes {own}"
+    hooks_doc = _meaning("rollout.group_hooks[].options")
+    for name in GROUP_HOOKS.names():
+        own = list(inspect.signature(GROUP_HOOKS.get(name)).parameters)[2:]
+        assert all(p in hooks_doc for p in own), f"group hook {name} takes {own}"
