@@ -113,3 +113,13 @@ def test_every_command_that_takes_a_config_reports_all_problems_first(tmp_path, 
     assert "sampler.top_p (--set sampler.top_p=2): Input should be less than or equal to 1" in out
     if creates:
         assert not (tmp_path / creates).exists()
+
+
+def test_the_python_api_checks_before_the_run_folder_too(tmp_path):
+    from agentrl.run.orchestrator import Orchestrator
+
+    cfg = load_config(DEMO, ["algorithm.advantage=grpoo", "env.name=code_mat"])
+    orch = Orchestrator(cfg, tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"2 problems:\n  algorithm.advantage .*\n  env.name"):
+        orch.build()
+    assert not (tmp_path / "run").exists()
