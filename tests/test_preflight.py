@@ -123,3 +123,11 @@ def test_the_python_api_checks_before_the_run_folder_too(tmp_path):
     with pytest.raises(ConfigError, match=r"2 problems:\n  algorithm.advantage .*\n  env.name"):
         orch.build()
     assert not (tmp_path / "run").exists()
+
+
+def test_devices_are_checked_where_the_run_places_them():
+    sets = ["learner.device=cuda:99"]  # no machine here has 100 GPUs
+    with pytest.raises(ConfigError, match=r"learner.device \(--set learner.device=cuda:99\)"):
+        load_run_config(None, sets, "train")
+    # under Ray the learner's node resolves its device, not this one
+    assert load_run_config(None, [*sets, "orchestrator.backend=ray"], "train")

@@ -136,7 +136,8 @@ def _cross_problems(cfg: Config, purpose: Purpose, bad_names: set[str]) -> list[
 
         if not any(k.startswith(("algorithm.", "rollout.branching.")) for k in bad_names):
             checks.append(lambda: check_algorithm(cfg))
-        checks += [lambda: learner_worker(cfg), lambda: check_placement(cfg)]
+        if cfg.orchestrator.backend == "local":  # Ray actors resolve devices on their nodes
+            checks += [lambda: learner_worker(cfg), lambda: check_placement(cfg)]
     if purpose in _EPISODES:
         checks.append(lambda: _sampler_options(cfg))
         if cfg.reward.enabled:
