@@ -50,10 +50,12 @@ def test_cross_checks_run_beside_the_name_checks_and_name_every_source(tmp_path)
     path = _two_mistakes(tmp_path)
     sets = ["sampler.options={kv_cach: static}", "learner.world_size=2"]
     sets += ["orchestrator.learner_worker=thread", "rollout.workflow=no_such_workflow"]
+    sets += ["rollout.group_hooks=[ghpo_hnit]"]
     with pytest.raises(ConfigError) as e:
         load_run_config(path, sets, "train")
     text = str(e.value)
-    assert text.startswith("invalid config, 4 problems:")
+    assert text.startswith("invalid config, 5 problems:")
+    assert "rollout.group_hooks (--set rollout.group_hooks=[ghpo_hnit]): unknown group_hook" in text
     assert "rollout.workflow (--set rollout.workflow=no_such_workflow): unknown workflow" in text
     assert "sampler.options (--set sampler.options={kv_cach: static}): " in text
     assert "did you mean 'kv_cache'" in text

@@ -15,12 +15,33 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+from agentrl.algos.registry import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    OFF_POLICY_MASKS,
+    POLICY_LOSSES,
+    TREE_ATTRIBUTIONS,
+)
 from agentrl.config import Config, RawConfig, read_config, validate_config
-from agentrl.config_sources import Problem, Sources, report
+from agentrl.config import GroupHookConfig as Hook
+from agentrl.config_sources import Problem, report
+from agentrl.devices import check_placement
+from agentrl.envs.registry import resolve as resolve_env
 from agentrl.errors import ConfigError, PluginError, UnknownNameError
+from agentrl.learner.objective import check_algorithm
+from agentrl.preference.losses import PREFERENCE_LOSSES
+from agentrl.preference.losses import check_options as check_preference_options
+from agentrl.rewards import RewardPipeline
+from agentrl.rollout.hooks import resolve_group_hooks
+from agentrl.rollout.workflow import resolve_workflow
+from agentrl.run.runtime import learner_worker
+from agentrl.samplers import backend_class, sampler_options
+from agentrl.samplers.options import check_options as check_sampler_options
 
 Purpose = Literal["train", "eval", "rollout", "serve", "sft", "preference", "online_preference"]
 
@@ -77,18 +98,10 @@ class _Lookup:
 
 
 def _name_problems(value: Callable[[str], Any], purpose: Purpose) -> list[Problem]:
-    from agentrl.algos.registry import (
-        ADVANTAGES,
-        AGGREGATIONS,
-        KL_ESTIMATORS,
-        OFF_POLICY_MASKS,
-        POLICY_LOSSES,
-        TREE_ATTRIBUTIONS,
-    )
-
-    checks: list[tuple[str, Callable[[str], Any]]] = []
+    """Each registry name `purpose` uses, looked up (unknown ones with suggestions)."""
+    names: list[tuple[str, Callable[[str], Any]]] = []
     if purpose == "train":
-        checks += [
+        names += [
             ("algorithm.advantage", ADVANTAGES.get),
             ("algorithm.policy_loss", POLICY_LOSSES.get),
             ("algorithm.kl", KL_ESTIMATORS.get),
@@ -97,31 +110,20 @@ def _name_problems(value: Callable[[str], Any], purpose: Purpose) -> list[Proble
             ("rollout.branching.attribution", TREE_ATTRIBUTIONS.get),
         ]
     if purpose in _EPISODES or purpose in ("sft", "preference"):
-        from agentrl.envs.registry import resolve
-
-        checks.append(("env.name", resolve))
+        names.append(("env.name", resolve_env))
     if purpose in _EPISODES:
-        from agentrl.rollout.hooks import resolve_group_hooks
-        from agentrl.rollout.workflow import resolve_workflow
-
-        checks.append(("rollout.workflow", resolve_workflow))
-        hooks = value("rollout.group_hooks")
-        if isinstance(hooks, list) and all(isinstance(h, str) or hasattr(h, "name") for h in hooks):
-            checks.append(("rollout.group_hooks", lambda _: resolve_group_hooks(hooks)))
+        names.append(("rollout.workflow", resolve_workflow))
     if purpose in ("preference", "online_preference"):
-        from agentrl.preference.losses import PREFERENCE_LOSSES
-
-        checks.append(("preference.loss", PREFERENCE_LOSSES.get))
+        names.append(("preference.loss", PREFERENCE_LOSSES.get))
     problems = []
-    for key, check in checks:
-        name = value(key) if key != "rollout.group_hooks" else None
-        if key != "rollout.group_hooks" and not isinstance(name, str):
-            continue  # null (off), or a wrong type pydantic reports
-        try:
-            check(name)
-        except _USER_ERRORS as e:
-            message = str(e)
-            problems.append(Problem(key, message.removeprefix(f"{key}: ")))
+    for key, lookup in names:
+        name = value(key)
+        if isinstance(name, str):  # else null (off), or a wrong type pydantic reports
+            problems += _attempt(partial(lookup, name), key)
+    hooks = value("rollout.group_hooks")
+    well_formed = isinstance(hooks, list) and all(isinstance(h, str | Hook) for h in hooks)
+    if purpose in _EPISODES and well_formed:  # else pydantic reports the entries
+        problems += _attempt(partial(resolve_group_hooks, hooks), "rollout.group_hooks")
     return problems
 
 
@@ -130,10 +132,6 @@ def _cross_problems(cfg: Config, purpose: Purpose, bad_names: set[str]) -> list[
     that need a name found unknown (`bad_names`) are skipped."""
     checks: list[Callable[[], Any]] = []
     if purpose == "train":
-        from agentrl.devices import check_placement
-        from agentrl.learner.objective import check_algorithm
-        from agentrl.run.runtime import learner_worker
-
         if not any(k.startswith(("algorithm.", "rollout.branching.")) for k in bad_names):
             checks.append(lambda: check_algorithm(cfg))
         if cfg.orchestrator.backend == "local":  # Ray actors resolve devices on their nodes
@@ -141,39 +139,34 @@ def _cross_problems(cfg: Config, purpose: Purpose, bad_names: set[str]) -> list[
     if purpose in _EPISODES:
         checks.append(lambda: _sampler_options(cfg))
         if cfg.reward.enabled:
-            from agentrl.rewards import RewardPipeline
-
             checks.append(lambda: RewardPipeline.check(cfg))
     preference = purpose in ("preference", "online_preference")
     if preference and cfg.preference.options and "preference.loss" not in bad_names:
-        from agentrl.preference.losses import check_options
+        options = dict(cfg.preference.options)
+        checks.append(lambda: check_preference_options(cfg.preference.loss, options))
+    return [p for check in checks for p in _attempt(check)]
 
-        checks.append(lambda: check_options(cfg.preference.loss, dict(cfg.preference.options)))
-    problems = []
-    for check in checks:
-        try:
-            check()
-        except _USER_ERRORS as e:
-            problems.append(_problem_of(str(e)))
-    return problems
+
+def _attempt(check: Callable[[], Any], key: str | None = None) -> list[Problem]:
+    """`check`'s user error as a problem of `key` (default: the first key its message
+    names; the others it names are shown with their sources too)."""
+    try:
+        check()
+    except _USER_ERRORS as e:
+        message = str(e)
+        keys = list(dict.fromkeys(k.rstrip(".") for k in _KEY.findall(message)))
+        if key is None:
+            key = keys[0] if keys else ""
+        related = tuple(k for k in keys if k != key)
+        return [Problem(key, message.removeprefix(f"{key}: "), related)]
+    return []
 
 
 def _sampler_options(cfg: Config) -> None:
-    from agentrl.samplers import backend_class, sampler_options
-    from agentrl.samplers.options import check_options
-
     try:
-        check_options(backend_class(cfg.sampler.backend), sampler_options(cfg))
+        check_sampler_options(backend_class(cfg.sampler.backend), sampler_options(cfg))
     except TypeError as e:  # an unknown option, named with the backend's known ones
         raise ConfigError(f"sampler.options: {e}") from None
 
 
-def _problem_of(message: str) -> Problem:
-    """A cross-check's error as a problem of the first key it names (the others it names
-    are shown with their sources too)."""
-    keys = list(dict.fromkeys(k.rstrip(".") for k in _KEY.findall(message)))
-    key = keys[0] if keys else ""
-    return Problem(key, message.removeprefix(f"{key}: "), tuple(keys[1:]))
-
-
-__all__ = ["Purpose", "Sources", "check_run_config", "load_run_config"]
+__all__ = ["Purpose", "check_run_config", "load_run_config"]
