@@ -112,3 +112,57 @@ def test_the_process_allocator_is_the_systems_unless_asked():
     assert load_config().orchestrator.cpu_allocator == "system"
     reuse = load_config(None, ["orchestrator.cpu_allocator=reuse"])
     assert reuse.orchestrator.cpu_allocator == "reuse"
+
+
+DEMO = Path(__file__).parent.parent / "configs" / "demo.yaml"
+
+
+def test_set_null_unsets_a_key_so_the_demo_switches_to_gmpo_without_a_yaml_edit():
+    from agentrl.learner.objective import check_algorithm
+
+    gmpo = ["algorithm.policy_loss=gmpo"]
+    # the demo's clip range is for ppo: gmpo clips in log space and takes neither bound
+    with pytest.raises(ConfigError, match=r"algorithm.eps_low is set but policy loss 'gmpo'"):
+        check_algorithm(load_config(DEMO, gmpo))
+    cfg = load_config(DEMO, [*gmpo, "algorithm.eps_low=null", "algorithm.eps_high=null"])
+    assert {"eps_low", "eps_high"}.isdisjoint(cfg.algorithm.model_fields_set)
+    assert cfg.algorithm.eps_low == 0.2  # the default applies again
+    assert check_algorithm(cfg).alg.policy_loss == "gmpo"
+    assert cfg.source_of("algorithm.eps_low") == "--set algorithm.eps_low=null"
+
+
+def test_set_null_writes_null_where_null_is_a_value_and_unsets_the_rest(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "sampler: {seed: 3}\nenv:\n  options: {difficulty: easy, size: 2}\n"
+        "model: {lora: {r: 8}}\nlogging: {wandb: {mode: offline}}\n"
+    )
+    sets = [
+        "sampler.seed=null",  # default null: unset, null either way
+        "data.answer=null",  # takes null, default "answer": null means no answer column
+        "env.options.difficulty=null",  # inside a free-form mapping: the option is dropped
+        "model.lora=null",  # a whole optional section
+        "logging.wandb=~",  # a section that does not take null: back to its default
+    ]
+    cfg = load_config(path, sets)
+    assert cfg.sampler.seed is None and cfg.data.answer is None
+    assert cfg.env.options == {"size": 2}
+    assert cfg.model.lora is None and cfg.logging.wandb.mode == "disabled"
+    # a misspelt key keeps its null, so the error names it
+    with pytest.raises(ConfigError, match=r"unknown key 'sampler.sed'.*did you mean 'seed'"):
+        load_config(path, ["sampler.sed=null"])
+
+
+def test_every_problem_names_where_its_value_came_from(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("learner:\n  lr: 1.0e-5\n  batch_groups: 0\nrollout: {max_turns: 2}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, ["rollout.max_turns=-1", "algorithm.eps_low=-0.5"])
+    head, *lines = str(e.value).splitlines()
+    assert head == "invalid config, 3 problems:"
+    assert f"learner.batch_groups ({path}, line 3): Input should be greater than or equal to 1" in (
+        lines[0] + lines[1] + lines[2]
+    )
+    text = str(e.value)
+    assert "rollout.max_turns (--set rollout.max_turns=-1): " in text  # not blamed on the file
+    assert "algorithm.eps_low (--set algorithm.eps_low=-0.5): " in text

@@ -46,8 +46,8 @@ def dpo(
     ] = False,
 ) -> None:
     """Train on preferences; the result is a model folder and `agentrl export`-able checkpoints."""
-    from agentrl.config import load_config
     from agentrl.errors import user_error
+    from agentrl.run.preflight import load_run_config
 
     if online and data is not None:
         raise typer.BadParameter("--online takes its pairs from rollouts: drop DATA")
@@ -69,7 +69,7 @@ def dpo(
             "training options (or start a new --run-dir)"
         )
     try:
-        cfg = load_config(config, overrides)
+        cfg = load_run_config(config, overrides, "online_preference" if online else "preference")
         if online:
             import anyio
 

@@ -34,10 +34,10 @@ def rollout(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from agentrl.config import load_config
     from agentrl.errors import user_error
     from agentrl.rollout.sinks import JsonlSink
     from agentrl.rollout.summary import summarize
+    from agentrl.run.preflight import load_run_config
     from agentrl.run.runtime import assemble
 
     console = Console()
@@ -67,7 +67,7 @@ def rollout(
         return time.perf_counter() - t0
 
     try:
-        cfg = load_config(config, set_ or [])
+        cfg = load_run_config(config, set_ or [], "rollout")
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "config.yaml").write_text(cfg.to_yaml())
         elapsed = anyio.run(main)

@@ -39,8 +39,8 @@ def serve(
     import anyio
     from rich.console import Console
 
-    from agentrl.config import load_config
     from agentrl.errors import AgentRLError
+    from agentrl.run.preflight import load_run_config
 
     console = Console()
     out_dir = out or Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -96,7 +96,7 @@ def serve(
         return 0
 
     try:
-        cfg = load_config(config, set_ or [])
+        cfg = load_run_config(config, set_ or [], "serve")
         out_dir.mkdir(parents=True, exist_ok=True)
         anyio.run(main)
     except KeyboardInterrupt:

@@ -29,12 +29,12 @@ def sft(
     device: Annotated[str, typer.Option()] = "auto",
 ) -> None:
     """Fine-tune on transcripts with assistant-only loss; RL starts from --out."""
-    from agentrl.config import load_config
     from agentrl.errors import AgentRLError
+    from agentrl.run.preflight import load_run_config
     from agentrl.training.sft import train_sft
 
     try:
-        cfg = load_config(config, set_ or [])
+        cfg = load_run_config(config, set_ or [], "sft")
         report = train_sft(
             data,
             out,

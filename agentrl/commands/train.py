@@ -41,17 +41,17 @@ def train(
     """Train an agent with the given config."""
     import anyio
 
-    from agentrl.config import load_config
     from agentrl.errors import user_error
     from agentrl.run.orchestrator import train as run_train
+    from agentrl.run.preflight import load_run_config
 
     try:
         if resume is not None:
             cfg_path = config if config.is_file() else resume / "config.yaml"
-            cfg = load_config(cfg_path, set_ or [])
+            cfg = load_run_config(cfg_path, set_ or [], "train")
             target = resume
-        else:
-            cfg = load_config(config, set_ or [])
+        else:  # every config problem at once, before the run folder or a model exists
+            cfg = load_run_config(config, set_ or [], "train")
             target = run_dir or Path(cfg.orchestrator.run_dir or _default_run_dir(config))
         viewer = _start_viewer(target, view_port) if view else None
         try:
@@ -156,13 +156,13 @@ def eval_(
     """Evaluate a checkpoint on held-out tasks: pass@k and maj@k."""
     import anyio
 
-    from agentrl.config import load_config
     from agentrl.cpu import set_allocator
     from agentrl.errors import user_error
     from agentrl.run.evaluation import evaluate, print_eval
+    from agentrl.run.preflight import load_run_config
 
     try:
-        cfg = load_config(config, set_ or [])
+        cfg = load_run_config(config, set_ or [], "eval")
         set_allocator(cfg.orchestrator.cpu_allocator)  # before the sampler's thread starts
         result = anyio.run(evaluate, cfg, checkpoint, n_tasks, samples)
     except Exception as e:

@@ -37,6 +37,7 @@ from agentrl.run.events import (
     WeightsPublished,
     summarize_group,
 )
+from agentrl.run.preflight import check_run_config
 from agentrl.run.process_settings import apply_process_settings
 from agentrl.rollout.tasks import TaskCursor
 from agentrl.run.runtime import assemble
@@ -76,6 +77,7 @@ class Orchestrator:
 
         Blocking (loads models): run it off the event loop."""
         cfg = self.cfg
+        check_run_config(cfg, "train")  # every config problem at once, before the run folder
         started_before = (self.run_dir / "config.yaml").is_file()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
