@@ -40,12 +40,6 @@ import torch
 from torch import Tensor
 
 from agentrl.algos import loglinear_proximal_logprobs
-from agentrl.run.checkpoint_files import (
-    atomic_directory,
-    capture_rng_state,
-    resolve_checkpoint,
-    restore_rng_state,
-)
 from agentrl.config import AlgorithmConfig, Config, LearnerConfig
 from agentrl.devices import to_device, to_host
 from agentrl.errors import CheckpointError, ConfigError
@@ -60,6 +54,12 @@ from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
 from agentrl.learner.proximal import bypass_blockers, current_blockers
 from agentrl.learner.schedule import lr_lambda
+from agentrl.runfolder import (
+    atomic_directory,
+    capture_rng_state,
+    resolve_checkpoint,
+    restore_rng_state,
+)
 from agentrl.types import Batch, TrajectoryGroup
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentrl.run.checkpoint_files import atomic_directory, capture_rng_state
 from agentrl.errors import CheckpointError
+from agentrl.runfolder import atomic_directory, capture_rng_state
 from agentrl.weights.files import unshared
 
 SHARDED = "sharded"  # the DCP folder inside a learner checkpoint

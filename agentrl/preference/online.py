@@ -24,16 +24,16 @@ from typing import Any
 
 import anyio
 
-from agentrl.run.checkpoint import has_checkpoint, save_run_checkpoint
 from agentrl.config import Config
 from agentrl.devices import resolve_device
 from agentrl.errors import CheckpointError, ConfigError
-from agentrl.run.export import write_model_folder
 from agentrl.models import load_model
 from agentrl.preference.losses import PREFERENCE_LOSSES
 from agentrl.preference.rollouts import pairs_from_groups
 from agentrl.preference.run import MetricsFile, save_trainer
 from agentrl.preference.trainer import PreferenceTrainer
+from agentrl.run.checkpoint import has_checkpoint, save_run_checkpoint
+from agentrl.run.export import write_model_folder
 from agentrl.run.runtime import assemble
 from agentrl.types import TrajectoryGroup
 from agentrl.weights import WeightBus

@@ -25,17 +25,10 @@ from typing import Any
 import torch
 
 from agentrl.chat import ChatRenderer
-from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
-from agentrl.run.checkpoint_files import (
-    atomic_directory,
-    capture_rng_state,
-    restore_rng_state,
-)
 from agentrl.config import Config, load_config
 from agentrl.devices import resolve_device
 from agentrl.envs import make_env
 from agentrl.errors import CheckpointError, DatasetError
-from agentrl.run.export import write_model_folder
 from agentrl.learner.lora import load_policy, save_policy
 from agentrl.models import load_model
 from agentrl.preference.data import (
@@ -46,6 +39,13 @@ from agentrl.preference.data import (
     read_rows,
 )
 from agentrl.preference.trainer import Example, PreferenceTrainer
+from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
+from agentrl.run.export import write_model_folder
+from agentrl.runfolder import (
+    atomic_directory,
+    capture_rng_state,
+    restore_rng_state,
+)
 
 DATA_RECORD = "preference_data.json"
 REFERENCE_CACHE = "reference_logps.pt"
