@@ -28,11 +28,10 @@ Where and how precisely it computes: :mod:`agentrl.learner.precision`; what it r
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
-import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,24 +41,18 @@ from torch import Tensor
 from agentrl.algos import loglinear_proximal_logprobs
 from agentrl.config import AlgorithmConfig, Config, LearnerConfig
 from agentrl.devices import to_device, to_host
-from agentrl.errors import CheckpointError, ConfigError
-from agentrl.learner import compiled, sharded_checkpoint
+from agentrl.errors import ConfigError
+from agentrl.learner import compiled
 from agentrl.learner.batching import BatchLayout, minibatch_rows
+from agentrl.learner.core import CoreSettings, TrainerCore
 from agentrl.learner.critic import ValueHead, ValueModel
-from agentrl.learner.distributed import Ranks, Strategy, rank_micro_batches, whole_rows
+from agentrl.learner.distributed import Ranks, rank_micro_batches, whole_rows
 from agentrl.learner.forward import PolicyForward
-from agentrl.learner.lora import load_policy, sampler_state, save_policy
+from agentrl.learner.lora import sampler_state
 from agentrl.learner.metrics import WeightedMeans, as_floats, batch_metrics
 from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
 from agentrl.learner.proximal import bypass_blockers, current_blockers
-from agentrl.learner.schedule import lr_lambda
-from agentrl.runfolder import (
-    atomic_directory,
-    capture_rng_state,
-    resolve_checkpoint,
-    restore_rng_state,
-)
 from agentrl.types import Batch, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -77,24 +70,38 @@ PHASES = (
 )
 
 
-def _fused_adamw_supported(groups: list[dict[str, Any]]) -> bool | None:
-    """Whether torch's fused AdamW takes these parameters (floating point, on a CPU or a
-    CUDA device); None leaves torch's default."""
-    params = [p for g in groups for p in g["params"]]
-    ok = bool(params) and all(
-        p.device.type in ("cpu", "cuda")
-        and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        for p in params
-    )
-    return True if ok else None
-
-
 def _pad_id(tokenizer: Any) -> int:
     for attr in ("pad_token_id", "eos_token_id"):
         v = getattr(tokenizer, attr, None)
         if isinstance(v, int):
             return v
     return 0
+
+
+@dataclass
+class _UpdateInputs:
+    """What every micro-batch of a step's updates reads (and the records it appends to)."""
+
+    batch: Batch
+    layout: BatchLayout
+    loss_mask: Tensor
+    advantages: Tensor
+    old_lp: Tensor
+    ref_lp: Tensor | None
+    old_values: Tensor | None
+    returns: Tensor | None
+    used_old_lp: Tensor
+    first_pass_lp: Tensor | None
+    # (host target [B, T], rows, length, device values): read in one transfer at the end
+    pending: list[tuple[Tensor, Tensor, int, Tensor]]
+    means: WeightedMeans
+    current: bool
+    loglinear: bool
+    n_updates: int
+    with_entropy: bool = False
+    epoch: int = 0
+    updates: int = 0
+    denominator: Any = None
 
 
 class Learner:
@@ -160,7 +167,6 @@ class Learner:
         self.pad_token_id = _pad_id(tokenizer)
         # learner.world_size ranks (agentrl.learner.distributed); one rank: a no-op
         self.ranks = Ranks.from_config(self.lcfg)
-        self.strategy = Strategy(self.ranks, self.device, bf16=self.bf16)
         if self.ranks.parallel == "fsdp" and self.lcfg.share_prompt:
             # the shared-prompt path calls the decoder outside the FSDP root's forward
             self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
@@ -171,22 +177,34 @@ class Learner:
             log.info("learner.compile: learner.share_prompt is off with compiled layers")
         if self.ranks.parallel == "fsdp" and self.objective.use_kl and ref_model is None:
             ref_model = copy.deepcopy(self.model)  # copied whole, sharded on its own below
-        self.model = self.strategy.wrap(self.model)
 
         self.use_critic = self.objective.needs_critic
-        self.critic = critic.to(self.device) if critic is not None else None
-        if self.critic is not None and cfg.model.gradient_checkpointing:
-            enable_checkpointing(self.critic.backbone, traced=traced)
-        if self.critic is not None:
-            self.critic = self.strategy.wrap(self.critic)
-        self.value_head: ValueHead | None = None
-        if self.use_critic and self.critic is None:
+        head: ValueHead | None = None
+        if critic is not None and cfg.model.gradient_checkpointing:
+            enable_checkpointing(critic.backbone, traced=traced)
+        if self.use_critic and critic is None:
             # initialised from the run's seed, not the process's random state: every rank
             # of a group starts from the same head, as one process would
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(cfg.orchestrator.seed if seed is None else seed)
                 head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
-            self.value_head = self.strategy.wrap_head(head)
+        # the model, how the ranks hold it, AdamW (the critic with learner.critic_lr), the
+        # lr schedule and fp16's loss scaler (agentrl.learner.core)
+        self.core = TrainerCore(
+            self.model,
+            CoreSettings.of(self.lcfg, total_steps=self.total_steps),
+            precision=self.precision,
+            ranks=self.ranks,
+            extra=critic if critic is not None else head,
+            extra_lr=self.lcfg.critic_lr or self.lcfg.lr,
+            extra_is_head=critic is None,
+        )
+        self.model, self.strategy = self.core.model, self.core.strategy
+        self.critic = self.core.extra if critic is not None else None
+        self.value_head = self.core.extra if head is not None else None
+        self.optimizer, self.scheduler = self.core.optimizer, self.core.scheduler
+        self.scaler = self.core.scaler  # fp16: loss scaling (learner.fp16); else pass-through
+        self.skipped_steps = 0  # optimizer steps the scaler skipped on overflow, all steps
         self.forward = PolicyForward(
             self.precision,
             temperature=self.temperature,
@@ -202,27 +220,8 @@ class Learner:
             ref = ref_model if ref_model is not None else copy.deepcopy(self.model)
             self.ref_model = self.strategy.wrap(ref.to(self.device).eval().requires_grad_(False))
         # after the reference model's copy: a copy of a compiled layer would run the original
-        self.compiled_layers = self._compile_layers()
-
-        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
-        if self.use_critic:
-            critic_lr = self.lcfg.critic_lr or self.lcfg.lr
-            groups.append({"params": list(self._critic_module().parameters()), "lr": critic_lr})
-        self.optimizer = torch.optim.AdamW(
-            groups,
-            lr=self.lcfg.lr,
-            betas=tuple(self.lcfg.betas),
-            weight_decay=self.lcfg.weight_decay,
-            # one kernel per tensor instead of ~10 ops: 0.17 vs 0.9 s a step for SmolLM2-135M
-            # on 2 CPU cores, and no foreach temporaries
-            fused=_fused_adamw_supported(groups),
-        )
-        # fp16: loss scaling (learner.fp16); a pass-through scaler otherwise
-        self.scaler = self.precision.grad_scaler()
-        self.skipped_steps = 0  # optimizer steps the scaler skipped on overflow, all steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lr_lambda(self.lcfg.schedule, self.lcfg.warmup_steps, self.total_steps),
+        self.compiled_layers = self.core.compile_layers(
+            {"policy": self.model, "critic": self.critic, "reference model": self.ref_model}
         )
         self.generator = torch.Generator().manual_seed(
             cfg.orchestrator.seed if seed is None else seed
@@ -253,47 +252,18 @@ class Learner:
         # where it is, so a dead or stuck rank is named with its place in the step
         self.on_phase: Callable[[str], None] | None = None
 
-    def _compile_layers(self) -> dict[str, int]:
-        """``learner.compile``: the decoder layers of every model this learner forwards,
-        compiled in place (:mod:`agentrl.learner.compiled`); how many, by model."""
-        mode = self.lcfg.compile
-        if not compiled.wanted(mode, self.device):
-            return {}
-        why = compiled.refusal(mode, self.ranks.parallel)
-        if why is not None:  # auto (on is refused at the start of __init__)
-            log.info("%s: the decoder layers stay eager", why.split("; set", 1)[0])
-            return {}
-        counts: dict[str, int] = {}
-        seen: set[int] = set()  # LoRA's reference is the policy itself, adapters off
-        models = {"policy": self.model, "critic": self.critic, "reference model": self.ref_model}
-        for what, model in models.items():
-            blocks = [] if model is None else compiled.decoder_blocks(model)
-            if model is None or (blocks and all(id(b) in seen for b in blocks)):
-                continue
-            seen.update(id(b) for b in blocks)
-            counts[what] = compiled.compile_layers(model, mode, self.device, what=f"the {what}")
-        log.info(
-            "learner.compile=%s: %s compiled in place with torch.compile (backend %s); the "
-            "first step compiles them",
-            mode,
-            ", ".join(f"{n} decoder layers of the {what}" for what, n in counts.items() if n)
-            or "no layers",
-            compiled.BACKEND,
-        )
-        return counts
-
     def _phase(self, name: str) -> None:
         if self.on_phase is not None:
             self.on_phase(name)
 
     def _critic_module(self) -> torch.nn.Module:
-        module = self.critic if self.critic is not None else self.value_head
-        assert module is not None
-        return module
+        """The critic model or the value head (trained beside the policy)."""
+        assert self.core.extra is not None
+        return self.core.extra
 
     def trained_parameters(self) -> list[Tensor]:
         """Every trained tensor: the policy's and the critic's."""
-        return [p for g in self.optimizer.param_groups for p in g["params"]]
+        return self.core.trained_parameters()
 
     def layout(self, batch: Batch) -> BatchLayout:
         """How `batch` is cut into micro-batches under this learner's settings."""
@@ -433,108 +403,39 @@ class Learner:
         updates = 0  # optimizer updates taken so far in this step
         # (host target [B, T], rows, length, device values): read in one transfer at the end
         pending: list[tuple[Tensor, Tensor, int, Tensor]] = []
+        step = _UpdateInputs(
+            batch, layout, loss_mask, advantages, old_lp, ref_lp, old_values, returns,
+            used_old_lp, first_pass_lp, pending, means, current, loglinear, n_updates,
+        )  # fmt: skip
         for epoch in range(lcfg.ppo_epochs):
             perm = trained_rows[torch.randperm(len(trained_rows), generator=self.generator)]
             # entropy through the graph only when it is in the loss or not yet measured
-            with_entropy = bool(alg.entropy_coef) or (start_entropy is None and epoch == 0)
+            step.with_entropy = bool(alg.entropy_coef) or (start_entropy is None and epoch == 0)
+            step.epoch = epoch
             for mb_rows in minibatch_rows(
                 perm, batch.group_index, lcfg.minibatches, objective.couples_group
             ):
                 if len(mb_rows) == 0:
                     continue
-                denominator = objective.denominator(loss_mask[mb_rows])
-                self.optimizer.zero_grad(set_to_none=True)
-                step_loss: Tensor | float = 0.0
-                # one autocast region per update: each weight is cast once for all of its
-                # micro-batches (Precision.casts_once), ended before the weights change
-                with self.precision.casts_once():
-                    for (idx, L, P), counts in rank_micro_batches(layout, mb_rows, self.ranks):
-                        # host -> device without waiting (pinned); the forward finds the loss
-                        # positions in the host-side mask, so nothing here reads the device
-                        self._phase("forward")
-                        m = to_device(loss_mask[idx, :L], dev)
-                        lp, ent, values = self.forward(
-                            self.model,
-                            to_device(batch.input_ids[idx, :L], dev),
-                            loss_mask[idx, :L],
-                            with_entropy=with_entropy,
-                            with_values=self.use_critic,
-                            prefix_len=P,
-                            lengths=layout.lengths[idx],
-                        )
-                        behavior = to_device(batch.behavior_logprobs[idx, :L], dev)
-                        if current:  # the weights this one update differentiates
-                            old = lp.detach()
-                        elif loglinear:  # pi_prox interpolated by version, no forward pass
-                            old = loglinear_proximal_logprobs(
-                                behavior,
-                                lp,
-                                to_device(batch.versions[idx, :L], dev),
-                                self.version,
-                                theta_version=self.version + updates / n_updates,
-                            )
-                        else:
-                            old = to_device(old_lp[idx, :L], dev)
-                        if epoch == 0 and counts:  # read to the host at the step's end
-                            pending.append((used_old_lp, idx, L, old.detach().float() * m))
-                        loss, mb_metrics = objective.loss(
-                            lp,
-                            ent,
-                            values,
-                            mask=m,
-                            old_logprobs=old,
-                            behavior_logprobs=behavior,
-                            advantages=to_device(advantages[idx, :L], dev),
-                            ref_logprobs=_rows(ref_lp, idx, L, dev),
-                            old_values=_rows(old_values, idx, L, dev),
-                            returns=_rows(returns, idx, L, dev),
-                            denominator=denominator,
-                            rows=idx,
-                        )
-                        self._phase("backward")
-                        if not counts:  # a padding micro-batch: FSDP's collectives, no gradient
-                            self.scaler.scale(loss * 0.0).backward()
-                            continue
-                        # a non-finite loss shows as a non-finite gradient norm below, checked
-                        # once per update: no host synchronisation per micro-batch
-                        self.scaler.scale(loss).backward()  # scaled up under fp16 only
-                        step_loss = step_loss + loss.detach()
-                        means.add(mb_metrics, float(loss_mask[idx, :L].sum()))
-                        if first_pass_lp is not None and epoch == 0:
-                            pending.append((first_pass_lp, idx, L, lp.detach()))
+                step.denominator = objective.denominator(loss_mask[mb_rows])
+                step.updates = updates
+                done = self.core.update(
+                    rank_micro_batches(layout, mb_rows, self.ranks),
+                    lambda mb, counts: self._micro_batch_loss(step, mb, counts),
+                    self._phase,
+                )
                 updates += 1
-                params = self.trained_parameters()
-                scaled = self.scaler.is_enabled() and any(p.grad is not None for p in params)
-                if self.ranks.world_size > 1 and self.ranks.parallel == "ddp":
-                    self._phase("gradient all-reduce")
-                self.strategy.reduce_gradients(params)  # summed over the ranks (DDP)
-                self._phase("optimizer")
-                if scaled:
-                    self.scaler.unscale_(self.optimizer)  # clip the true gradients
-                gn = self.strategy.local(torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip))
-                if torch.isfinite(gn):  # one synchronisation per optimizer update
-                    if scaled:  # skipped by the scaler when a gradient overflowed
-                        self.scaler.step(self.optimizer)
-                    else:
-                        self.optimizer.step()
-                    grad_norms.append(float(gn))
+                if done.grad_norm is not None:
+                    grad_norms.append(done.grad_norm)
                 else:
                     nonfinite += 1
-                if scaled:
-                    scale = self.scaler.get_scale()
-                    self.scaler.update()  # halved after an overflow
-                    overflowed = self.scaler.get_scale() < scale
-                    skipped += int(overflowed)
-                self.optimizer.zero_grad(set_to_none=True)
-                update_losses.append(step_loss)
+                skipped += int(done.overflowed)
+                update_losses.append(done.loss)
         for (target, idx, L, _), values in zip(
             pending, to_host([p[3] for p in pending]), strict=True
         ):
             target[idx, :L] = values
-        with warnings.catch_warnings():
-            # a step with nothing to train skips optimizer.step(); the schedule still advances
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
-            self.scheduler.step()
+        self.core.end_step()  # the lr schedule, once per learner step
         self.model.eval()
         self.version += 1
         self.step_count += 1
@@ -573,7 +474,61 @@ class Learner:
         metrics["tokens_per_s"] = metrics["tokens/total"] / max(metrics["time/step_s"], 1e-9)
         return as_floats(metrics)  # the step's device-side metrics read in one transfer
 
-    # --- weights and checkpoints -----------------------------------------------------
+    def _micro_batch_loss(self, s: _UpdateInputs, mb: Any, counts: bool) -> Tensor:
+        """The loss of one micro-batch of an update (divided by the whole minibatch's
+        count), its metrics and log-probs recorded for the step's end."""
+        idx, L, P = mb
+        dev = self.device
+        # host -> device without waiting (pinned); the forward finds the loss positions in
+        # the host-side mask, so nothing here reads the device
+        self._phase("forward")
+        batch, loss_mask = s.batch, s.loss_mask
+        m = to_device(loss_mask[idx, :L], dev)
+        lp, ent, values = self.forward(
+            self.model,
+            to_device(batch.input_ids[idx, :L], dev),
+            loss_mask[idx, :L],
+            with_entropy=s.with_entropy,
+            with_values=self.use_critic,
+            prefix_len=P,
+            lengths=s.layout.lengths[idx],
+        )
+        behavior = to_device(batch.behavior_logprobs[idx, :L], dev)
+        if s.current:  # the weights this one update differentiates
+            old = lp.detach()
+        elif s.loglinear:  # pi_prox interpolated by version, no forward pass
+            old = loglinear_proximal_logprobs(
+                behavior,
+                lp,
+                to_device(batch.versions[idx, :L], dev),
+                self.version,
+                theta_version=self.version + s.updates / s.n_updates,
+            )
+        else:
+            old = to_device(s.old_lp[idx, :L], dev)
+        if s.epoch == 0 and counts:  # read to the host at the step's end
+            s.pending.append((s.used_old_lp, idx, L, old.detach().float() * m))
+        loss, mb_metrics = self.objective.loss(
+            lp,
+            ent,
+            values,
+            mask=m,
+            old_logprobs=old,
+            behavior_logprobs=behavior,
+            advantages=to_device(s.advantages[idx, :L], dev),
+            ref_logprobs=_rows(s.ref_lp, idx, L, dev),
+            old_values=_rows(s.old_values, idx, L, dev),
+            returns=_rows(s.returns, idx, L, dev),
+            denominator=s.denominator,
+            rows=idx,
+        )
+        if counts:
+            s.means.add(mb_metrics, float(loss_mask[idx, :L].sum()))
+            if s.first_pass_lp is not None and s.epoch == 0:
+                s.pending.append((s.first_pass_lp, idx, L, lp.detach()))
+        return loss
+
+    # --- weights and checkpoints ---    # --- weights and checkpoints -----------------------------------------------------
 
     def sampler_weights(self) -> dict[str, Tensor]:
         """The policy under the samplers' names on this learner's device: views of the live
@@ -598,81 +553,26 @@ class Learner:
         }
 
     def save_checkpoint(self, directory: str | Path) -> Path:
-        """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically.
-        Several ranks: rank 0 writes it (DDP), or every rank its shards
-        (:mod:`agentrl.learner.sharded_checkpoint`)."""
-        if self.ranks.parallel == "fsdp":
-            return sharded_checkpoint.save(self, directory)
-        if not self.ranks.is_main:  # DDP: the weights and optimizer are rank 0's too
-            self.ranks.barrier()
-            return Path(directory)
-        directory = self._save_whole(directory)
-        self.ranks.barrier()
-        return directory
-
-    def _save_whole(self, directory: str | Path) -> Path:
-        from safetensors.torch import save_model
-
-        directory = Path(directory)
-        with atomic_directory(directory) as tmp:
-            save_policy(self.model, tmp)  # with LoRA: the adapter, and the merged policy
-            if self.use_critic:
-                save_model(self._critic_module(), str(tmp / "critic.safetensors"))
-            torch.save(
-                {
-                    "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(),
-                    "generator": self.generator.get_state(),
-                    "rng": capture_rng_state(),
-                    "scaler": self.scaler.state_dict(),  # {} unless fp16
-                    "objective": self.objective.state_dict(),  # the adaptive-KL beta
-                },
-                tmp / "trainer_state.pt",
-            )
-            meta = {
+        """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically
+        (:meth:`TrainerCore.save <agentrl.learner.core.TrainerCore.save>`). Several ranks:
+        rank 0 writes it (DDP), or every rank its shards."""
+        return self.core.save(
+            directory,
+            state={
+                "generator": self.generator.get_state(),
+                "objective": self.objective.state_dict(),  # the adaptive-KL beta
+            },
+            meta={
                 "version": self.version,
                 "step": self.step_count,
                 "advantage": self.alg.advantage,
-                "critic": self.use_critic,
-            }
-            (tmp / "learner.json").write_text(json.dumps(meta))
-        return directory
+            },
+        )
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Restore what :meth:`save_checkpoint` wrote (also after a kill mid-save)."""
-        from safetensors.torch import load_model
-
-        directory = resolve_checkpoint(directory)
-        meta = json.loads((directory / "learner.json").read_text())
-        if bool(meta.get("critic")) != self.use_critic:
-            raise CheckpointError(
-                f"checkpoint {directory} was saved with critic={meta.get('critic')} but this "
-                f"learner has critic={self.use_critic}; use the config the run was started with"
-            )
-
-        state = torch.load(directory / "trainer_state.pt", map_location="cpu", weights_only=False)
-        sharded, shards = self.ranks.parallel == "fsdp", sharded_checkpoint.has_shards(directory)
-        if sharded and shards:  # resharded to this world size by DCP
-            sharded_checkpoint.load_sharded_into_sharded(self, directory)
-        elif sharded:
-            sharded_checkpoint.load_whole_into_sharded(self, directory, state["optimizer"])
-        else:
-            load_policy(self.model, directory, self.device)
-            if self.use_critic:
-                load_model(
-                    self._critic_module(),
-                    str(directory / "critic.safetensors"),
-                    device=str(self.device),
-                )
-            if shards:  # a sharded learner's checkpoint: the optimizer by parameter name
-                sharded_checkpoint.load_optimizer_from_shards(self, directory)
-            else:
-                self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        state, meta = self.core.load(directory)
         self.generator.set_state(state["generator"])
-        if self.scaler.is_enabled() and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        restore_rng_state(state["rng"])
         self.objective.load_state_dict(state.get("objective") or {})
         self.version = int(meta["version"])
         self.step_count = int(meta["step"])
