@@ -31,8 +31,8 @@ from torch import Tensor
 
 from agentrl.errors import CheckpointError, ConfigError
 from agentrl.learner import compiled, sharded_checkpoint
-from agentrl.learner.distributed import Ranks, Strategy
-from agentrl.learner.lora import apply_lora, load_policy, save_policy
+from agentrl.learner.distributed import Ranks, Strategy, is_sharded
+from agentrl.learner.lora import apply_lora, has_lora, load_policy, sampler_state, save_policy
 from agentrl.learner.precision import Precision
 from agentrl.learner.schedule import lr_lambda
 from agentrl.runfolder import (
@@ -272,6 +272,20 @@ class TrainerCore:
         """`state` with sharded tensors gathered (a collective: every rank calls it); rank 0
         keeps them, the others get ``{}``."""
         return self.strategy.full_state(self.model, state)
+
+    def plain_model(self, fresh: Callable[[], Any]) -> Any:
+        """The model as one plain transformers model on the CPU (what an HF folder holds):
+        the trained model itself, or with LoRA or shards `fresh()` (a new base model)
+        loaded with the merged, gathered weights. A collective with several ranks: rank 0
+        gets the model, the others None."""
+        if not has_lora(self.model) and not is_sharded(self.model):
+            return self.model.to("cpu")
+        state = self.full_weights(sampler_state(self.model))
+        if not self.ranks.is_main:
+            return None
+        plain = fresh()
+        plain.load_state_dict({k: t.to("cpu") for k, t in state.items()})
+        return plain.to("cpu")
 
     # --- checkpoints -------------------------------------------------------------------
 

@@ -33,14 +33,14 @@ from torch import Tensor
 
 from agentrl.errors import ConfigError
 from agentrl.learner.core import CoreSettings, TrainerCore
-from agentrl.learner.distributed import Ranks, is_sharded
+from agentrl.learner.distributed import Ranks
 from agentrl.learner.forward import (
     decoder_hidden,
     lm_head_weight,
     selected_positions,
     token_logprobs,
 )
-from agentrl.learner.lora import has_lora, sampler_state
+from agentrl.learner.lora import sampler_state
 from agentrl.learner.precision import Precision
 from agentrl.preference.data import Completion, PreferencePair, UnpairedExample
 from agentrl.preference.losses import (
@@ -133,18 +133,9 @@ class PreferenceTrainer:
             self.micro_examples = 1 << 30
 
     def plain_model(self, fresh: Callable[[], Any]) -> Any:
-        """The policy as one plain transformers model on the CPU (what an HF folder holds):
-        the trained model itself, or with LoRA or shards `fresh()` (a new base model) loaded
-        with the merged, gathered weights. A collective with several ranks: rank 0 gets the
-        model, the others None."""
-        if not has_lora(self.model) and not is_sharded(self.model):
-            return self.model.to("cpu")
-        state = self.core.full_weights(sampler_state(self.model))
-        if not self.core.ranks.is_main:
-            return None
-        plain = fresh()
-        plain.load_state_dict({k: t.to("cpu") for k, t in state.items()})
-        return plain.to("cpu")
+        """The policy as a plain transformers model (:meth:`TrainerCore.plain_model
+        <agentrl.learner.core.TrainerCore.plain_model>`; rank 0's, None on the others)."""
+        return self.core.plain_model(fresh)
 
     def publishable(self) -> dict[str, Tensor]:
         """The weights a sampler loads (LoRA merged under the base names)."""
