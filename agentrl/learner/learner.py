@@ -31,7 +31,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,30 @@ def _pad_id(tokenizer: Any) -> int:
         if isinstance(v, int):
             return v
     return 0
+
+
+@dataclass
+class _Start:
+    """What the start-of-step pass found (None: not computed)."""
+
+    current: bool
+    loglinear: bool
+    n_updates: int
+    prox_lp: Tensor | None = None
+    entropy: Tensor | None = None
+    old_values: Tensor | None = None
+    ref_lp: Tensor | None = None
+
+
+@dataclass
+class _Loop:
+    """The update loop's record: updates taken, their losses and gradient norms."""
+
+    updates: int = 0
+    grad_norms: list[float] = field(default_factory=list)
+    losses: list[Tensor | float] = field(default_factory=list)  # this rank's share
+    nonfinite: int = 0
+    skipped: int = 0  # fp16 updates the gradient scaler skipped (a gradient overflowed)
 
 
 @dataclass
@@ -319,18 +343,63 @@ class Learner:
     # --- the step ---------------------------------------------------------------------
 
     def step(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-        """One training step on `groups`; returns flat float metrics. Blocking."""
+        """One training step on `groups`; returns flat float metrics. Blocking.
+
+        The stages: the batch -> the credit inputs (the start-of-step no-grad passes) ->
+        advantages -> the update loop (PPO epochs x minibatches on the trainer core) ->
+        publish (a new version, the metrics summed over the ranks)."""
         if not groups:
             raise ValueError("Learner.step needs at least one TrajectoryGroup (got none)")
         t0 = time.perf_counter()
-        alg, lcfg, objective = self.alg, self.lcfg, self.objective
+        alg, objective = self.alg, self.objective
+        # 1. the batch
         batch = Batch.from_groups(groups, pad_token_id=self.pad_token_id)
         layout = self.layout(batch)
         B, T = batch.input_ids.shape
         rewards, metrics = objective.shaped_rewards(batch)
-        trained_rows = torch.nonzero(batch.loss_mask.sum(dim=1) > 0).flatten()
 
-        # 1. start-of-step pass: proximal log-probs, values, reference log-probs
+        # 2. credit inputs: proximal log-probs, values, reference log-probs
+        start = self._start_pass(batch, layout, metrics)
+        prox_lp, old_values, ref_lp = start.prox_lp, start.old_values, start.ref_lp
+
+        # 3. advantages
+        old_lp = prox_lp if (alg.off_policy != "none" and prox_lp is not None) else None
+        if old_lp is None or start.loglinear:
+            old_lp = batch.behavior_logprobs
+        adv_rewards = rewards  # [B], or [B, T] with the KL penalty folded in
+        if alg.kl_in_reward and ref_lp is not None:
+            kl_lp = prox_lp if prox_lp is not None else batch.behavior_logprobs
+            adv_rewards, kl_metrics = objective.kl_rewards(batch, rewards, kl_lp, ref_lp)
+            metrics.update(kl_metrics)
+        advantages, loss_mask, returns = objective.advantages(batch, adv_rewards, old_values)
+        loss_mask, filter_metrics = objective.filter_truncated(batch, loss_mask)
+        metrics.update(filter_metrics)
+
+        # 4. the update loop
+        inputs = _UpdateInputs(
+            batch, layout, loss_mask, advantages, old_lp, ref_lp, old_values, returns,
+            used_old_lp=torch.zeros(B, T),
+            first_pass_lp=torch.zeros(B, T) if prox_lp is None else None,
+            pending=[], means=WeightedMeans(), current=start.current,
+            loglinear=start.loglinear, n_updates=start.n_updates,
+        )  # fmt: skip
+        loop = self._update_loop(inputs, start.entropy is None)
+
+        # 5. publish: a new version, the step's metrics (summed over the ranks first)
+        self.version += 1
+        self.step_count += 1
+        self.last_old_logprobs = inputs.used_old_lp
+        self._step_metrics(metrics, inputs, loop, start, rewards)
+        metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["tokens_per_s"] = metrics["tokens/total"] / max(metrics["time/step_s"], 1e-9)
+        return as_floats(metrics)  # the step's device-side metrics read in one transfer
+
+    def _start_pass(self, batch: Batch, layout: BatchLayout, metrics: dict[str, Any]) -> _Start:
+        """The no-grad pass at the start of a step, when needed (see the module docstring):
+        the proximal log-probs, the start entropy, the critic's values; the reference
+        log-probs when a KL term is on."""
+        alg, lcfg, objective = self.alg, self.lcfg, self.objective
+        trained_rows = torch.nonzero(batch.loss_mask.sum(dim=1) > 0).flatten()
         n_updates = lcfg.ppo_epochs * lcfg.minibatches
         loglinear = objective.loglinear
         # kl_in_reward: the KL of the learner's own log-probs, not the sampler's, against pi_ref
@@ -347,16 +416,14 @@ class Learner:
         current = need_prox and not bypass and not self.current_blockers
         metrics["learner/proximal_bypass"] = float(bypass)
         metrics["learner/proximal_current"] = float(current)
-        prox_lp: Tensor | None = None
-        start_entropy: Tensor | None = None
-        old_values: Tensor | None = None
+        start = _Start(current=current, loglinear=loglinear, n_updates=n_updates)
         t_fwd = time.perf_counter()
         no_grad_passes = 0  # counted, so a test can prove a pass was skipped
         if need_prox and not bypass and not current and len(trained_rows):
             no_grad_passes += 1
             self._phase("no-grad pass")
             self.model.eval()
-            prox_lp, start_entropy, old_values = whole_rows(
+            start.prox_lp, start.entropy, start.old_values = whole_rows(
                 self.forward,
                 self.model,
                 batch,
@@ -366,113 +433,102 @@ class Learner:
                 with_values=self.use_critic,
                 with_entropy=not alg.entropy_coef,
             )
-        ref_lp: Tensor | None = None
         if self.ref_model is not None and len(trained_rows):
             no_grad_passes += 1
             self._phase("reference pass")
-            ref_lp, _, _ = whole_rows(
+            start.ref_lp, _, _ = whole_rows(
                 self.forward, self.ref_model, batch, layout, trained_rows, self.ranks
             )
         metrics["time/no_grad_pass_s"] = time.perf_counter() - t_fwd
         metrics["learner/no_grad_passes"] = float(no_grad_passes)
+        return start
 
-        # 2. advantages
-        old_lp = prox_lp if (alg.off_policy != "none" and prox_lp is not None) else None
-        if old_lp is None or loglinear:
-            old_lp = batch.behavior_logprobs
-        adv_rewards = rewards  # [B], or [B, T] with the KL penalty folded in
-        if alg.kl_in_reward and ref_lp is not None:
-            kl_lp = prox_lp if prox_lp is not None else batch.behavior_logprobs
-            adv_rewards, kl_metrics = objective.kl_rewards(batch, rewards, kl_lp, ref_lp)
-            metrics.update(kl_metrics)
-        advantages, loss_mask, returns = objective.advantages(batch, adv_rewards, old_values)
-        loss_mask, filter_metrics = objective.filter_truncated(batch, loss_mask)
-        metrics.update(filter_metrics)
+    def _update_loop(self, inputs: _UpdateInputs, measure_entropy: bool) -> _Loop:
+        """``ppo_epochs`` x ``minibatches`` updates of the trainer core, each over this
+        rank's micro-batches of the minibatch; the lr schedule steps once at the end."""
+        alg, lcfg, objective = self.alg, self.lcfg, self.objective
+        batch, loss_mask = inputs.batch, inputs.loss_mask
         trained_rows = torch.nonzero(loss_mask.sum(dim=1) > 0).flatten()
-        used_old_lp = torch.zeros(B, T)
-
-        # 3. PPO epochs x minibatches with gradient accumulation
+        loop = _Loop()
         self.model.train()
-        means = WeightedMeans()
-        first_pass_lp = torch.zeros(B, T) if prox_lp is None else None
-        grad_norms: list[float] = []
-        update_losses: list[Tensor | float] = []  # each update's loss (this rank's share)
-        nonfinite = 0
-        skipped = 0  # fp16 updates the gradient scaler skipped (a gradient overflowed)
-        dev = self.device
-        updates = 0  # optimizer updates taken so far in this step
-        # (host target [B, T], rows, length, device values): read in one transfer at the end
-        pending: list[tuple[Tensor, Tensor, int, Tensor]] = []
-        step = _UpdateInputs(
-            batch, layout, loss_mask, advantages, old_lp, ref_lp, old_values, returns,
-            used_old_lp, first_pass_lp, pending, means, current, loglinear, n_updates,
-        )  # fmt: skip
         for epoch in range(lcfg.ppo_epochs):
             perm = trained_rows[torch.randperm(len(trained_rows), generator=self.generator)]
             # entropy through the graph only when it is in the loss or not yet measured
-            step.with_entropy = bool(alg.entropy_coef) or (start_entropy is None and epoch == 0)
-            step.epoch = epoch
+            inputs.with_entropy = bool(alg.entropy_coef) or (measure_entropy and epoch == 0)
+            inputs.epoch = epoch
             for mb_rows in minibatch_rows(
                 perm, batch.group_index, lcfg.minibatches, objective.couples_group
             ):
                 if len(mb_rows) == 0:
                     continue
-                step.denominator = objective.denominator(loss_mask[mb_rows])
-                step.updates = updates
+                inputs.denominator = objective.denominator(loss_mask[mb_rows])
+                inputs.updates = loop.updates
                 done = self.core.update(
-                    rank_micro_batches(layout, mb_rows, self.ranks),
-                    lambda mb, counts: self._micro_batch_loss(step, mb, counts),
+                    rank_micro_batches(inputs.layout, mb_rows, self.ranks),
+                    lambda mb, counts: self._micro_batch_loss(inputs, mb, counts),
                     self._phase,
                 )
-                updates += 1
+                loop.updates += 1
                 if done.grad_norm is not None:
-                    grad_norms.append(done.grad_norm)
+                    loop.grad_norms.append(done.grad_norm)
                 else:
-                    nonfinite += 1
-                skipped += int(done.overflowed)
-                update_losses.append(done.loss)
+                    loop.nonfinite += 1
+                loop.skipped += int(done.overflowed)
+                loop.losses.append(done.loss)
+        pending = inputs.pending
         for (target, idx, L, _), values in zip(
             pending, to_host([p[3] for p in pending]), strict=True
         ):
             target[idx, :L] = values
         self.core.end_step()  # the lr schedule, once per learner step
         self.model.eval()
-        self.version += 1
-        self.step_count += 1
-        self.last_old_logprobs = used_old_lp
+        return loop
 
-        # 4. metrics (summed over the ranks first)
+    def _step_metrics(
+        self,
+        metrics: dict[str, Any],
+        inputs: _UpdateInputs,
+        loop: _Loop,
+        start: _Start,
+        rewards: Tensor,
+    ) -> None:
+        """The step's metrics into `metrics`, summed over the ranks first; the adaptive KL
+        adapts from the KL seen on every rank."""
+        means, first_pass_lp = inputs.means, inputs.first_pass_lp
         if self.ranks.distributed:
             self._phase("metrics all-reduce")
             means.all_reduce(self.ranks, self.device)
             if first_pass_lp is not None:
                 self.ranks.sum_(first_pass_lp, self.device)
-            self.ranks.sum_(used_old_lp, self.device)
-        # adaptive KL: every rank adapts beta from the KL seen on all of them
-        objective.end_step(lambda seen: self.ranks.sum_(seen, self.device))
-        if update_losses:
-            losses = torch.stack([torch.as_tensor(x, device=dev).float() for x in update_losses])
+            self.ranks.sum_(inputs.used_old_lp, self.device)
+        self.objective.end_step(lambda seen: self.ranks.sum_(seen, self.device))
+        if loop.losses:
+            dev = self.device
+            losses = torch.stack([torch.as_tensor(x, device=dev).float() for x in loop.losses])
             for total in self.ranks.sum_(losses, self.device):
                 means.add({"loss/total": total}, 1.0)
         metrics.update(means.means())
-        if start_entropy is not None:
-            metrics.update(objective.entropy_metrics(start_entropy, loss_mask))
-        learner_lp = prox_lp if prox_lp is not None else first_pass_lp
+        if start.entropy is not None:
+            metrics.update(self.objective.entropy_metrics(start.entropy, inputs.loss_mask))
+        learner_lp = start.prox_lp if start.prox_lp is not None else first_pass_lp
         metrics.update(
             batch_metrics(
-                batch, rewards, advantages, loss_mask, learner_lp, grad_norms, self.version - 1
+                inputs.batch,
+                rewards,
+                inputs.advantages,
+                inputs.loss_mask,
+                learner_lp,
+                loop.grad_norms,
+                self.version - 1,
             )
         )
-        metrics["nonfinite_skipped"] = float(nonfinite)
+        metrics["nonfinite_skipped"] = float(loop.nonfinite)
         if self.scaler.is_enabled():
-            self.skipped_steps += skipped
+            self.skipped_steps += loop.skipped
             metrics["learner/loss_scale"] = float(self.scaler.get_scale())
-            metrics["learner/skipped_steps"] = float(skipped)
-        metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
+            metrics["learner/skipped_steps"] = float(loop.skipped)
+        metrics["lr"] = self.core.lr
         metrics["version"] = float(self.version)
-        metrics["time/step_s"] = time.perf_counter() - t0
-        metrics["tokens_per_s"] = metrics["tokens/total"] / max(metrics["time/step_s"], 1e-9)
-        return as_floats(metrics)  # the step's device-side metrics read in one transfer
 
     def _micro_batch_loss(self, s: _UpdateInputs, mb: Any, counts: bool) -> Tensor:
         """The loss of one micro-batch of an update (divided by the whole minibatch's
