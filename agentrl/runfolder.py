@@ -25,14 +25,12 @@ import json
 import os
 import random
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 from agentrl.errors import CheckpointError
 
@@ -161,6 +159,9 @@ def policy_weights_file(checkpoint: str | Path) -> tuple[Path, int]:
 
 def capture_rng_state() -> dict[str, Any]:
     """Python, numpy and torch (CPU and CUDA) RNG states; torch parts are tensors."""
+    import numpy as np
+    import torch
+
     np_state = np.random.get_state()
     state: dict[str, Any] = {
         "python": json.dumps(_to_jsonable(random.getstate())),
@@ -181,6 +182,9 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     random.setstate(_to_tuple(json.loads(state["python"])))
     name, keys, pos, has_gauss, cached = json.loads(state["numpy"])
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
@@ -207,6 +211,8 @@ def _to_tuple(x: Any) -> Any:
 def write_trainer_files(folder: Path, state: dict[str, Any], meta: dict[str, Any]) -> None:
     """``trainer_state.pt`` (optimizer, scheduler, RNG states, a mode's own state) and
     ``learner.json`` (version, step, what wrote it) into a trainer part being written."""
+    import torch
+
     torch.save(state, Path(folder) / TRAINER_STATE)
     (Path(folder) / TRAINER_META).write_text(json.dumps(meta))
 
@@ -218,6 +224,8 @@ def read_trainer_meta(folder: Path) -> dict[str, Any]:
 
 def read_trainer_state(folder: Path) -> dict[str, Any]:
     """``trainer_state.pt`` of a trainer part (on the CPU)."""
+    import torch
+
     return dict(torch.load(Path(folder) / TRAINER_STATE, map_location="cpu", weights_only=False))
 
 
@@ -249,8 +257,6 @@ class MetricsFile(JsonlFile):
     and ``time`` with each line."""
 
     def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
-        import time
-
         self.write({"kind": kind, "step": step, "time": time.time(), **values})
 
 

@@ -44,10 +44,11 @@ def train(
     from agentrl.config import load_config
     from agentrl.errors import user_error
     from agentrl.run.orchestrator import train as run_train
+    from agentrl.runfolder import CONFIG
 
     try:
         if resume is not None:
-            cfg_path = config if config.is_file() else resume / "config.yaml"
+            cfg_path = config if config.is_file() else resume / CONFIG
             cfg = load_config(cfg_path, set_ or [])
             target = resume
         else:

@@ -41,6 +41,7 @@ from agentrl.run.process_settings import apply_process_settings
 from agentrl.rollout.tasks import TaskCursor
 from agentrl.run.runtime import assemble
 from agentrl.run.subscribers import subscribers_for
+from agentrl.runfolder import CONFIG
 from agentrl.types import TrajectoryGroup
 
 log = logging.getLogger("agentrl.run.orchestrator")
@@ -76,9 +77,9 @@ class Orchestrator:
 
         Blocking (loads models): run it off the event loop."""
         cfg = self.cfg
-        started_before = (self.run_dir / "config.yaml").is_file()
+        started_before = (self.run_dir / CONFIG).is_file()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        (self.run_dir / CONFIG).write_text(cfg.to_yaml())
         self.parts = assemble(cfg, "train")
         try:
             self.env = self.parts.env
