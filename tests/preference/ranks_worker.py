@@ -1,21 +1,17 @@
-"""One rank of the 2-rank DPO test (tests/preference/test_ranks.py).
+"""One rank of the 2-rank DPO test (tests/preference/test_ranks.py): the ``agentrl dpo``
+command itself, in a process group set up as torchrun sets it up.
 
-    python -m tests.preference.ranks_worker RANK WORLD_SIZE ADDRESS DATA RUN_DIR
-
-Joins the gloo group and trains through :func:`agentrl.preference.run.train_preference`,
-the entry ``agentrl dpo`` calls, with ``learner.parallel=fsdp``.
+    python -m tests.preference.ranks_worker RANK WORLD_SIZE PORT DATA RUN_DIR
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 
-from agentrl.config import load_config
-from agentrl.learner.distributed import init_rank_group
-from agentrl.preference.run import train_preference
-from tests.learner.conftest import one_torch_thread
+from agentrl.config import Config, load_config
 
 # 12 pairs, 4 a step, nothing held out: 3 steps; micro-batches of 2 pairs (4 sequences)
 SETTINGS = [
@@ -29,17 +25,23 @@ SETTINGS = [
 ]
 
 
-def config(world_size: int, parallel: str) -> object:
-    return load_config(
-        overrides=[*SETTINGS, f"learner.world_size={world_size}", f"learner.parallel={parallel}"]
-    )
+def config(world_size: int, parallel: str) -> Config:
+    return load_config(overrides=[*SETTINGS, *rank_settings(world_size, parallel)])
+
+
+def rank_settings(world_size: int, parallel: str) -> list[str]:
+    return [f"learner.world_size={world_size}", f"learner.parallel={parallel}"]
 
 
 def main() -> None:
-    rank, world_size, address, data, run_dir = sys.argv[1:6]
-    init_rank_group(int(rank), int(world_size), address, device=torch.device("cpu"), timeout_s=120)
-    with one_torch_thread():
-        train_preference(data, run_dir, cfg=config(int(world_size), "fsdp"), log=lambda _: None)
+    from agentrl.cli import app
+
+    rank, world_size, port, data, run_dir = sys.argv[1:6]
+    os.environ.update(RANK=rank, WORLD_SIZE=world_size, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    torch.set_num_threads(1)
+    overrides = [*SETTINGS, *rank_settings(int(world_size), "fsdp")]
+    args = ["dpo", data, "--run-dir", run_dir]
+    app([*args, *(a for o in overrides for a in ("--set", o))], standalone_mode=False)
     torch.distributed.destroy_process_group()
 
 

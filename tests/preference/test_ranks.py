@@ -1,5 +1,5 @@
-"""DPO on the trainer core's levers: 2 FSDP ranks (gloo) train the 1-process weights, and
-compiled decoder layers (``learner.compile``) train like eager ones."""
+"""DPO on the trainer core's levers: ``agentrl dpo`` on 2 FSDP ranks (gloo) trains the
+1-process weights, and compiled decoder layers (``learner.compile``) train like eager ones."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_dpo_on_two_fsdp_ranks_trains_the_one_process_weights(tmp_path: Path) ->
         "tests.preference.ranks_worker",
         2,
         "2",
-        f"tcp://127.0.0.1:{free_port()}",
+        str(free_port()),
         str(data),
         str(two),
     )
