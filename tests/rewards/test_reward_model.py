@@ -14,11 +14,11 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.errors import ConfigError, DatasetError
-from agentrl.run.orchestrator import Orchestrator
-from agentrl.run.plotting import read_steps
 from agentrl.rewards.bradley_terry import read_pairs, train_reward_model
 from agentrl.rewards.reward_model import RewardModelScorer, render_for_reward
 from agentrl.rollout.sinks import read_groups
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 from agentrl.run.runtime import assemble
 
 GOOD = ["great", "correct", "right", "exactly", "yes", "true", "good", "indeed"]
