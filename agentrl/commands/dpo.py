@@ -73,7 +73,7 @@ def dpo(
         if online:
             import anyio
 
-            from agentrl.preference.online import online_preference
+            from agentrl.run.online_preference import online_preference
 
             report = anyio.run(lambda: online_preference(cfg, run_dir, out=out, log=typer.echo))
             typer.echo(

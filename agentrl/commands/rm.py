@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
+
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
 
 
 def register(app: typer.Typer) -> None:
@@ -14,17 +16,31 @@ def register(app: typer.Typer) -> None:
     @rm_app.command("train")
     def train(
         pairs: Annotated[Path, typer.Argument(help="JSONL of {prompt, chosen, rejected}")],
-        model: Annotated[str, typer.Option(help="base model: alias, folder, .gguf or hub id")],
         out: Annotated[Path, typer.Option(help="the reward model folder to write")],
+        model: Annotated[
+            Optional[str],  # noqa: UP045
+            typer.Option(help="base model: alias, folder, .gguf or hub id (default: model.name)"),
+        ] = None,
+        config: Annotated[
+            Optional[Path],  # noqa: UP045
+            typer.Option(help="a YAML config: its model.name and learner.* settings"),
+        ] = None,
+        set_: SetOpt = None,
         epochs: Annotated[int, typer.Option(min=1)] = 1,
-        lr: Annotated[float, typer.Option()] = 5e-5,
+        lr: Annotated[
+            Optional[float],  # noqa: UP045
+            typer.Option(help="overrides learner.lr (default: the config's, else 5e-5)"),
+        ] = None,
         batch_size: Annotated[int, typer.Option(min=1, help="pairs per step")] = 8,
         eval_fraction: Annotated[float, typer.Option(help="held-out share of the pairs")] = 0.1,
         max_length: Annotated[int, typer.Option(min=16)] = 1024,
         seed: Annotated[int, typer.Option()] = 0,
-        device: Annotated[str, typer.Option()] = "auto",
+        device: Annotated[
+            Optional[str], typer.Option(help="overrides learner.device")  # noqa: UP045
+        ] = None,
     ) -> None:
         """Train a reward model (pairwise loss) and report held-out pairwise accuracy."""
+        from agentrl.config import load_config
         from agentrl.errors import AgentRLError
         from agentrl.rewards.bradley_terry import train_reward_model
 
@@ -33,6 +49,7 @@ def register(app: typer.Typer) -> None:
                 pairs,
                 model,
                 out,
+                cfg=load_config(config, set_ or []),
                 epochs=epochs,
                 lr=lr,
                 batch_size=batch_size,

@@ -39,6 +39,7 @@ def rollout(
     from agentrl.rollout.summary import summarize
     from agentrl.run.preflight import load_run_config
     from agentrl.run.runtime import assemble
+    from agentrl.runfolder import CONFIG, TRACE
 
     console = Console()
     out_dir = out or Path("runs") / f"rollout-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -47,7 +48,7 @@ def rollout(
     async def main() -> float:
         run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout", split=split))
         t0 = time.perf_counter()
-        async with run, JsonlSink(out_dir / "trajectories.jsonl") as sink:
+        async with run, JsonlSink(out_dir / TRACE) as sink:
             with Progress(
                 "[progress.description]{task.description}",
                 BarColumn(),
@@ -69,7 +70,7 @@ def rollout(
     try:
         cfg = load_run_config(config, set_ or [], "rollout")
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(cfg.to_yaml())
+        (out_dir / CONFIG).write_text(cfg.to_yaml())
         elapsed = anyio.run(main)
     except Exception as e:
         error = user_error(e)

@@ -50,6 +50,7 @@ def serve(
         from agentrl.gateway.service import Gateway
         from agentrl.rollout.sinks import JsonlSink
         from agentrl.run.runtime import assemble, load_checkpoint_into_sampler
+        from agentrl.runfolder import TRACE
         from agentrl.types import Trajectory, TrajectoryGroup
 
         run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout"))
@@ -79,7 +80,7 @@ def serve(
                     gateway = server.gateway
                     gateway.closing = True
                     n = 0
-                    async with JsonlSink(out_dir / "trajectories.jsonl") as sink:
+                    async with JsonlSink(out_dir / TRACE) as sink:
                         for key in list(gateway.sessions):
                             session = gateway.close_session(key)
                             gid = f"serve-{n}"

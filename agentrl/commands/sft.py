@@ -17,16 +17,22 @@ def sft(
         Optional[str], typer.Option(help="base model (default: the config's model.name)")  # noqa: UP045
     ] = None,
     config: Annotated[
-        Optional[Path], typer.Option(help="the RL config whose template and tools to use")  # noqa: UP045
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="the RL config: its model, template, tools and learner.* settings"),
     ] = None,
     set_: SetOpt = None,
     epochs: Annotated[int, typer.Option(min=1)] = 1,
-    lr: Annotated[float, typer.Option()] = 1e-5,
+    lr: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(help="overrides learner.lr (default: the config's, else 1e-5)"),
+    ] = None,
     batch_size: Annotated[int, typer.Option(min=1)] = 8,
     max_length: Annotated[int, typer.Option(min=16)] = 2048,
     eval_fraction: Annotated[float, typer.Option(help="held-out share for the loss")] = 0.0,
     seed: Annotated[int, typer.Option()] = 0,
-    device: Annotated[str, typer.Option()] = "auto",
+    device: Annotated[
+        Optional[str], typer.Option(help="overrides learner.device")  # noqa: UP045
+    ] = None,
 ) -> None:
     """Fine-tune on transcripts with assistant-only loss; RL starts from --out."""
     from agentrl.errors import AgentRLError

@@ -44,10 +44,11 @@ def train(
     from agentrl.errors import user_error
     from agentrl.run.orchestrator import train as run_train
     from agentrl.run.preflight import load_run_config
+    from agentrl.runfolder import CONFIG
 
     try:
         if resume is not None:
-            cfg_path = config if config.is_file() else resume / "config.yaml"
+            cfg_path = config if config.is_file() else resume / CONFIG
             cfg = load_run_config(cfg_path, set_ or [], "train")
             target = resume
         else:  # every config problem at once, before the run folder or a model exists

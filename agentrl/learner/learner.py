@@ -28,11 +28,10 @@ Where and how precisely it computes: :mod:`agentrl.learner.precision`; what it r
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import time
-import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,26 +39,20 @@ import torch
 from torch import Tensor
 
 from agentrl.algos import loglinear_proximal_logprobs
-from agentrl.run.checkpoint_files import (
-    atomic_directory,
-    capture_rng_state,
-    resolve_checkpoint,
-    restore_rng_state,
-)
 from agentrl.config import AlgorithmConfig, Config, LearnerConfig
 from agentrl.devices import to_device, to_host
-from agentrl.errors import CheckpointError, ConfigError
-from agentrl.learner import compiled, sharded_checkpoint
+from agentrl.errors import ConfigError
+from agentrl.learner import compiled
 from agentrl.learner.batching import BatchLayout, minibatch_rows
+from agentrl.learner.core import CoreSettings, TrainerCore
 from agentrl.learner.critic import ValueHead, ValueModel
-from agentrl.learner.distributed import Ranks, Strategy, rank_micro_batches, whole_rows
+from agentrl.learner.distributed import Ranks, rank_micro_batches, whole_rows
 from agentrl.learner.forward import PolicyForward
-from agentrl.learner.lora import load_policy, sampler_state, save_policy
+from agentrl.learner.lora import sampler_state
 from agentrl.learner.metrics import WeightedMeans, as_floats, batch_metrics
 from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
 from agentrl.learner.proximal import bypass_blockers, current_blockers
-from agentrl.learner.schedule import lr_lambda
 from agentrl.types import Batch, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -77,24 +70,62 @@ PHASES = (
 )
 
 
-def _fused_adamw_supported(groups: list[dict[str, Any]]) -> bool | None:
-    """Whether torch's fused AdamW takes these parameters (floating point, on a CPU or a
-    CUDA device); None leaves torch's default."""
-    params = [p for g in groups for p in g["params"]]
-    ok = bool(params) and all(
-        p.device.type in ("cpu", "cuda")
-        and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        for p in params
-    )
-    return True if ok else None
-
-
 def _pad_id(tokenizer: Any) -> int:
     for attr in ("pad_token_id", "eos_token_id"):
         v = getattr(tokenizer, attr, None)
         if isinstance(v, int):
             return v
     return 0
+
+
+@dataclass
+class _Start:
+    """What the start-of-step pass found (None: not computed)."""
+
+    current: bool
+    loglinear: bool
+    n_updates: int
+    prox_lp: Tensor | None = None
+    entropy: Tensor | None = None
+    old_values: Tensor | None = None
+    ref_lp: Tensor | None = None
+
+
+@dataclass
+class _Loop:
+    """The update loop's record: updates taken, their losses and gradient norms."""
+
+    updates: int = 0
+    grad_norms: list[float] = field(default_factory=list)
+    losses: list[Tensor | float] = field(default_factory=list)  # this rank's share
+    nonfinite: int = 0
+    skipped: int = 0  # fp16 updates the gradient scaler skipped (a gradient overflowed)
+
+
+@dataclass
+class _UpdateInputs:
+    """What every micro-batch of a step's updates reads (and the records it appends to)."""
+
+    batch: Batch
+    layout: BatchLayout
+    loss_mask: Tensor
+    advantages: Tensor
+    old_lp: Tensor
+    ref_lp: Tensor | None
+    old_values: Tensor | None
+    returns: Tensor | None
+    used_old_lp: Tensor
+    first_pass_lp: Tensor | None
+    # (host target [B, T], rows, length, device values): read in one transfer at the end
+    pending: list[tuple[Tensor, Tensor, int, Tensor]]
+    means: WeightedMeans
+    current: bool
+    loglinear: bool
+    n_updates: int
+    with_entropy: bool = False
+    epoch: int = 0
+    updates: int = 0
+    denominator: Any = None
 
 
 class Learner:
@@ -162,7 +193,6 @@ class Learner:
         self.pad_token_id = _pad_id(tokenizer)
         # learner.world_size ranks (agentrl.learner.distributed); one rank: a no-op
         self.ranks = Ranks.from_config(self.lcfg)
-        self.strategy = Strategy(self.ranks, self.device, bf16=self.bf16)
         if self.ranks.parallel == "fsdp" and self.lcfg.share_prompt:
             # the shared-prompt path calls the decoder outside the FSDP root's forward
             self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
@@ -173,22 +203,34 @@ class Learner:
             log.info("learner.compile: learner.share_prompt is off with compiled layers")
         if self.ranks.parallel == "fsdp" and self.objective.use_kl and ref_model is None:
             ref_model = copy.deepcopy(self.model)  # copied whole, sharded on its own below
-        self.model = self.strategy.wrap(self.model)
 
         self.use_critic = self.objective.needs_critic
-        self.critic = critic.to(self.device) if critic is not None else None
-        if self.critic is not None and cfg.model.gradient_checkpointing:
-            enable_checkpointing(self.critic.backbone, traced=traced)
-        if self.critic is not None:
-            self.critic = self.strategy.wrap(self.critic)
-        self.value_head: ValueHead | None = None
-        if self.use_critic and self.critic is None:
+        head: ValueHead | None = None
+        if critic is not None and cfg.model.gradient_checkpointing:
+            enable_checkpointing(critic.backbone, traced=traced)
+        if self.use_critic and critic is None:
             # initialised from the run's seed, not the process's random state: every rank
             # of a group starts from the same head, as one process would
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(cfg.orchestrator.seed if seed is None else seed)
                 head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
-            self.value_head = self.strategy.wrap_head(head)
+        # the model, how the ranks hold it, AdamW (the critic with learner.critic_lr), the
+        # lr schedule and fp16's loss scaler (agentrl.learner.core)
+        self.core = TrainerCore(
+            self.model,
+            CoreSettings.of(self.lcfg, total_steps=self.total_steps),
+            precision=self.precision,
+            ranks=self.ranks,
+            extra=critic if critic is not None else head,
+            extra_lr=self.lcfg.critic_lr or self.lcfg.lr,
+            extra_is_head=critic is None,
+        )
+        self.model, self.strategy = self.core.model, self.core.strategy
+        self.critic = self.core.extra if critic is not None else None
+        self.value_head = self.core.extra if head is not None else None
+        self.optimizer, self.scheduler = self.core.optimizer, self.core.scheduler
+        self.scaler = self.core.scaler  # fp16: loss scaling (learner.fp16); else pass-through
+        self.skipped_steps = 0  # optimizer steps the scaler skipped on overflow, all steps
         self.forward = PolicyForward(
             self.precision,
             temperature=self.temperature,
@@ -204,27 +246,9 @@ class Learner:
             ref = ref_model if ref_model is not None else copy.deepcopy(self.model)
             self.ref_model = self.strategy.wrap(ref.to(self.device).eval().requires_grad_(False))
         # after the reference model's copy: a copy of a compiled layer would run the original
-        self.compiled_layers = self._compile_layers()
-
-        groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
-        if self.use_critic:
-            critic_lr = self.lcfg.critic_lr or self.lcfg.lr
-            groups.append({"params": list(self._critic_module().parameters()), "lr": critic_lr})
-        self.optimizer = torch.optim.AdamW(
-            groups,
-            lr=self.lcfg.lr,
-            betas=tuple(self.lcfg.betas),
-            weight_decay=self.lcfg.weight_decay,
-            # one kernel per tensor instead of ~10 ops: 0.17 vs 0.9 s a step for SmolLM2-135M
-            # on 2 CPU cores, and no foreach temporaries
-            fused=_fused_adamw_supported(groups),
-        )
-        # fp16: loss scaling (learner.fp16); a pass-through scaler otherwise
-        self.scaler = self.precision.grad_scaler()
-        self.skipped_steps = 0  # optimizer steps the scaler skipped on overflow, all steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lr_lambda(self.lcfg.schedule, self.lcfg.warmup_steps, self.total_steps),
+        self.compiled_layers = self.core.compile_layers(
+            {"policy": self.model, "critic": self.critic, "reference model": self.ref_model},
+            backend=self.compile_backend,
         )
         self.generator = torch.Generator().manual_seed(
             cfg.orchestrator.seed if seed is None else seed
@@ -255,49 +279,18 @@ class Learner:
         # where it is, so a dead or stuck rank is named with its place in the step
         self.on_phase: Callable[[str], None] | None = None
 
-    def _compile_layers(self) -> dict[str, int]:
-        """``learner.compile``: the decoder layers of every model this learner forwards,
-        compiled in place (:mod:`agentrl.learner.compiled`); how many, by model."""
-        mode = self.lcfg.compile
-        if not compiled.wanted(mode, self.device):
-            return {}
-        why = compiled.refusal(mode, self.ranks.parallel)
-        if why is not None:  # auto (on is refused at the start of __init__)
-            log.info("%s: the decoder layers stay eager", why.split("; set", 1)[0])
-            return {}
-        counts: dict[str, int] = {}
-        seen: set[int] = set()  # LoRA's reference is the policy itself, adapters off
-        models = {"policy": self.model, "critic": self.critic, "reference model": self.ref_model}
-        for what, model in models.items():
-            blocks = [] if model is None else compiled.decoder_blocks(model)
-            if model is None or (blocks and all(id(b) in seen for b in blocks)):
-                continue
-            seen.update(id(b) for b in blocks)
-            counts[what] = compiled.compile_layers(
-                model, mode, self.device, what=f"the {what}", backend=self.compile_backend
-            )
-        log.info(
-            "learner.compile=%s: %s compiled in place with torch.compile (backend %s); the "
-            "first step compiles them",
-            mode,
-            ", ".join(f"{n} decoder layers of the {what}" for what, n in counts.items() if n)
-            or "no layers",
-            self.compile_backend,
-        )
-        return counts
-
     def _phase(self, name: str) -> None:
         if self.on_phase is not None:
             self.on_phase(name)
 
     def _critic_module(self) -> torch.nn.Module:
-        module = self.critic if self.critic is not None else self.value_head
-        assert module is not None
-        return module
+        """The critic model or the value head (trained beside the policy)."""
+        assert self.core.extra is not None
+        return self.core.extra
 
     def trained_parameters(self) -> list[Tensor]:
         """Every trained tensor: the policy's and the critic's."""
-        return [p for g in self.optimizer.param_groups for p in g["params"]]
+        return self.core.trained_parameters()
 
     def layout(self, batch: Batch) -> BatchLayout:
         """How `batch` is cut into micro-batches under this learner's settings."""
@@ -353,18 +346,63 @@ class Learner:
     # --- the step ---------------------------------------------------------------------
 
     def step(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-        """One training step on `groups`; returns flat float metrics. Blocking."""
+        """One training step on `groups`; returns flat float metrics. Blocking.
+
+        The stages: the batch -> the credit inputs (the start-of-step no-grad passes) ->
+        advantages -> the update loop (PPO epochs x minibatches on the trainer core) ->
+        publish (a new version, the metrics summed over the ranks)."""
         if not groups:
             raise ValueError("Learner.step needs at least one TrajectoryGroup (got none)")
         t0 = time.perf_counter()
-        alg, lcfg, objective = self.alg, self.lcfg, self.objective
+        alg, objective = self.alg, self.objective
+        # 1. the batch
         batch = Batch.from_groups(groups, pad_token_id=self.pad_token_id)
         layout = self.layout(batch)
         B, T = batch.input_ids.shape
         rewards, metrics = objective.shaped_rewards(batch)
-        trained_rows = torch.nonzero(batch.loss_mask.sum(dim=1) > 0).flatten()
 
-        # 1. start-of-step pass: proximal log-probs, values, reference log-probs
+        # 2. credit inputs: proximal log-probs, values, reference log-probs
+        start = self._start_pass(batch, layout, metrics)
+        prox_lp, old_values, ref_lp = start.prox_lp, start.old_values, start.ref_lp
+
+        # 3. advantages
+        old_lp = prox_lp if (alg.off_policy != "none" and prox_lp is not None) else None
+        if old_lp is None or start.loglinear:
+            old_lp = batch.behavior_logprobs
+        adv_rewards = rewards  # [B], or [B, T] with the KL penalty folded in
+        if alg.kl_in_reward and ref_lp is not None:
+            kl_lp = prox_lp if prox_lp is not None else batch.behavior_logprobs
+            adv_rewards, kl_metrics = objective.kl_rewards(batch, rewards, kl_lp, ref_lp)
+            metrics.update(kl_metrics)
+        advantages, loss_mask, returns = objective.advantages(batch, adv_rewards, old_values)
+        loss_mask, filter_metrics = objective.filter_truncated(batch, loss_mask)
+        metrics.update(filter_metrics)
+
+        # 4. the update loop
+        inputs = _UpdateInputs(
+            batch, layout, loss_mask, advantages, old_lp, ref_lp, old_values, returns,
+            used_old_lp=torch.zeros(B, T),
+            first_pass_lp=torch.zeros(B, T) if prox_lp is None else None,
+            pending=[], means=WeightedMeans(), current=start.current,
+            loglinear=start.loglinear, n_updates=start.n_updates,
+        )  # fmt: skip
+        loop = self._update_loop(inputs, start.entropy is None)
+
+        # 5. publish: a new version, the step's metrics (summed over the ranks first)
+        self.version += 1
+        self.step_count += 1
+        self.last_old_logprobs = inputs.used_old_lp
+        self._step_metrics(metrics, inputs, loop, start, rewards)
+        metrics["time/step_s"] = time.perf_counter() - t0
+        metrics["tokens_per_s"] = metrics["tokens/total"] / max(metrics["time/step_s"], 1e-9)
+        return as_floats(metrics)  # the step's device-side metrics read in one transfer
+
+    def _start_pass(self, batch: Batch, layout: BatchLayout, metrics: dict[str, Any]) -> _Start:
+        """The no-grad pass at the start of a step, when needed (see the module docstring):
+        the proximal log-probs, the start entropy, the critic's values; the reference
+        log-probs when a KL term is on."""
+        alg, lcfg, objective = self.alg, self.lcfg, self.objective
+        trained_rows = torch.nonzero(batch.loss_mask.sum(dim=1) > 0).flatten()
         n_updates = lcfg.ppo_epochs * lcfg.minibatches
         loglinear = objective.loglinear
         # kl_in_reward: the KL of the learner's own log-probs, not the sampler's, against pi_ref
@@ -381,16 +419,14 @@ class Learner:
         current = need_prox and not bypass and not self.current_blockers
         metrics["learner/proximal_bypass"] = float(bypass)
         metrics["learner/proximal_current"] = float(current)
-        prox_lp: Tensor | None = None
-        start_entropy: Tensor | None = None
-        old_values: Tensor | None = None
+        start = _Start(current=current, loglinear=loglinear, n_updates=n_updates)
         t_fwd = time.perf_counter()
         no_grad_passes = 0  # counted, so a test can prove a pass was skipped
         if need_prox and not bypass and not current and len(trained_rows):
             no_grad_passes += 1
             self._phase("no-grad pass")
             self.model.eval()
-            prox_lp, start_entropy, old_values = whole_rows(
+            start.prox_lp, start.entropy, start.old_values = whole_rows(
                 self.forward,
                 self.model,
                 batch,
@@ -400,184 +436,158 @@ class Learner:
                 with_values=self.use_critic,
                 with_entropy=not alg.entropy_coef,
             )
-        ref_lp: Tensor | None = None
         if self.ref_model is not None and len(trained_rows):
             no_grad_passes += 1
             self._phase("reference pass")
-            ref_lp, _, _ = whole_rows(
+            start.ref_lp, _, _ = whole_rows(
                 self.forward, self.ref_model, batch, layout, trained_rows, self.ranks
             )
         metrics["time/no_grad_pass_s"] = time.perf_counter() - t_fwd
         metrics["learner/no_grad_passes"] = float(no_grad_passes)
+        return start
 
-        # 2. advantages
-        old_lp = prox_lp if (alg.off_policy != "none" and prox_lp is not None) else None
-        if old_lp is None or loglinear:
-            old_lp = batch.behavior_logprobs
-        adv_rewards = rewards  # [B], or [B, T] with the KL penalty folded in
-        if alg.kl_in_reward and ref_lp is not None:
-            kl_lp = prox_lp if prox_lp is not None else batch.behavior_logprobs
-            adv_rewards, kl_metrics = objective.kl_rewards(batch, rewards, kl_lp, ref_lp)
-            metrics.update(kl_metrics)
-        advantages, loss_mask, returns = objective.advantages(batch, adv_rewards, old_values)
-        loss_mask, filter_metrics = objective.filter_truncated(batch, loss_mask)
-        metrics.update(filter_metrics)
+    def _update_loop(self, inputs: _UpdateInputs, measure_entropy: bool) -> _Loop:
+        """``ppo_epochs`` x ``minibatches`` updates of the trainer core, each over this
+        rank's micro-batches of the minibatch; the lr schedule steps once at the end."""
+        alg, lcfg, objective = self.alg, self.lcfg, self.objective
+        batch, loss_mask = inputs.batch, inputs.loss_mask
         trained_rows = torch.nonzero(loss_mask.sum(dim=1) > 0).flatten()
-        used_old_lp = torch.zeros(B, T)
-
-        # 3. PPO epochs x minibatches with gradient accumulation
+        loop = _Loop()
         self.model.train()
-        means = WeightedMeans()
-        first_pass_lp = torch.zeros(B, T) if prox_lp is None else None
-        grad_norms: list[float] = []
-        update_losses: list[Tensor | float] = []  # each update's loss (this rank's share)
-        nonfinite = 0
-        skipped = 0  # fp16 updates the gradient scaler skipped (a gradient overflowed)
-        dev = self.device
-        updates = 0  # optimizer updates taken so far in this step
-        # (host target [B, T], rows, length, device values): read in one transfer at the end
-        pending: list[tuple[Tensor, Tensor, int, Tensor]] = []
         for epoch in range(lcfg.ppo_epochs):
             perm = trained_rows[torch.randperm(len(trained_rows), generator=self.generator)]
             # entropy through the graph only when it is in the loss or not yet measured
-            with_entropy = bool(alg.entropy_coef) or (start_entropy is None and epoch == 0)
+            inputs.with_entropy = bool(alg.entropy_coef) or (measure_entropy and epoch == 0)
+            inputs.epoch = epoch
             for mb_rows in minibatch_rows(
                 perm, batch.group_index, lcfg.minibatches, objective.couples_group
             ):
                 if len(mb_rows) == 0:
                     continue
-                denominator = objective.denominator(loss_mask[mb_rows])
-                self.optimizer.zero_grad(set_to_none=True)
-                step_loss: Tensor | float = 0.0
-                # one autocast region per update: each weight is cast once for all of its
-                # micro-batches (Precision.casts_once), ended before the weights change
-                with self.precision.casts_once():
-                    for (idx, L, P), counts in rank_micro_batches(layout, mb_rows, self.ranks):
-                        # host -> device without waiting (pinned); the forward finds the loss
-                        # positions in the host-side mask, so nothing here reads the device
-                        self._phase("forward")
-                        m = to_device(loss_mask[idx, :L], dev)
-                        lp, ent, values = self.forward(
-                            self.model,
-                            to_device(batch.input_ids[idx, :L], dev),
-                            loss_mask[idx, :L],
-                            with_entropy=with_entropy,
-                            with_values=self.use_critic,
-                            prefix_len=P,
-                            lengths=layout.lengths[idx],
-                        )
-                        behavior = to_device(batch.behavior_logprobs[idx, :L], dev)
-                        if current:  # the weights this one update differentiates
-                            old = lp.detach()
-                        elif loglinear:  # pi_prox interpolated by version, no forward pass
-                            old = loglinear_proximal_logprobs(
-                                behavior,
-                                lp,
-                                to_device(batch.versions[idx, :L], dev),
-                                self.version,
-                                theta_version=self.version + updates / n_updates,
-                            )
-                        else:
-                            old = to_device(old_lp[idx, :L], dev)
-                        if epoch == 0 and counts:  # read to the host at the step's end
-                            pending.append((used_old_lp, idx, L, old.detach().float() * m))
-                        loss, mb_metrics = objective.loss(
-                            lp,
-                            ent,
-                            values,
-                            mask=m,
-                            old_logprobs=old,
-                            behavior_logprobs=behavior,
-                            advantages=to_device(advantages[idx, :L], dev),
-                            ref_logprobs=_rows(ref_lp, idx, L, dev),
-                            old_values=_rows(old_values, idx, L, dev),
-                            returns=_rows(returns, idx, L, dev),
-                            denominator=denominator,
-                            rows=idx,
-                        )
-                        self._phase("backward")
-                        if not counts:  # a padding micro-batch: FSDP's collectives, no gradient
-                            self.scaler.scale(loss * 0.0).backward()
-                            continue
-                        # a non-finite loss shows as a non-finite gradient norm below, checked
-                        # once per update: no host synchronisation per micro-batch
-                        self.scaler.scale(loss).backward()  # scaled up under fp16 only
-                        step_loss = step_loss + loss.detach()
-                        means.add(mb_metrics, float(loss_mask[idx, :L].sum()))
-                        if first_pass_lp is not None and epoch == 0:
-                            pending.append((first_pass_lp, idx, L, lp.detach()))
-                updates += 1
-                params = self.trained_parameters()
-                scaled = self.scaler.is_enabled() and any(p.grad is not None for p in params)
-                if self.ranks.world_size > 1 and self.ranks.parallel == "ddp":
-                    self._phase("gradient all-reduce")
-                self.strategy.reduce_gradients(params)  # summed over the ranks (DDP)
-                self._phase("optimizer")
-                if scaled:
-                    self.scaler.unscale_(self.optimizer)  # clip the true gradients
-                gn = self.strategy.local(torch.nn.utils.clip_grad_norm_(params, lcfg.grad_clip))
-                if torch.isfinite(gn):  # one synchronisation per optimizer update
-                    if scaled:  # skipped by the scaler when a gradient overflowed
-                        self.scaler.step(self.optimizer)
-                    else:
-                        self.optimizer.step()
-                    grad_norms.append(float(gn))
+                inputs.denominator = objective.denominator(loss_mask[mb_rows])
+                inputs.updates = loop.updates
+                done = self.core.update(
+                    rank_micro_batches(inputs.layout, mb_rows, self.ranks),
+                    lambda mb, counts: self._micro_batch_loss(inputs, mb, counts),
+                    self._phase,
+                )
+                loop.updates += 1
+                if done.grad_norm is not None:
+                    loop.grad_norms.append(done.grad_norm)
                 else:
-                    nonfinite += 1
-                if scaled:
-                    scale = self.scaler.get_scale()
-                    self.scaler.update()  # halved after an overflow
-                    overflowed = self.scaler.get_scale() < scale
-                    skipped += int(overflowed)
-                self.optimizer.zero_grad(set_to_none=True)
-                update_losses.append(step_loss)
+                    loop.nonfinite += 1
+                loop.skipped += int(done.overflowed)
+                loop.losses.append(done.loss)
+        pending = inputs.pending
         for (target, idx, L, _), values in zip(
             pending, to_host([p[3] for p in pending]), strict=True
         ):
             target[idx, :L] = values
-        with warnings.catch_warnings():
-            # a step with nothing to train skips optimizer.step(); the schedule still advances
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
-            self.scheduler.step()
+        self.core.end_step()  # the lr schedule, once per learner step
         self.model.eval()
-        self.version += 1
-        self.step_count += 1
-        self.last_old_logprobs = used_old_lp
+        return loop
 
-        # 4. metrics (summed over the ranks first)
+    def _step_metrics(
+        self,
+        metrics: dict[str, Any],
+        inputs: _UpdateInputs,
+        loop: _Loop,
+        start: _Start,
+        rewards: Tensor,
+    ) -> None:
+        """The step's metrics into `metrics`, summed over the ranks first; the adaptive KL
+        adapts from the KL seen on every rank."""
+        means, first_pass_lp = inputs.means, inputs.first_pass_lp
         if self.ranks.distributed:
             self._phase("metrics all-reduce")
             means.all_reduce(self.ranks, self.device)
             if first_pass_lp is not None:
                 self.ranks.sum_(first_pass_lp, self.device)
-            self.ranks.sum_(used_old_lp, self.device)
-        # adaptive KL: every rank adapts beta from the KL seen on all of them
-        objective.end_step(lambda seen: self.ranks.sum_(seen, self.device))
-        if update_losses:
-            losses = torch.stack([torch.as_tensor(x, device=dev).float() for x in update_losses])
+            self.ranks.sum_(inputs.used_old_lp, self.device)
+        self.objective.end_step(lambda seen: self.ranks.sum_(seen, self.device))
+        if loop.losses:
+            dev = self.device
+            losses = torch.stack([torch.as_tensor(x, device=dev).float() for x in loop.losses])
             for total in self.ranks.sum_(losses, self.device):
                 means.add({"loss/total": total}, 1.0)
         metrics.update(means.means())
-        if start_entropy is not None:
-            metrics.update(objective.entropy_metrics(start_entropy, loss_mask))
-        learner_lp = prox_lp if prox_lp is not None else first_pass_lp
+        if start.entropy is not None:
+            metrics.update(self.objective.entropy_metrics(start.entropy, inputs.loss_mask))
+        learner_lp = start.prox_lp if start.prox_lp is not None else first_pass_lp
         metrics.update(
             batch_metrics(
-                batch, rewards, advantages, loss_mask, learner_lp, grad_norms, self.version - 1
+                inputs.batch,
+                rewards,
+                inputs.advantages,
+                inputs.loss_mask,
+                learner_lp,
+                loop.grad_norms,
+                self.version - 1,
             )
         )
-        metrics["nonfinite_skipped"] = float(nonfinite)
+        metrics["nonfinite_skipped"] = float(loop.nonfinite)
         if self.scaler.is_enabled():
-            self.skipped_steps += skipped
+            self.skipped_steps += loop.skipped
             metrics["learner/loss_scale"] = float(self.scaler.get_scale())
-            metrics["learner/skipped_steps"] = float(skipped)
-        metrics["lr"] = float(self.optimizer.param_groups[0]["lr"])
+            metrics["learner/skipped_steps"] = float(loop.skipped)
+        metrics["lr"] = self.core.lr
         metrics["version"] = float(self.version)
-        metrics["time/step_s"] = time.perf_counter() - t0
-        metrics["tokens_per_s"] = metrics["tokens/total"] / max(metrics["time/step_s"], 1e-9)
-        return as_floats(metrics)  # the step's device-side metrics read in one transfer
 
-    # --- weights and checkpoints -----------------------------------------------------
+    def _micro_batch_loss(self, s: _UpdateInputs, mb: Any, counts: bool) -> Tensor:
+        """The loss of one micro-batch of an update (divided by the whole minibatch's
+        count), its metrics and log-probs recorded for the step's end."""
+        idx, L, P = mb
+        dev = self.device
+        # host -> device without waiting (pinned); the forward finds the loss positions in
+        # the host-side mask, so nothing here reads the device
+        self._phase("forward")
+        batch, loss_mask = s.batch, s.loss_mask
+        m = to_device(loss_mask[idx, :L], dev)
+        lp, ent, values = self.forward(
+            self.model,
+            to_device(batch.input_ids[idx, :L], dev),
+            loss_mask[idx, :L],
+            with_entropy=s.with_entropy,
+            with_values=self.use_critic,
+            prefix_len=P,
+            lengths=s.layout.lengths[idx],
+        )
+        behavior = to_device(batch.behavior_logprobs[idx, :L], dev)
+        if s.current:  # the weights this one update differentiates
+            old = lp.detach()
+        elif s.loglinear:  # pi_prox interpolated by version, no forward pass
+            old = loglinear_proximal_logprobs(
+                behavior,
+                lp,
+                to_device(batch.versions[idx, :L], dev),
+                self.version,
+                theta_version=self.version + s.updates / s.n_updates,
+            )
+        else:
+            old = to_device(s.old_lp[idx, :L], dev)
+        if s.epoch == 0 and counts:  # read to the host at the step's end
+            s.pending.append((s.used_old_lp, idx, L, old.detach().float() * m))
+        loss, mb_metrics = self.objective.loss(
+            lp,
+            ent,
+            values,
+            mask=m,
+            old_logprobs=old,
+            behavior_logprobs=behavior,
+            advantages=to_device(s.advantages[idx, :L], dev),
+            ref_logprobs=_rows(s.ref_lp, idx, L, dev),
+            old_values=_rows(s.old_values, idx, L, dev),
+            returns=_rows(s.returns, idx, L, dev),
+            denominator=s.denominator,
+            rows=idx,
+        )
+        if counts:
+            s.means.add(mb_metrics, float(loss_mask[idx, :L].sum()))
+            if s.first_pass_lp is not None and s.epoch == 0:
+                s.pending.append((s.first_pass_lp, idx, L, lp.detach()))
+        return loss
+
+    # --- weights and checkpoints ---    # --- weights and checkpoints -----------------------------------------------------
 
     def sampler_weights(self) -> dict[str, Tensor]:
         """The policy under the samplers' names on this learner's device: views of the live
@@ -602,81 +612,26 @@ class Learner:
         }
 
     def save_checkpoint(self, directory: str | Path) -> Path:
-        """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically.
-        Several ranks: rank 0 writes it (DDP), or every rank its shards
-        (:mod:`agentrl.learner.sharded_checkpoint`)."""
-        if self.ranks.parallel == "fsdp":
-            return sharded_checkpoint.save(self, directory)
-        if not self.ranks.is_main:  # DDP: the weights and optimizer are rank 0's too
-            self.ranks.barrier()
-            return Path(directory)
-        directory = self._save_whole(directory)
-        self.ranks.barrier()
-        return directory
-
-    def _save_whole(self, directory: str | Path) -> Path:
-        from safetensors.torch import save_model
-
-        directory = Path(directory)
-        with atomic_directory(directory) as tmp:
-            save_policy(self.model, tmp)  # with LoRA: the adapter, and the merged policy
-            if self.use_critic:
-                save_model(self._critic_module(), str(tmp / "critic.safetensors"))
-            torch.save(
-                {
-                    "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(),
-                    "generator": self.generator.get_state(),
-                    "rng": capture_rng_state(),
-                    "scaler": self.scaler.state_dict(),  # {} unless fp16
-                    "objective": self.objective.state_dict(),  # the adaptive-KL beta
-                },
-                tmp / "trainer_state.pt",
-            )
-            meta = {
+        """Model (safetensors), optimizer, scheduler, RNG states, version, step -- atomically
+        (:meth:`TrainerCore.save <agentrl.learner.core.TrainerCore.save>`). Several ranks:
+        rank 0 writes it (DDP), or every rank its shards."""
+        return self.core.save(
+            directory,
+            state={
+                "generator": self.generator.get_state(),
+                "objective": self.objective.state_dict(),  # the adaptive-KL beta
+            },
+            meta={
                 "version": self.version,
                 "step": self.step_count,
                 "advantage": self.alg.advantage,
-                "critic": self.use_critic,
-            }
-            (tmp / "learner.json").write_text(json.dumps(meta))
-        return directory
+            },
+        )
 
     def load_checkpoint(self, directory: str | Path) -> None:
         """Restore what :meth:`save_checkpoint` wrote (also after a kill mid-save)."""
-        from safetensors.torch import load_model
-
-        directory = resolve_checkpoint(directory)
-        meta = json.loads((directory / "learner.json").read_text())
-        if bool(meta.get("critic")) != self.use_critic:
-            raise CheckpointError(
-                f"checkpoint {directory} was saved with critic={meta.get('critic')} but this "
-                f"learner has critic={self.use_critic}; use the config the run was started with"
-            )
-
-        state = torch.load(directory / "trainer_state.pt", map_location="cpu", weights_only=False)
-        sharded, shards = self.ranks.parallel == "fsdp", sharded_checkpoint.has_shards(directory)
-        if sharded and shards:  # resharded to this world size by DCP
-            sharded_checkpoint.load_sharded_into_sharded(self, directory)
-        elif sharded:
-            sharded_checkpoint.load_whole_into_sharded(self, directory, state["optimizer"])
-        else:
-            load_policy(self.model, directory, self.device)
-            if self.use_critic:
-                load_model(
-                    self._critic_module(),
-                    str(directory / "critic.safetensors"),
-                    device=str(self.device),
-                )
-            if shards:  # a sharded learner's checkpoint: the optimizer by parameter name
-                sharded_checkpoint.load_optimizer_from_shards(self, directory)
-            else:
-                self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        state, meta = self.core.load(directory)
         self.generator.set_state(state["generator"])
-        if self.scaler.is_enabled() and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        restore_rng_state(state["rng"])
         self.objective.load_state_dict(state.get("objective") or {})
         self.version = int(meta["version"])
         self.step_count = int(meta["step"])

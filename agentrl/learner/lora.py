@@ -25,10 +25,8 @@ import torch
 from torch import Tensor
 
 from agentrl.errors import CheckpointError, ConfigError
+from agentrl.runfolder import ADAPTER_WEIGHTS, POLICY_WEIGHTS
 from agentrl.weights.files import unshared
-
-ADAPTER_WEIGHTS = "adapter.safetensors"
-POLICY_WEIGHTS = "model.safetensors"
 
 
 def _lora_layer_type() -> type | None:

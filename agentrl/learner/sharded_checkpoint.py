@@ -4,8 +4,7 @@ A sharded learner's checkpoint folder holds what a single learner's does, so ``a
 export`` and a single learner read it as they are:
 
 - ``model.safetensors``: the whole policy, gathered once on rank 0;
-- ``trainer_state.pt``: scheduler, sampling generator, RNG states, the objective's
-  state (adaptive-KL beta) (no optimizer);
+- ``trainer_state.pt``: scheduler, RNG states and the mode's own state (no optimizer);
 - ``learner.json``: version, step, and the ``world_size`` / ``parallel`` that wrote it;
 
 plus ``sharded/``: the model and AdamW's state as each rank holds them, written by every
@@ -20,7 +19,6 @@ Every function here is a collective of the learner group: all ranks call it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import warnings
@@ -30,13 +28,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentrl.run.checkpoint_files import atomic_directory, capture_rng_state
 from agentrl.errors import CheckpointError
+from agentrl.runfolder import (
+    ADAPTER_WEIGHTS,
+    SHARDED,
+    atomic_directory,
+    capture_rng_state,
+    write_trainer_files,
+)
+from agentrl.runfolder import CRITIC_WEIGHTS as CRITIC
+from agentrl.runfolder import POLICY_WEIGHTS as POLICY
 from agentrl.weights.files import unshared
-
-SHARDED = "sharded"  # the DCP folder inside a learner checkpoint
-POLICY = "model.safetensors"
-CRITIC = "critic.safetensors"  # the value head or critic model, whole (a single learner's)
 
 
 def _options(**kw: Any) -> Any:
@@ -46,17 +48,19 @@ def _options(**kw: Any) -> Any:
 
 
 def trained(learner: Any) -> torch.nn.Module:
-    """The module whose parameters are exactly the optimizer's: the policy, or with a
-    critic (``algorithm.critic``: a value head or a separate critic model) both under one
-    parent, as ``policy.*`` and ``critic.*`` (torch's state-dict helpers map an optimizer's
-    state to names through one module)."""
-    if not learner.use_critic:
+    """The module whose parameters are exactly the optimizer's (`learner`: a
+    :class:`~agentrl.learner.core.TrainerCore`): the policy, or with a critic
+    (``algorithm.critic``: a value head or a separate critic model) both under one parent,
+    as ``policy.*`` and ``critic.*`` (torch's state-dict helpers map an optimizer's state to
+    names through one module)."""
+    if learner.extra is None:
         return learner.model
-    return torch.nn.ModuleDict({"policy": learner.model, "critic": learner._critic_module()})
+    return torch.nn.ModuleDict({"policy": learner.model, "critic": learner.extra})
 
 
-def save(learner: Any, directory: str | Path) -> Path:
-    """Write a sharded learner's checkpoint to `directory` (atomically, by rank 0)."""
+def save(learner: Any, directory: str | Path, state: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """Write a sharded trainer's checkpoint to `directory` (atomically, by rank 0) with the
+    mode's `state` and `meta` (`learner`: a :class:`~agentrl.learner.core.TrainerCore`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
@@ -73,9 +77,9 @@ def save(learner: Any, directory: str | Path) -> Path:
         learner.model, options=_options(full_state_dict=True, cpu_offload=True)
     )
     critic: dict[str, Tensor] = {}
-    if learner.use_critic:  # whole too, for a single or DDP learner (critic.safetensors)
+    if learner.extra is not None:  # whole too, for a single or DDP learner
         critic = get_model_state_dict(
-            learner._critic_module(), options=_options(full_state_dict=True, cpu_offload=True)
+            learner.extra, options=_options(full_state_dict=True, cpu_offload=True)
         )
     # tied weights once, under the first of their names in sorted order (as a single
     # learner writes them): the gathered copies no longer share storage
@@ -92,25 +96,16 @@ def save(learner: Any, directory: str | Path) -> Path:
             save_file(unshared(dict(sorted(full.items()))), str(tmp / POLICY), {"format": "pt"})
             if critic:
                 save_file(unshared(critic), str(tmp / CRITIC), {"format": "pt"})
-            torch.save(
+            write_trainer_files(
+                tmp,
                 {
                     "scheduler": learner.scheduler.state_dict(),
-                    "generator": learner.generator.get_state(),
                     "rng": capture_rng_state(),
                     "scaler": {},
-                    "objective": learner.objective.state_dict(),  # the adaptive-KL beta
+                    **state,
                 },
-                tmp / "trainer_state.pt",
+                {**meta, "world_size": ranks.world_size, "parallel": ranks.parallel},
             )
-            meta = {
-                "version": learner.version,
-                "step": learner.step_count,
-                "advantage": learner.alg.advantage,
-                "critic": learner.use_critic,
-                "world_size": ranks.world_size,
-                "parallel": ranks.parallel,
-            }
-            (tmp / "learner.json").write_text(json.dumps(meta))
     ranks.barrier()
     return directory
 
@@ -162,13 +157,13 @@ def load_whole_into_sharded(learner: Any, directory: Path, optimizer: dict[str, 
         set_optimizer_state_dict,
     )
 
-    if (directory / "adapter.safetensors").is_file():
+    if (directory / ADAPTER_WEIGHTS).is_file():
         raise CheckpointError(
             f"checkpoint {directory} holds a LoRA adapter; learner.parallel=fsdp trains full "
             "weights: resume with the config the run was started with"
         )
     state = load_file(str(directory / POLICY))
-    if learner.use_critic:
+    if learner.extra is not None:
         state = {f"policy.{k}": v for k, v in state.items()}
         state.update({f"critic.{k}": v for k, v in load_file(str(directory / CRITIC)).items()})
     module = trained(learner)

@@ -8,7 +8,10 @@
     RUN/checkpoints/step_N/      policy, optimizer and RNG states, epoch and position
     RUN/model/                   the trained model folder (or --out)
 
-``agentrl export RUN OUT`` reads the checkpoints like a training run's.
+``agentrl export RUN OUT`` reads the checkpoints like a training run's. With
+``learner.world_size`` > 1 every rank calls :func:`train_preference` in one process group
+(``torchrun``, or any launcher that sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT``): each trains its share of every batch, rank 0 writes the files.
 """
 
 from __future__ import annotations
@@ -25,18 +28,11 @@ from typing import Any
 import torch
 
 from agentrl.chat import ChatRenderer
-from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
-from agentrl.run.checkpoint_files import (
-    atomic_directory,
-    capture_rng_state,
-    restore_rng_state,
-)
 from agentrl.config import Config, load_config
 from agentrl.devices import resolve_device
 from agentrl.envs import make_env
-from agentrl.errors import CheckpointError, DatasetError
-from agentrl.run.export import write_model_folder
-from agentrl.learner.lora import load_policy, save_policy
+from agentrl.errors import CheckpointError, ConfigError, DatasetError
+from agentrl.learner import compiled
 from agentrl.models import load_model
 from agentrl.preference.data import (
     encode_pairs,
@@ -46,10 +42,12 @@ from agentrl.preference.data import (
     read_rows,
 )
 from agentrl.preference.trainer import Example, PreferenceTrainer
+from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
+from agentrl.run.export import write_model_folder
+from agentrl.runfolder import CONFIG, METRICS, REPORT, MetricsFile
 
 DATA_RECORD = "preference_data.json"
 REFERENCE_CACHE = "reference_logps.pt"
-TRAINER_STATE = "trainer_state.pt"
 
 
 @dataclass
@@ -87,30 +85,64 @@ def renderer_factory(cfg: Config, tokenizer: Any, rows_need_env: bool) -> Callab
 
 
 def save_trainer(trainer: PreferenceTrainer, folder: Path, step: int) -> None:
-    """The learner part of a checkpoint, in the layout ``agentrl export`` reads."""
-    with atomic_directory(folder) as tmp:
-        save_policy(trainer.model, tmp)
-        torch.save(
-            {"optimizer": trainer.optimizer.state_dict(), "rng": capture_rng_state()},
-            tmp / TRAINER_STATE,
-        )
-        (tmp / "learner.json").write_text(json.dumps({"version": step, "step": step}))
+    """The trainer's part of a checkpoint (the trainer core's layout, which ``agentrl
+    export`` reads); a collective with several ranks."""
+    trainer.core.save(folder, state={}, meta={"version": step, "step": step})
 
 
 def load_trainer(trainer: PreferenceTrainer, folder: Path) -> None:
-    load_policy(trainer.model, folder, trainer.device)
-    state = torch.load(folder / TRAINER_STATE, map_location="cpu", weights_only=False)
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    restore_rng_state(state["rng"])
+    trainer.core.load(folder)
 
 
-class MetricsFile:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+def checkpoint_ranks(
+    trainer: PreferenceTrainer, run_dir: Path, step: int, loop: dict[str, Any]
+) -> None:
+    """A run checkpoint: rank 0 writes the folder and tells the other ranks where the
+    trainer's part goes (each writes its shards there)."""
+    import torch.distributed as dist
 
-    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"kind": kind, "step": step, "time": time.time(), **values}) + "\n")
+    ranks = trainer.core.ranks
+    if ranks.world_size == 1:
+        save_run_checkpoint(run_dir, step, loop, lambda part: save_trainer(trainer, part, step))
+        return
+
+    def save_part(part: Path) -> None:
+        dist.broadcast_object_list([str(part)], src=0)
+        save_trainer(trainer, part, step)
+
+    if ranks.is_main:
+        save_run_checkpoint(run_dir, step, loop, save_part)
+    else:
+        where: list[Any] = [None]
+        dist.broadcast_object_list(where, src=0)
+        save_trainer(trainer, Path(where[0]), step)
+    ranks.barrier()
+
+
+def join_ranks(cfg: Config) -> None:
+    """``learner.world_size`` > 1: join the process group a launcher set up (``RANK``,
+    ``WORLD_SIZE`` and ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment)."""
+    import os
+
+    import torch.distributed as dist
+
+    from agentrl.learner.distributed import init_rank_group
+
+    if cfg.learner.world_size == 1 or dist.is_initialized():
+        return
+    if "RANK" not in os.environ:
+        raise ConfigError(
+            f"learner.world_size={cfg.learner.world_size}: start one process per rank, e.g. "
+            f"torchrun --nproc-per-node {cfg.learner.world_size} -m agentrl.cli dpo ..."
+        )
+    address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    init_rank_group(
+        int(os.environ["RANK"]),
+        int(os.environ["WORLD_SIZE"]),
+        address,
+        device=resolve_device(cfg.learner.device, "learner.device"),
+        timeout_s=cfg.learner.collective_timeout_s,
+    )
 
 
 def reference_for(
@@ -136,7 +168,8 @@ def reference_for(
             "weights. Start the run again without --resume"
         )
     ref = trainer.reference_logps(examples, trainer.cfg.preference.batch_size)
-    torch.save({"fingerprint": key, "model": model, "logps": ref}, path)
+    if trainer.core.ranks.is_main:
+        torch.save({"fingerprint": key, "model": model, "logps": ref}, path)
     return ref, False
 
 
@@ -148,6 +181,7 @@ def train_preference(
     resume: bool = False,
     out: str | Path | None = None,
     log: Callable[[str], None] = print,
+    compile_backend: compiled.Backend = compiled.DEFAULT_BACKEND,
 ) -> PreferenceReport:
     """Train ``cfg.preference.loss`` on the rows of `data` (or ``data.path``); see the
     module docstring for what the run directory holds."""
@@ -155,21 +189,26 @@ def train_preference(
     run_dir = Path(run_dir)
     record = run_dir / DATA_RECORD
     if resume:
-        if not (run_dir / "config.yaml").is_file():
-            raise CheckpointError(f"--resume: {run_dir} has no config.yaml (not a dpo run)")
-        cfg = load_config(run_dir / "config.yaml")
+        if not (run_dir / CONFIG).is_file():
+            raise CheckpointError(f"--resume: {run_dir} has no {CONFIG} (not a dpo run)")
+        cfg = load_config(run_dir / CONFIG)
         if data is None and record.is_file():
             data = json.loads(record.read_text())["data"]
     else:
         cfg = cfg or Config()
+    join_ranks(cfg)
+    import torch.distributed as dist
+
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    if not resume and main:
         if has_checkpoint(run_dir):
             raise CheckpointError(
                 f"{run_dir} already holds a run: continue it with --resume, or pick a new --run-dir"
             )
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(cfg.to_yaml())
+        (run_dir / CONFIG).write_text(cfg.to_yaml())
         record.write_text(json.dumps({"data": None if data is None else str(Path(data).resolve())}))
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        (run_dir / METRICS).unlink(missing_ok=True)
     pc = cfg.preference
     rows = read_rows(data, cfg.data)
     device = resolve_device(cfg.learner.device, "learner.device")
@@ -178,7 +217,15 @@ def train_preference(
         cfg.model.name, dtype="float32", device=device, seed=cfg.model.seed
     )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    trainer = PreferenceTrainer(model, cfg, device, pad_id)
+    steps_per_epoch = math.ceil(max(len(rows) * (1 - pc.eval_fraction), 1) / pc.batch_size)
+    trainer = PreferenceTrainer(
+        model,
+        cfg,
+        device,
+        pad_id,
+        total_steps=pc.epochs * steps_per_epoch,
+        compile_backend=compile_backend,
+    )
     renderer_for = renderer_factory(cfg, tokenizer, any(r.tools is None for r in rows))
     encoded: list[Example] = (
         list(encode_unpaired(rows, renderer_for, pc.seed))
@@ -201,7 +248,7 @@ def train_preference(
     held_out, train = examples[:n_eval], examples[n_eval:]
     ref_eval = ref[:n_eval] if ref is not None else None
     ref_train = ref[n_eval:] if ref is not None else None
-    metrics = MetricsFile(run_dir / "metrics.jsonl")
+    metrics = _RankMetrics(run_dir / METRICS if main else None)
 
     step, epoch, position = 0, 0, 0
     before: dict[str, float] = {}
@@ -218,7 +265,7 @@ def train_preference(
 
     def checkpoint() -> None:
         loop = {"step": step, "epoch": epoch, "position": position, "eval_before": before}
-        save_run_checkpoint(run_dir, step, loop, lambda part: save_trainer(trainer, part, step))
+        checkpoint_ranks(trainer, run_dir, step, loop)
 
     bs = pc.batch_size
     trained_examples, train_seconds, last_loss = 0, 0.0, math.nan
@@ -263,13 +310,27 @@ def train_preference(
         seconds=time.time() - t0,
         examples_per_s=trained_examples / train_seconds if train_seconds else math.nan,
     )
-    write_model_folder(
-        trainer.plain_model(
-            lambda: load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)[0]
-        ),
-        renderer_for(rows[0].tools),
-        folder,
-        record={"base_model": cfg.model.name, "preference": asdict(report)},
+    plain = trainer.plain_model(
+        lambda: load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)[0]
     )
-    (run_dir / "report.json").write_text(json.dumps(asdict(report), indent=1))
+    if main:
+        write_model_folder(
+            plain,
+            renderer_for(rows[0].tools),
+            folder,
+            record={"base_model": cfg.model.name, "preference": asdict(report)},
+        )
+        (run_dir / REPORT).write_text(json.dumps(asdict(report), indent=1))
+    trainer.core.ranks.barrier()
     return report
+
+
+class _RankMetrics:
+    """``metrics.jsonl`` on rank 0; the other ranks' lines (the same numbers) go nowhere."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.file = MetricsFile(path) if path is not None else None
+
+    def write(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        if self.file is not None:
+            self.file.log(kind, step, values)

@@ -11,26 +11,38 @@ distribution at every trained position, which no per-sequence cache holds: the t
 then keeps a frozen copy of the reference model (the weights it started from; an online
 round's starting weights after :meth:`PreferenceTrainer.refresh_reference`) and forwards
 it, without gradients, next to the policy at every step.
+
+The model, AdamW, precision, LoRA, the ranks (DDP / FSDP2) and compiled layers are the
+trainer core's (:mod:`agentrl.learner.core`, configured by ``learner.*``); a step is one
+core update whose micro-batches are this rank's share of the batch's examples (about
+``learner.micro_batch_size`` sequences each), every micro-batch loss weighted by its share
+of the batch, so the ranks' summed gradients are the one-process gradient.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from agentrl.errors import ConfigError
+from agentrl.learner import compiled
+from agentrl.learner.core import CoreSettings, TrainerCore
+from agentrl.learner.distributed import Ranks
 from agentrl.learner.forward import (
     decoder_hidden,
     lm_head_weight,
     selected_positions,
     token_logprobs,
 )
-from agentrl.learner.lora import apply_lora, has_lora, sampler_state
+from agentrl.learner.lora import sampler_state
+from agentrl.learner.precision import Precision
 from agentrl.preference.data import Completion, PreferencePair, UnpairedExample
 from agentrl.preference.losses import (
     PREFERENCE_LOSSES,
@@ -70,15 +82,18 @@ class StepResult:
 class PreferenceTrainer:
     """A policy, its optimizer and one preference loss (``cfg.preference``)."""
 
-    def __init__(self, model: Any, cfg: Any, device: torch.device, pad_id: int) -> None:
-        if cfg.model.lora is not None:
-            # adapters injected in place and everything else frozen: the optimizer takes
-            # only the adapters; the reference log-probs, computed before any step, are the
-            # base model's (LoRA's B starts at zero)
-            model = apply_lora(model, cfg.model.lora)
-        self.model = model
+    def __init__(
+        self,
+        model: Any,
+        cfg: Any,
+        device: torch.device | None = None,
+        pad_id: int = 0,
+        *,
+        total_steps: int = 1,
+        compile_backend: compiled.Backend = compiled.DEFAULT_BACKEND,
+    ) -> None:
+        lc = cfg.learner
         self.cfg = cfg
-        self.device = device
         self.pad_id = pad_id
         self.loss_name = cfg.preference.loss
         PREFERENCE_LOSSES.get(self.loss_name)  # an unknown name fails here, listing the known
@@ -86,26 +101,46 @@ class PreferenceTrainer:
         self.unpaired = PREFERENCE_LOSSES.unpaired(self.loss_name)
         self.needs_reference = PREFERENCE_LOSSES.needs_reference(self.loss_name)
         self.token_kl = PREFERENCE_LOSSES.token_kl(self.loss_name)
+        ranks = Ranks.from_config(lc)
+        if ranks.distributed and (self.unpaired or self.token_kl):
+            raise ConfigError(
+                f"preference.loss={self.loss_name} on several ranks (learner.world_size / "
+                "learner.parallel=fsdp): its batch statistic (KTO's z_0) or frozen reference "
+                "copy (TDPO) is per process; use learner.world_size=1 with learner.parallel=ddp"
+            )
+        precision = Precision.from_config(lc)
+        if device is not None and torch.device(device) != precision.device:
+            precision = dataclasses.replace(precision, device=torch.device(device))
+        # LoRA: adapters injected in place and everything else frozen; the reference
+        # log-probs, computed before any step, are the base model's (LoRA's B starts at 0)
+        self.core = TrainerCore(
+            model,
+            CoreSettings.of(lc, total_steps=total_steps),
+            precision=precision,
+            ranks=ranks,
+            lora=cfg.model.lora,
+        )
+        self.model = self.core.model
+        self.device = self.core.device
+        self.optimizer = self.core.optimizer
         self.reference_model: Any = None
         if self.token_kl:
             self.refresh_reference()
-        lc = cfg.learner
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=lc.lr,
-            betas=lc.betas,
-            weight_decay=lc.weight_decay,
+        # after the reference's copy: a copy of a compiled layer would run the original
+        self.core.compile_layers(
+            {"policy": self.model, "reference model": self.reference_model},
+            backend=compile_backend,
         )
+        # examples per micro-batch: about learner.micro_batch_size sequences (a pair is two);
+        # KTO's z_0 is a statistic of the whole batch: one micro-batch
+        self.micro_examples = max(1, lc.micro_batch_size // (1 if self.unpaired else 2))
+        if self.unpaired:
+            self.micro_examples = 1 << 30
 
-    def plain_model(self, fresh: Any) -> Any:
-        """The policy as one plain transformers model on the CPU (what an HF folder holds):
-        the trained model itself, or with LoRA `fresh()` (a new base model) loaded with the
-        merged weights, so the adapters stay on the trained model."""
-        if not has_lora(self.model):
-            return self.model.to("cpu")
-        plain = fresh()
-        plain.load_state_dict({k: t.to("cpu") for k, t in sampler_state(self.model).items()})
-        return plain.to("cpu")
+    def plain_model(self, fresh: Callable[[], Any]) -> Any:
+        """The policy as a plain transformers model (:meth:`TrainerCore.plain_model
+        <agentrl.learner.core.TrainerCore.plain_model>`; rank 0's, None on the others)."""
+        return self.core.plain_model(fresh)
 
     def publishable(self) -> dict[str, Tensor]:
         """The weights a sampler loads (LoRA merged under the base names)."""
@@ -229,25 +264,59 @@ class PreferenceTrainer:
         logps = self.logps(batch, ref if self.needs_reference else None)
         return preference_loss(self.loss_name, logps, **self.options), logps
 
+    def micro_batches(self, n: int) -> list[tuple[list[int], bool]]:
+        """This rank's micro-batches of a batch of `n` examples, as (indices, counts):
+        the ranks take every world-size-th example; lockstep (FSDP) ranks pad with a
+        micro-batch whose loss counts 0 up to the most any rank runs."""
+        ranks, size = self.core.ranks, self.micro_examples
+
+        def cut(share: list[int]) -> list[list[int]]:
+            return [share[i : i + size] for i in range(0, len(share), size)]
+
+        shares = [cut(list(range(r, n, ranks.world_size))) for r in range(ranks.world_size)]
+        mine = [(idx, True) for idx in shares[ranks.rank]]
+        if ranks.lockstep:
+            mine += [([0], False)] * (max(len(s) for s in shares) - len(mine))
+        return mine
+
     def step(self, batch: Sequence[Example], ref: Tensor | None) -> dict[str, float]:
+        """One optimizer update on `batch` (every rank passes the same batch)."""
         t0 = time.perf_counter()
+        n = len(batch)
         self.model.train()
-        out, logps = self.loss(batch, ref)
-        self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.learner.grad_clip
-        )
-        self.optimizer.step()
+        sums: dict[str, float] = {}
+
+        def loss_of(idx: list[int], counts: bool) -> Tensor:
+            part = ref[idx] if ref is not None else None
+            with self.core.precision.autocast():
+                out, logps = self.loss([batch[i] for i in idx], part)
+            if counts:  # metrics weighted by the micro-batch's share of the batch
+                found = {
+                    "loss": float(out.loss.detach()),
+                    **summarize(out, logps, self.unpaired),
+                    **out.metrics,
+                }
+                for k, v in found.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) * len(idx)
+            return out.loss * (len(idx) / n)
+
+        done = self.core.update(self.micro_batches(n), loss_of)
+        self.core.end_step()
         self.model.eval()
-        metrics = {
-            "loss": float(out.loss.detach()),
-            "grad_norm": float(grad_norm),
-            **summarize(out, logps, self.unpaired),
-            **out.metrics,
-        }
-        metrics["examples_per_s"] = len(batch) / (time.perf_counter() - t0)
+        metrics = self._summed(sums, n)
+        metrics["grad_norm"] = done.grad_norm if done.grad_norm is not None else float("nan")
+        metrics["examples_per_s"] = n / (time.perf_counter() - t0)
         return metrics
+
+    def _summed(self, sums: dict[str, float], n: int) -> dict[str, float]:
+        """Per-example means over every rank's share (one all-reduce)."""
+        ranks = self.core.ranks
+        keys = ranks.union(sums)
+        if ranks.world_size == 1:
+            return {k: sums[k] / n for k in keys}
+        values = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
+        ranks.sum_(values, self.device)
+        return {k: float(v) / n for k, v in zip(keys, values.tolist(), strict=True)}
 
     @torch.no_grad()
     def evaluate(

@@ -13,6 +13,12 @@ conversation rendered with the model's chat template, and trained on
 A held-out share of the pairs measures pairwise accuracy (how often r_chosen > r_rejected)
 before and after training; the folder written is a normal Hugging Face model folder that
 ``reward.model`` (and ``AutoModelForSequenceClassification``) loads.
+
+It trains on the trainer core (:mod:`agentrl.learner.core`) and reads the sections every
+trainer reads: ``model.name`` (the base model when none is given), ``learner.*`` (lr,
+betas, weight decay, clipping, schedule, micro-batch size, device, precision); the
+function's arguments (the CLI flags) override them, ``lr`` is 5e-5 unless the config or a
+flag sets ``learner.lr``.
 """
 
 from __future__ import annotations
@@ -155,28 +161,43 @@ def pairwise_accuracy(
     return wins / len(pairs)
 
 
+RM_LR = 5e-5  # the reward model's learning rate unless learner.lr is set
+
+
 def train_reward_model(
     pairs_path: str | Path,
-    model: str,
+    model: str | None,
     out: str | Path,
     *,
+    cfg: Any = None,
     epochs: int = 1,
-    lr: float = 5e-5,
+    lr: float | None = None,
     batch_size: int = 8,
     eval_fraction: float = 0.1,
     max_length: int = 1024,
     seed: int = 0,
-    device: str = "auto",
+    device: str | None = None,
     log: Callable[[str], None] = print,
 ) -> RewardModelReport:
-    """Train and save a reward model; returns the report (also in ``OUT/reward_model.json``)."""
+    """Train and save a reward model; returns the report (also in ``OUT/reward_model.json``).
+    `model` (None: ``model.name``), `lr` and `device` override the config's."""
     import torch
     import torch.nn.functional as F
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from agentrl.config import Config
+    from agentrl.learner.core import CoreSettings, TrainerCore
+    from agentrl.learner.precision import Precision
     from agentrl.models import _quiet_transformers
 
     _quiet_transformers()
+    cfg = cfg or Config()
+    model = model or cfg.model.name
+    lcfg = cfg.learner
+    if device is not None:
+        lcfg = lcfg.model_copy(update={"device": device})
+    if lr is None:
+        lr = lcfg.lr if "lr" in lcfg.model_fields_set else RM_LR
     if not 0 <= eval_fraction < 1:
         raise DatasetError(f"--eval-fraction must be in [0, 1) (got {eval_fraction})")
     t0 = time.time()
@@ -184,8 +205,7 @@ def train_reward_model(
     random.Random(seed).shuffle(pairs)
     n_eval = max(1, round(len(pairs) * eval_fraction)) if eval_fraction > 0 else 0
     held_out, train = pairs[:n_eval], pairs[n_eval:]
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    precision = Precision.from_config(lcfg)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -199,11 +219,13 @@ def train_reward_model(
         ensure_pad_token(tokenizer, rm)
         if not getattr(tokenizer, "chat_template", None):  # scored as it is trained
             tokenizer.chat_template = load_template("hermes_chatml")[1]
-        rm.to(device)
+        steps = epochs * math.ceil(len(train) / batch_size)
+        core = TrainerCore(rm, CoreSettings.of(lcfg, total_steps=steps, lr=lr), precision=precision)
+        device = str(core.device)
         before = pairwise_accuracy(rm, tokenizer, held_out, max_length=max_length, device=device)
-        optimizer = torch.optim.AdamW(rm.parameters(), lr=lr)
         rng = random.Random(seed + 1)
         epoch_loss = math.nan
+        micro = max(1, lcfg.micro_batch_size // 2)  # a pair is two sequences
         for epoch in range(epochs):
             rm.train()
             order = list(train)
@@ -211,14 +233,19 @@ def train_reward_model(
             losses = []
             for i in range(0, len(order), batch_size):
                 chunk = order[i : i + batch_size]
-                texts = [render_for_reward(tokenizer, p.chosen) for p in chunk]
-                texts += [render_for_reward(tokenizer, p.rejected) for p in chunk]
-                r = _scores(rm, tokenizer, texts, max_length, device)
-                loss = -F.logsigmoid(r[: len(chunk)] - r[len(chunk) :]).mean()
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
+
+                def loss_of(part: list[PreferencePair], counts: bool, n: int = len(chunk)) -> Any:
+                    texts = [render_for_reward(tokenizer, p.chosen) for p in part]
+                    texts += [render_for_reward(tokenizer, p.rejected) for p in part]
+                    with core.precision.autocast():
+                        r = _scores(rm, tokenizer, texts, max_length, device).float()
+                    # the batch's mean pairwise loss, micro-batch by micro-batch
+                    return -F.logsigmoid(r[: len(part)] - r[len(part) :]).sum() / n
+
+                parts = [(chunk[j : j + micro], True) for j in range(0, len(chunk), micro)]
+                done = core.update(parts, loss_of)
+                core.end_step()
+                losses.append(float(done.loss))
             epoch_loss = sum(losses) / max(len(losses), 1)
             log(f"epoch {epoch + 1}/{epochs}: loss {epoch_loss:.4f}")
         after = pairwise_accuracy(rm, tokenizer, held_out, max_length=max_length, device=device)

@@ -8,6 +8,7 @@ from typing import IO, Any
 import anyio
 
 from agentrl.errors import DatasetError
+from agentrl.runfolder import TRACE
 from agentrl.types import TrajectoryGroup
 
 
@@ -48,7 +49,7 @@ class JsonlSink:
 def read_groups(path: str | Path) -> list[TrajectoryGroup]:
     """The groups in a ``trajectories.jsonl`` (or the run folder holding one), in order."""
     path = Path(path)
-    file = path / "trajectories.jsonl" if path.is_dir() else path
+    file = path / TRACE if path.is_dir() else path
     if not file.is_file():
         raise DatasetError(
             f"no trajectories at {file}: pass a trajectories.jsonl file or a run folder "

@@ -1,7 +1,7 @@
 """A run's checkpoints: save one step (the learner's part, then the loop's), resume from
 the latest readable one.
 
-The folder format and its crash safety live in :mod:`agentrl.run.checkpoint_files`.
+The folder format and its crash safety live in :mod:`agentrl.runfolder`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.run.checkpoint_files import (
+from agentrl.errors import CheckpointError
+from agentrl.runfolder import (
     CHECKPOINTS,
     COMPLETE_MARKER,
     LATEST,
@@ -25,7 +26,6 @@ from agentrl.run.checkpoint_files import (
     latest_checkpoint,
     resolve_checkpoint,
 )
-from agentrl.errors import CheckpointError
 
 log = logging.getLogger("agentrl.run.checkpoint")
 

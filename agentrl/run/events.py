@@ -15,7 +15,6 @@ publisher: a subscriber that fails is reported once and detached.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
+from agentrl.runfolder import JsonlFile
 
 log = logging.getLogger("agentrl.run.events")
 
@@ -187,7 +187,7 @@ class JsonlMetrics:
     """Writes numeric events to ``metrics.jsonl`` (flushed per line: a crash loses nothing)."""
 
     def __init__(self, path: Path) -> None:
-        self._f = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 - lives with the run
+        self._f = JsonlFile(path)
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, GroupFinished):
@@ -207,8 +207,7 @@ class JsonlMetrics:
             }
         else:
             row = event.to_dict()
-        self._f.write(json.dumps(row, default=str) + "\n")
-        self._f.flush()
+        self._f.write(row)
 
     def close(self) -> None:
         self._f.close()
@@ -218,12 +217,11 @@ class TraceWriter:
     """Appends every finished group to ``trajectories.jsonl`` for ``agentrl inspect``."""
 
     def __init__(self, path: Path) -> None:
-        self._f = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 - lives with the run
+        self._f = JsonlFile(path)
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, GroupFinished):
-            self._f.write(event.group.to_json() + "\n")
-            self._f.flush()
+            self._f.write_line(event.group.to_json())
 
     def close(self) -> None:
         self._f.close()

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.chat import ChatRenderer
-from agentrl.run.checkpoint_files import CHECKPOINTS, policy_weights_file, resolve_checkpoint
 from agentrl.config import load_config
 from agentrl.envs import make_env
 from agentrl.errors import CheckpointError
 from agentrl.models import load_model as load_base
 from agentrl.models import resolve_dtype
+from agentrl.runfolder import CHECKPOINTS, CONFIG, policy_weights_file, resolve_checkpoint
 
 EXPORT_RECORD = "agentrl_export.json"
 
@@ -34,9 +34,9 @@ EXPORT_RECORD = "agentrl_export.json"
 def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
     """The run's latest checkpoint, or the one of `step` (an error lists the ones kept)."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file():
+    if not (run_dir / CONFIG).is_file():
         raise CheckpointError(
-            f"{run_dir} is not a run directory (no config.yaml): pass the --run-dir of "
+            f"{run_dir} is not a run directory (no {CONFIG}): pass the --run-dir of "
             "`agentrl train`"
         )
     if step is None:
@@ -76,7 +76,7 @@ def export_checkpoint(
         raise CheckpointError(f"{out} exists and is not empty: choose a new folder or --overwrite")
     ckpt = find_checkpoint(run_dir, step)
     weights, version = policy_weights_file(ckpt)
-    cfg = load_config(Path(run_dir) / "config.yaml")
+    cfg = load_config(Path(run_dir) / CONFIG)
     model, tokenizer = load_base(cfg.model.name, dtype="float32", seed=cfg.model.seed)
     missing, unexpected = load_model(model, str(weights), strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import anyio
 
+from agentrl.config import Config
+from agentrl.rollout.tasks import TaskCursor
 from agentrl.run.buffer import Buffer
 from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
-from agentrl.config import Config
 from agentrl.run.evaluation import Evaluator
 from agentrl.run.events import (
     BatchTrained,
@@ -39,9 +40,9 @@ from agentrl.run.events import (
 )
 from agentrl.run.preflight import check_run_config
 from agentrl.run.process_settings import apply_process_settings
-from agentrl.rollout.tasks import TaskCursor
 from agentrl.run.runtime import assemble
 from agentrl.run.subscribers import subscribers_for
+from agentrl.runfolder import CONFIG
 from agentrl.types import TrajectoryGroup
 
 log = logging.getLogger("agentrl.run.orchestrator")
@@ -78,9 +79,9 @@ class Orchestrator:
         Blocking (loads models): run it off the event loop."""
         cfg = self.cfg
         check_run_config(cfg, "train")  # every config problem at once, before the run folder
-        started_before = (self.run_dir / "config.yaml").is_file()
+        started_before = (self.run_dir / CONFIG).is_file()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+        (self.run_dir / CONFIG).write_text(cfg.to_yaml())
         self.parts = assemble(cfg, "train")
         try:
             self.env = self.parts.env

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import AgentRLError
 from agentrl.extras import require
+from agentrl.runfolder import METRICS, read_metrics
 
 # (metric key in BatchTrained.metrics, panel title)
 CURVES: list[tuple[str, str]] = [
@@ -26,19 +26,10 @@ CURVES: list[tuple[str, str]] = [
 
 def read_steps(run_dir: str | Path) -> list[dict[str, Any]]:
     """The metrics of every trained step, in order (later duplicates of a step win)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise AgentRLError(
-            f"no metrics.jsonl in {run_dir}: is it a run directory of `agentrl train`?"
-        )
+    if not (Path(run_dir) / METRICS).is_file():
+        raise AgentRLError(f"no {METRICS} in {run_dir}: is it a run directory of `agentrl train`?")
     by_step: dict[int, dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by SIGKILL
-            continue
+    for row in read_metrics(run_dir):  # a line cut by SIGKILL is skipped
         if row.get("event") == "BatchTrained":
             by_step[int(row["step"])] = {"step": int(row["step"]), **row.get("metrics", {})}
     return [by_step[k] for k in sorted(by_step)]

@@ -25,7 +25,14 @@ from pathlib import Path
 
 import anyio
 
-from agentrl.run.checkpoint_files import policy_weights_file, resolve_checkpoint
+from agentrl.config import Config
+from agentrl.devices import check_placement, limit_process_memory
+from agentrl.errors import ConfigError
+from agentrl.learner import Learner
+from agentrl.learner.objective import check_algorithm
+from agentrl.models import prepare_files
+from agentrl.resources import ResourceScope
+from agentrl.rewards import RewardPipeline
 from agentrl.run.components import (
     Role,
     Run,
@@ -35,16 +42,9 @@ from agentrl.run.components import (
     build_sampler,
     load_learner,
 )
-from agentrl.config import Config
-from agentrl.devices import check_placement, limit_process_memory
-from agentrl.errors import ConfigError
-from agentrl.learner import Learner
-from agentrl.learner.objective import check_algorithm
-from agentrl.models import prepare_files
 from agentrl.run.placement.assemble import assemble_on_ray
 from agentrl.run.placement.learner_process import LearnerProcess, drill_fault
-from agentrl.resources import ResourceScope
-from agentrl.rewards import RewardPipeline
+from agentrl.runfolder import policy_weights_file, resolve_checkpoint
 from agentrl.weights import WeightBus
 
 log = logging.getLogger(__name__)

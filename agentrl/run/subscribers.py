@@ -15,6 +15,7 @@ from agentrl.run.events import (
     TraceWriter,
 )
 from agentrl.run.wandb_writer import WandbWriter
+from agentrl.runfolder import METRICS, TRACE
 
 
 def subscribers_for(logging_cfg: LoggingConfig, run_dir: Path, max_steps: int) -> list[Subscriber]:
@@ -32,9 +33,9 @@ def subscribers_for(logging_cfg: LoggingConfig, run_dir: Path, max_steps: int) -
 
     subscribers: list[Subscriber] = []
     try:
-        subscribers.append(thinned(JsonlMetrics(run_dir / "metrics.jsonl")))
+        subscribers.append(thinned(JsonlMetrics(run_dir / METRICS)))
         if logging_cfg.trace:
-            subscribers.append(TraceWriter(run_dir / "trajectories.jsonl"))
+            subscribers.append(TraceWriter(run_dir / TRACE))
         if logging_cfg.tensorboard:
             subscribers.append(thinned(TensorBoardWriter(run_dir / "tensorboard")))
         if logging_cfg.wandb.enabled:

@@ -11,6 +11,12 @@ in between as an observation delta, and the runtime prefix check at the end. So 
 trained here are the tokens RL samples and trains, and the loss mask is 1 exactly on the
 assistant's tokens (tool calls included, tool results and prompts not). The chat template
 and tools are the RL run's when ``--config`` names it.
+
+It trains on the trainer core (:mod:`agentrl.learner.core`) and reads the sections RL reads:
+``model.*`` (name, LoRA, chat template), ``learner.*`` (lr, betas, weight decay, clipping,
+schedule, micro-batch size, device, precision, compile). The function's arguments (the CLI
+flags) override them; ``lr`` is SFT's own 1e-5 unless the config or a flag sets
+``learner.lr``.
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ from agentrl.config import Config
 from agentrl.envs import make_env
 from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError, TemplateMismatchError
-from agentrl.run.export import write_model_folder
 from agentrl.models import load_model
+from agentrl.run.export import write_model_folder
 
 Message = dict[str, Any]
 
@@ -130,41 +136,50 @@ class SFTReport:
     seconds: float
 
 
-def _batch_loss(model: Any, batch: Sequence[Example], pad_id: int, device: str) -> tuple[Any, int]:
-    """Sum of token cross-entropies on the loss-masked (assistant) tokens, and their count."""
+SFT_LR = 1e-5  # SFT's learning rate unless learner.lr is set (RL's default is 1e-6)
+
+
+def trained_positions(example: Example) -> int:
+    """The tokens `example` is trained on (the first token is predicted from nothing)."""
+    return int(sum(example.loss_mask[1:]))
+
+
+def _batch_loss(model: Any, batch: Sequence[Example], pad_id: int, device: Any) -> Any:
+    """Sum of token cross-entropies on the loss-masked (assistant) tokens."""
     import torch
     import torch.nn.functional as F
 
+    from agentrl.learner.forward import decoder_hidden, lm_head_weight
+
     width = max(len(e.input_ids) for e in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    mask = torch.zeros((len(batch), width))
+    mask = torch.zeros((len(batch), width), dtype=torch.bool)
     for row, e in enumerate(batch):
         n = len(e.input_ids)
         ids[row, :n] = torch.tensor(e.input_ids)
-        attention[row, :n] = 1
-        mask[row, :n] = torch.tensor(e.loss_mask, dtype=torch.float32)
-    ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
+        mask[row, :n] = torch.tensor(e.loss_mask, dtype=torch.bool)
+    ids, mask = ids.to(device), mask.to(device)
     # token t is predicted from the tokens before it; the LM head runs on the trained
-    # positions only (prompts and tool results dominate agent transcripts)
-    predicts = mask[:, 1:].bool()
-    hidden = model.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
-    logits = model.get_output_embeddings()(hidden[:, :-1][predicts]).float()
-    nll = F.cross_entropy(logits, ids[:, 1:][predicts], reduction="sum")
-    return nll, int(predicts.sum())
+    # positions only (prompts and tool results dominate agent transcripts); rows are
+    # right-padded, so causal attention keeps real tokens from the padding
+    predicts = mask[:, 1:]
+    hidden = decoder_hidden(model, ids)[:, :-1][predicts]
+    logits = (hidden @ lm_head_weight(model).t()).float()
+    return F.cross_entropy(logits, ids[:, 1:][predicts], reduction="sum")
 
 
-def _mean_loss(model: Any, examples: Sequence[Example], pad_id: int, device: str, bs: int) -> float:
+def _mean_loss(core: Any, examples: Sequence[Example], pad_id: int, bs: int) -> float:
     import torch
 
     if not examples:
         return math.nan
     total, count = 0.0, 0
-    model.eval()
-    with torch.inference_mode():
+    core.model.eval()
+    with torch.inference_mode(), core.precision.autocast():
         for i in range(0, len(examples), bs):
-            loss, n = _batch_loss(model, examples[i : i + bs], pad_id, device)
-            total, count = total + float(loss), count + n
+            part = examples[i : i + bs]
+            total += float(_batch_loss(core.model, part, pad_id, core.device))
+            count += sum(trained_positions(e) for e in part)
     return total / max(count, 1)
 
 
@@ -175,26 +190,36 @@ def train_sft(
     cfg: Any = None,
     model_name: str | None = None,
     epochs: int = 1,
-    lr: float = 1e-5,
+    lr: float | None = None,
     batch_size: int = 8,
     max_length: int = 2048,
     eval_fraction: float = 0.0,
     seed: int = 0,
-    device: str = "auto",
+    device: str | None = None,
     log: Callable[[str], None] = print,
 ) -> SFTReport:
     """Fine-tune on the transcripts of `data`; writes a model folder RL can start from
-    (``model.name=OUT``) and returns the report."""
+    (``model.name=OUT``) and returns the report. `model_name`, `lr` and `device`
+    override ``model.name``, ``learner.lr`` and ``learner.device``."""
     import torch
+
+    from agentrl.learner.core import CoreSettings, TrainerCore
+    from agentrl.learner.precision import Precision
 
     cfg = cfg or Config()
     name = model_name or cfg.model.name
     t0 = time.time()
     rows = read_transcripts(data)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    lcfg = cfg.learner
+    if device is not None:
+        lcfg = lcfg.model_copy(update={"device": device})
+    if lr is None:
+        lr = lcfg.lr if "lr" in lcfg.model_fields_set else SFT_LR
+    precision = Precision.from_config(lcfg)
     torch.manual_seed(seed)
-    model, tokenizer = load_model(name, dtype="float32", device=device, seed=cfg.model.seed)
+    model, tokenizer = load_model(
+        name, dtype="float32", device=str(precision.device), seed=cfg.model.seed
+    )
     env_tools = None
     if any(tools is None for _, _, tools in rows) and "name" in cfg.env.model_fields_set:
         env_tools = make_env(cfg.env.name, **cfg.env.options).tool_schemas()
@@ -222,27 +247,40 @@ def train_sft(
     n_eval = round(len(examples) * eval_fraction) if eval_fraction > 0 else 0
     held_out, train = examples[:n_eval], examples[n_eval:]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    before = _mean_loss(model, held_out, pad_id, device, batch_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    steps = epochs * math.ceil(len(train) / batch_size)
+    core = TrainerCore(
+        model,
+        CoreSettings.of(lcfg, total_steps=steps, lr=lr),
+        precision=precision,
+        lora=cfg.model.lora,
+    )
+    core.compile_layers({"policy": core.model})
+    before = _mean_loss(core, held_out, pad_id, batch_size)
+    micro = max(1, lcfg.micro_batch_size)
     rng = random.Random(seed + 1)
     train_loss = math.nan
     for epoch in range(epochs):
-        model.train()
+        core.model.train()
         order = list(train)
         rng.shuffle(order)
         total, count = 0.0, 0
         for i in range(0, len(order), batch_size):
-            loss_sum, n = _batch_loss(model, order[i : i + batch_size], pad_id, device)
-            loss = loss_sum / max(n, 1)  # token mean over the batch's assistant tokens
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            total, count = total + loss_sum.item(), count + n
+            batch = order[i : i + batch_size]
+            n = max(sum(trained_positions(e) for e in batch), 1)
+
+            def loss_of(part: list[Example], counts: bool, n: int = n) -> Any:
+                with core.precision.autocast():
+                    return _batch_loss(core.model, part, pad_id, core.device) / n
+
+            # the token mean over the batch's assistant tokens, micro-batch by micro-batch
+            parts = [(batch[j : j + micro], True) for j in range(0, len(batch), micro)]
+            done = core.update(parts, loss_of)
+            core.end_step()
+            total, count = total + float(done.loss) * n, count + n
         train_loss = total / max(count, 1)
         log(f"epoch {epoch + 1}/{epochs}: assistant-token loss {train_loss:.4f}")
-    model.eval()
-    after = _mean_loss(model, held_out, pad_id, device, batch_size)
+    core.model.eval()
+    after = _mean_loss(core, held_out, pad_id, batch_size)
     report = SFTReport(
         out=str(out),
         examples=len(train),
@@ -254,7 +292,7 @@ def train_sft(
         seconds=time.time() - t0,
     )
     write_model_folder(
-        model.to("cpu"),
+        core.plain_model(lambda: load_model(name, dtype="float32", seed=cfg.model.seed)[0]),
         renderer_for(None),
         out,
         record={"base_model": name, "sft_data": str(data), "sft": report.__dict__},

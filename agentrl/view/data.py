@@ -19,9 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import DatasetError
-
-METRICS = "metrics.jsonl"
-TRACE = "trajectories.jsonl"
+from agentrl.runfolder import CONFIG, METRICS, TRACE
 
 
 class JsonlTail:
@@ -329,7 +327,7 @@ class Run:
 
     @property
     def config_text(self) -> str:
-        p = self.path / "config.yaml"
+        p = self.path / CONFIG
         return p.read_text(encoding="utf-8") if p.is_file() else ""
 
     @property

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.run.checkpoint_files import atomic_directory, resolve_checkpoint
 from agentrl.errors import CheckpointError
 from agentrl.learner import Learner
 from agentrl.learner.schedule import lr_lambda
+from agentrl.runfolder import atomic_directory, resolve_checkpoint
 from agentrl.types import TrajectoryGroup
 from tests.learner.conftest import make_cfg, make_groups
 

@@ -74,7 +74,7 @@ def test_compiled_layers_train_like_eager_without_recompiling_per_length(
     off = make_cfg(learner={**cfg, "compile": "off"}, algorithm=KL)
     eager = Learner(fresh_model(), None, off)
     assert eager.compiled_layers == {}
-    with caplog.at_level(logging.INFO, logger="agentrl.learner.learner"):
+    with caplog.at_level(logging.INFO, logger="agentrl.learner"):
         on = make_cfg(learner={**cfg, "compile": "on"}, algorithm=KL)
         learner = Learner(fresh_model(), None, on, compile_backend=aot_eager)
     assert learner.compiled_layers == {"policy": 2, "reference model": 2}

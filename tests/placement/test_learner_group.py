@@ -172,7 +172,7 @@ def test_a_run_whose_rank_dies_mid_step_resumes_through_the_cli(tmp_path: Path) 
 
     from safetensors.torch import load_file
 
-    from agentrl.run.checkpoint_files import latest_checkpoint
+    from agentrl.runfolder import latest_checkpoint
     from tests.orchestrator.test_train import REPO, _cli_train
 
     (tmp_path / "c.yaml").write_text("{}\n")

@@ -15,8 +15,8 @@ import agentrl.preference.trainer as trainer_module
 from agentrl.config import load_config
 from agentrl.models import load_model
 from agentrl.preference import pairs_from_groups, step_pairs
-from agentrl.preference.online import online_preference
 from agentrl.preference.trainer import PreferenceTrainer
+from agentrl.run.online_preference import online_preference
 from agentrl.types import Segment, Trajectory, TrajectoryGroup
 
 PROMPT = list(range(100, 120))

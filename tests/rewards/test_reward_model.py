@@ -14,11 +14,11 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.errors import ConfigError, DatasetError
-from agentrl.run.orchestrator import Orchestrator
-from agentrl.run.plotting import read_steps
 from agentrl.rewards.bradley_terry import read_pairs, train_reward_model
 from agentrl.rewards.reward_model import RewardModelScorer, render_for_reward
 from agentrl.rollout.sinks import read_groups
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 from agentrl.run.runtime import assemble
 
 GOOD = ["great", "correct", "right", "exactly", "yes", "true", "good", "indeed"]
@@ -90,6 +90,23 @@ def test_bradley_terry_separates_a_synthetic_set(trained) -> None:
     model = AutoModelForSequenceClassification.from_pretrained(folder)  # a normal HF folder
     assert model.config.num_labels == 1 and model.config.pad_token_id is not None
     assert json.loads((folder / "reward_model.json").read_text())["accuracy"] == report.accuracy
+
+
+def test_rm_train_as_the_readme_shows_it_needs_no_model_flag(tmp_path: Path) -> None:
+    """`agentrl rm train prefs.jsonl --out DIR`: the base model is the config's
+    model.name, the learner.* settings apply (the flags override them)."""
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    pairs = separable_pairs(tmp_path / "prefs.jsonl")
+    args = ["rm", "train", str(pairs), "--out", str(tmp_path / "rm"), "--max-length", "64"]
+    result = CliRunner().invoke(
+        app, [*args, "--set", "model.name=tiny-llama", "--set", "learner.lr=2e-3"]
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "rm" / "reward_model.json").read_text())
+    assert record["base_model"] == "tiny-llama" and record["train_pairs"] == 72
 
 
 def test_scoring_is_batched_and_matches_a_direct_forward(trained) -> None:

@@ -73,7 +73,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def policy_weights(run_dir: Path, base: Path) -> dict[int, Path]:
     """Weights by version that the run still has: the base folder (0) and its checkpoints."""
-    from agentrl.run.checkpoint_files import policy_weights_file
+    from agentrl.runfolder import policy_weights_file
 
     found = {0: base / "model.safetensors"}
     for ckpt in sorted((run_dir / "checkpoints").glob("step_*")):

@@ -20,11 +20,12 @@ from typing import Any
 
 import anyio
 
-from agentrl.run.components import build_engine, build_env, build_sampler, load_learner
 from agentrl.config import Config
 from agentrl.devices import resolve_device
 from agentrl.learner.distributed import set_collective_timeout
 from agentrl.models import load_tokenizer
+from agentrl.resources import ResourceScope
+from agentrl.run.components import build_engine, build_env, build_sampler, load_learner
 from agentrl.run.placement.learner_process import (
     ATTRIBUTE_S,
     Fault,
@@ -35,7 +36,6 @@ from agentrl.run.placement.learner_process import (
 )
 from agentrl.run.placement.router import ReplicaRouter
 from agentrl.run.process_settings import apply_process_settings
-from agentrl.resources import ResourceScope
 from agentrl.samplers.base import Generation, SamplingParams
 from agentrl.weights import WeightBus
 from agentrl.weights.broadcast import BroadcastPayload, BroadcastReceiver, BroadcastTransport

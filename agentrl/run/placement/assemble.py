@@ -18,10 +18,11 @@ from typing import Any
 
 import agentrl.run.placement.cluster as cluster
 from agentrl.chat import ChatRenderer
-from agentrl.run.components import Run, build_env
 from agentrl.config import Config
 from agentrl.errors import ConfigError, PluginError
 from agentrl.models import load_tokenizer, prepare_files
+from agentrl.resources import ResourceScope
+from agentrl.run.components import Run, build_env
 from agentrl.run.placement.actors import (
     ActorReplica,
     LearnerRankShell,
@@ -37,7 +38,6 @@ from agentrl.run.placement.driver import (
 )
 from agentrl.run.placement.learner_process import Fault, drill_fault, free_port
 from agentrl.run.placement.router import ReplicaRouter
-from agentrl.resources import ResourceScope
 
 log = logging.getLogger("agentrl.run.placement")
 

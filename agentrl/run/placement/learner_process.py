@@ -61,11 +61,11 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.registry import plugin_modules
-from agentrl.run.components import load_learner
 from agentrl.cpu import learner_process_threads, release_freed_memory
 from agentrl.devices import limit_process_memory, sharing_kind
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.learner.learner import PHASES
+from agentrl.run.components import load_learner
 from agentrl.run.process_settings import apply_process_settings
 from agentrl.weights.shared import (
     CudaSharedWeights,

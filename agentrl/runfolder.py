@@ -1,16 +1,22 @@
-"""Checkpoint folders on disk: crash-safe writes, the layout, finding one, RNG states.
+"""The run folder's layout: every file name, the checkpoint format, crash-safe writes, the
+metrics and trace lines: writers and readers alike go through here.
 
-    RUN_DIR/checkpoints/step_000005/learner/...        the learner's part (model, optimizer,
-                                     orchestrator.json  scheduler, RNG); the loop's part (step,
-                        /latest                         version, task cursor, buffered groups)
+    RUN_DIR/config.yaml                                 the whole config (resume reads it)
+    RUN_DIR/metrics.jsonl                               one JSON object a line (MetricsFile)
+    RUN_DIR/trajectories.jsonl                          one finished group a line (the trace)
+    RUN_DIR/checkpoints/step_000005/learner/...         the trainer's part: model.safetensors
+                                     orchestrator.json  (+ adapter / critic), trainer_state.pt,
+                        /latest                         learner.json; the loop's part (step,
+                                                        version, task cursor, buffered groups)
 
 A checkpoint folder is written under a temporary name and renamed into place, with a
 ``COMPLETE`` marker written last, so a SIGKILL at any moment leaves the previous good
 checkpoint (or the new complete one) readable; ``latest`` names the newest and moves only
 after it is complete. :func:`resolve_checkpoint` finds the folder for a run directory, a
 checkpoint or a learner part, recovering one whose replacement a kill interrupted.
-The run's save and resume (:mod:`agentrl.run.checkpoint`) and the learner's own part both
-write through here.
+
+Core-level (imports nothing of agentrl but errors): the trainer core below the run layer
+writes checkpoints, the run layer, the view, ``agentrl plot`` and ``export`` read them.
 """
 
 from __future__ import annotations
@@ -19,14 +25,12 @@ import json
 import os
 import random
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 from agentrl.errors import CheckpointError
 
@@ -81,11 +85,20 @@ def is_complete(path: str | Path) -> bool:
     return (Path(path) / COMPLETE_MARKER).is_file()
 
 
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+TRACE = "trajectories.jsonl"
+REPORT = "report.json"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 LOOP_STATE = "orchestrator.json"
 LEARNER_PART = "learner"
 POLICY_WEIGHTS = "model.safetensors"
+ADAPTER_WEIGHTS = "adapter.safetensors"
+CRITIC_WEIGHTS = "critic.safetensors"
+TRAINER_STATE = "trainer_state.pt"
+TRAINER_META = "learner.json"
+SHARDED = "sharded"  # the DCP folder inside a sharded trainer's part
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -136,7 +149,7 @@ def policy_weights_file(checkpoint: str | Path) -> tuple[Path, int]:
         raise CheckpointError(
             f"{checkpoint} has no {LEARNER_PART}/{POLICY_WEIGHTS}: not a training checkpoint"
         )
-    meta = part / "learner.json"
+    meta = part / TRAINER_META
     version = int(json.loads(meta.read_text()).get("version", 0)) if meta.is_file() else 0
     return weights, version
 
@@ -146,6 +159,9 @@ def policy_weights_file(checkpoint: str | Path) -> tuple[Path, int]:
 
 def capture_rng_state() -> dict[str, Any]:
     """Python, numpy and torch (CPU and CUDA) RNG states; torch parts are tensors."""
+    import numpy as np
+    import torch
+
     np_state = np.random.get_state()
     state: dict[str, Any] = {
         "python": json.dumps(_to_jsonable(random.getstate())),
@@ -166,6 +182,9 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     random.setstate(_to_tuple(json.loads(state["python"])))
     name, keys, pos, has_gauss, cached = json.loads(state["numpy"])
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
@@ -184,3 +203,71 @@ def _to_tuple(x: Any) -> Any:
     if isinstance(x, list):
         return tuple(_to_tuple(v) for v in x)
     return x
+
+
+# --- the trainer's part of a checkpoint ------------------------------------------------
+
+
+def write_trainer_files(folder: Path, state: dict[str, Any], meta: dict[str, Any]) -> None:
+    """``trainer_state.pt`` (optimizer, scheduler, RNG states, a mode's own state) and
+    ``learner.json`` (version, step, what wrote it) into a trainer part being written."""
+    import torch
+
+    torch.save(state, Path(folder) / TRAINER_STATE)
+    (Path(folder) / TRAINER_META).write_text(json.dumps(meta))
+
+
+def read_trainer_meta(folder: Path) -> dict[str, Any]:
+    """``learner.json`` of a trainer part."""
+    return dict(json.loads((Path(folder) / TRAINER_META).read_text()))
+
+
+def read_trainer_state(folder: Path) -> dict[str, Any]:
+    """``trainer_state.pt`` of a trainer part (on the CPU)."""
+    import torch
+
+    return dict(torch.load(Path(folder) / TRAINER_STATE, map_location="cpu", weights_only=False))
+
+
+# --- metrics and trace lines -----------------------------------------------------------
+
+
+class JsonlFile:
+    """Appends one JSON object a line, flushed per line (a crash loses nothing): the run's
+    ``metrics.jsonl`` for every trainer, and the trace."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._f = self.path.open("a", encoding="utf-8")
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._f.write(json.dumps(row, default=str) + "\n")
+        self._f.flush()
+
+    def write_line(self, line: str) -> None:
+        self._f.write(line.rstrip("\n") + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class MetricsFile(JsonlFile):
+    """``metrics.jsonl`` of a trainer without the run loop (dpo, sft): ``kind``, ``step``
+    and ``time`` with each line."""
+
+    def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        self.write({"kind": kind, "step": step, "time": time.time(), **values})
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every line of ``RUN_DIR/metrics.jsonl`` (a torn last line is skipped)."""
+    path = Path(run_dir) / METRICS
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows

@@ -1,4 +1,5 @@
-"""Online (iterative) DPO from the run's own rollouts.
+"""Online (iterative) DPO from the run's own rollouts: a run assembled by the run layer
+(rollout engine, sampler, weight bus) around the preference mode's trainer.
 
     agentrl dpo --online --config configs/dpo_online_code_math.yaml --run-dir runs/odpo
 
@@ -24,17 +25,18 @@ from typing import Any
 
 import anyio
 
-from agentrl.run.checkpoint import has_checkpoint, save_run_checkpoint
 from agentrl.config import Config
 from agentrl.devices import resolve_device
 from agentrl.errors import CheckpointError, ConfigError
-from agentrl.run.export import write_model_folder
 from agentrl.models import load_model
 from agentrl.preference.losses import PREFERENCE_LOSSES
 from agentrl.preference.rollouts import pairs_from_groups
-from agentrl.preference.run import MetricsFile, save_trainer
+from agentrl.preference.run import save_trainer
 from agentrl.preference.trainer import PreferenceTrainer
+from agentrl.run.checkpoint import has_checkpoint, save_run_checkpoint
+from agentrl.run.export import write_model_folder
 from agentrl.run.runtime import assemble
+from agentrl.runfolder import CONFIG, METRICS, REPORT, MetricsFile
 from agentrl.types import TrajectoryGroup
 from agentrl.weights import WeightBus
 
@@ -74,8 +76,8 @@ async def online_preference(
     if has_checkpoint(run_dir):
         raise CheckpointError(f"{run_dir} already holds a run: pick a new --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
-    metrics = MetricsFile(run_dir / "metrics.jsonl")
+    (run_dir / CONFIG).write_text(cfg.to_yaml())
+    metrics = MetricsFile(run_dir / METRICS)
     device = resolve_device(cfg.learner.device, "learner.device")
     run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout"))
     model, tokenizer = await anyio.to_thread.run_sync(
@@ -120,13 +122,13 @@ async def online_preference(
                     )
                     step += 1
                     losses.append(values["loss"])
-                    metrics.write("train", step, {"round": round_index + 1, **values})
+                    metrics.log("train", step, {"round": round_index + 1, **values})
             summary["steps"] = step
             summary["loss_mean"] = sum(losses) / len(losses) if losses else None
             version = round_index + 1
             await bus.publish(version, trainer.publishable())
             await anyio.to_thread.run_sync(_checkpoint, run_dir, trainer, version, step)
-            metrics.write("round", step, summary)
+            metrics.log("round", step, summary)
             report.rounds.append(summary)
             report.pairs += len(pairs)
             report.ties += ties
@@ -146,5 +148,5 @@ async def online_preference(
             record={"base_model": cfg.model.name, "online_preference": asdict(report)},
         )
     )
-    (run_dir / "report.json").write_text(json.dumps(asdict(report), indent=1))
+    (run_dir / REPORT).write_text(json.dumps(asdict(report), indent=1))
     return report
