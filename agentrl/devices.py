@@ -2,7 +2,7 @@
 
     resolve_device("auto", "sampler.device")     # cuda:0 when CUDA is present, else cpu
     check_placement(cfg)                          # before any model loads (train role)
-    check_memory(cfg, "learner", need_bytes, device)   # once the model's size is known
+    check_memory(0.5, "learner", need_bytes, device)   # once the model's size is known
     limit_process_memory(cfg, ["sampler", "learner"])  # the CUDA cap of this process
 
 The hf sampler (``sampler.device``) and the learner with its critic and reference model
@@ -169,10 +169,11 @@ def budget_error(
     )
 
 
-def check_memory(cfg: Any, role: str, need_bytes: int, device: torch.device, what: str) -> None:
-    """Raise a :class:`ConfigError` when `role`'s budget on `device` cannot hold `need_bytes`
-    (nothing to check on CPU or without a budget)."""
-    fraction = _fraction(cfg, role)
+def check_memory(
+    fraction: float | None, role: str, need_bytes: int, device: torch.device, what: str
+) -> None:
+    """Raise a :class:`ConfigError` when `role`'s budget (``<role>.gpu_memory_fraction``) on
+    `device` cannot hold `need_bytes` (nothing to check on CPU or without a budget)."""
     if fraction is None or device.type != "cuda":
         return
     total = torch.cuda.get_device_properties(device).total_memory

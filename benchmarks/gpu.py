@@ -334,6 +334,7 @@ def bench_learner(
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.models import load_tokenizer
+    from agentrl.run.settings import resolve
 
     backend = None
     if compile_available():
@@ -380,7 +381,7 @@ def bench_learner(
             cfg = config_from_dict({"learner": learner_cfg})
             model = llama(shape, device)
             n_compute = compute_params(model)
-            learner = Learner(model, tokenizer, cfg)
+            learner = Learner(model, tokenizer, resolve(cfg).learner)
             times, extra_pass = [], False
             try:
                 learner.warmup()
@@ -648,6 +649,7 @@ def extra_lora(args: argparse.Namespace, device: torch.device, root: Path) -> di
     from agentrl.learner import Learner
     from agentrl.learner.lora import apply_lora
     from agentrl.models import load_tokenizer
+    from agentrl.run.settings import resolve
     from agentrl.samplers import SamplingParams
     from agentrl.samplers.hf import HFSampler
 
@@ -656,7 +658,7 @@ def extra_lora(args: argparse.Namespace, device: torch.device, root: Path) -> di
     )
     tokenizer = load_tokenizer("tiny-llama")
     policy = apply_lora(llama(args.extras_shape, device), cfg.model.lora)
-    learner = Learner(policy, tokenizer, cfg)
+    learner = Learner(policy, tokenizer, resolve(cfg).learner)
     groups = make_groups(2, 4, (16, 64), (16, 64))
     sync(device)
     t0 = time.perf_counter()
@@ -699,13 +701,16 @@ def extra_fp16(args: argparse.Namespace, device: torch.device, root: Path) -> di
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.models import load_tokenizer
+    from agentrl.run.settings import resolve
 
     if device.type != "cuda":
         return {"skipped": "fp16 autocast is for CUDA"}
     cfg = config_from_dict(
         {"learner": {"device": str(device), "lr": 1e-6, "fp16": "on", **eager()}}
     )
-    learner = Learner(llama(args.extras_shape, device), load_tokenizer("tiny-llama"), cfg)
+    learner = Learner(
+        llama(args.extras_shape, device), load_tokenizer("tiny-llama"), resolve(cfg).learner
+    )
     groups = make_groups(2, 4, (16, 64), (16, 64))
     rows = []
     for _ in range(3):
@@ -728,7 +733,7 @@ def extra_memory(args: argparse.Namespace, device: torch.device, root: Path) -> 
     refused = None
     try:
         check_memory(
-            cfg,
+            cfg.learner.gpu_memory_fraction,
             "learner",
             learner_bytes(1_500_000_000, 1_500_000_000, reference=False),
             device,
@@ -755,13 +760,14 @@ def extra_fsdp(args: argparse.Namespace, device: torch.device, root: Path) -> di
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.models import load_tokenizer
+    from agentrl.run.settings import resolve
 
     cfg = config_from_dict(
         {"learner": {"device": str(device), "lr": 1e-5, "parallel": "fsdp", "bf16": "auto"}}
     )
     tokenizer = load_tokenizer("tiny-llama")
     try:
-        learner = Learner(llama(args.extras_shape, device), tokenizer, cfg)
+        learner = Learner(llama(args.extras_shape, device), tokenizer, resolve(cfg).learner)
         groups = make_groups(2, 4, (16, 64), (16, 64))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -774,7 +780,7 @@ def extra_fsdp(args: argparse.Namespace, device: torch.device, root: Path) -> di
             steps.append({"step_s": time.perf_counter() - t0, "loss": m.get("loss/total")})
         weights = learner.gathered_sampler_weights()
         saved = learner.save_checkpoint(root / "fsdp_checkpoint")
-        resumed = Learner(llama(args.extras_shape, device), tokenizer, cfg)
+        resumed = Learner(llama(args.extras_shape, device), tokenizer, resolve(cfg).learner)
         resumed.load_checkpoint(saved)
         same = all(
             torch.equal(v.cpu(), weights[k].cpu())

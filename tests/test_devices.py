@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.run.components import build_sampler
 from agentrl.config import config_from_dict
 from agentrl.devices import (
     GiB,
@@ -19,6 +18,8 @@ from agentrl.devices import (
 )
 from agentrl.errors import ConfigError
 from agentrl.learner.precision import Precision
+from agentrl.run.components import build_sampler
+from agentrl.run.settings import resolve
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
 
@@ -28,7 +29,7 @@ def test_auto_is_the_cpu_without_cuda():
     assert resolve_device("auto", "sampler.device") == torch.device("cpu")
     cfg = config_from_dict({})
     assert check_placement(cfg) == {"learner": torch.device("cpu"), "sampler": torch.device("cpu")}
-    assert Precision.from_config(cfg.learner).device == torch.device("cpu")
+    assert Precision.from_settings(resolve(cfg).learner.train).device == torch.device("cpu")
 
 
 @no_cuda
@@ -45,9 +46,9 @@ def test_an_explicit_cuda_device_without_cuda_names_the_key_and_the_fix(key, nam
 def test_the_hf_sampler_and_the_learner_refuse_a_missing_gpu():
     cfg = config_from_dict({"model": {"name": "tiny-llama"}, "sampler": {"device": "cuda"}})
     with pytest.raises(ConfigError, match=r"sampler\.device"):
-        build_sampler(cfg)
+        build_sampler(resolve(cfg).sampler)
     with pytest.raises(ConfigError, match=r"learner\.device"):
-        Precision.from_config(config_from_dict({"learner": {"device": "cuda:0"}}).learner)
+        resolve(config_from_dict({"learner": {"device": "cuda:0"}}))
 
 
 def test_a_device_that_is_not_one_is_refused():
@@ -59,7 +60,9 @@ def test_a_device_that_is_not_one_is_refused():
 
 def test_budgets_are_ignored_on_the_cpu():
     cfg = config_from_dict({"learner": {"gpu_memory_fraction": 0.01}})
-    check_memory(cfg, "learner", 10**15, torch.device("cpu"), "everything")  # no error
+    check_memory(
+        cfg.learner.gpu_memory_fraction, "learner", 10**15, torch.device("cpu"), "everything"
+    )  # no error
 
 
 def test_learner_memory_counts_adam_state_for_trained_parameters_only():

@@ -12,6 +12,7 @@ ends ``truncated``), ``infra_retries`` for programs that crash.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -21,28 +22,28 @@ from agentrl.extras import require
 from agentrl.gateway.programs import load_entrypoint, run_command, run_entrypoint
 from agentrl.gateway.server import run_gateway
 from agentrl.gateway.service import Gateway, GatewaySettings
-from agentrl.run.resources import ResourceScope, current_run_scope
 from agentrl.rollout.workflow import BUILTIN, EpisodeContext, Workflow
+from agentrl.run.resources import ResourceScope, current_run_scope
 from agentrl.types import Trajectory
 
 HTTP_KEY = "agentrl.gateway.http"
 
 
-def agent_workflow(env: AgentEnv, cfg: Any) -> Workflow:
-    """The workflow running `env`'s program for each episode of a run configured by `cfg`.
+def agent_workflow(env: AgentEnv, base: GatewaySettings, workflow: str = BUILTIN) -> Workflow:
+    """The workflow running `env`'s program for each episode of a run whose gateway serves
+    with `base` (``rollout.workflow`` is `workflow`).
 
     `env` is an agent environment (its entrypoint or command), or any environment driven
     from outside that brings its own ``async program(client, task)`` (``env.name:
     verifiers``: the environment's rollout) and ``score(result, task, last_reply)``."""
-    if cfg.rollout.workflow != BUILTIN:
+    if workflow != BUILTIN:
         raise ConfigError(
             f"env.name={env.name} runs its program as the episode; rollout.workflow="
-            f"{cfg.rollout.workflow!r} cannot drive it too: leave rollout.workflow at {BUILTIN}"
+            f"{workflow!r} cannot drive it too: leave rollout.workflow at {BUILTIN}"
         )
     options = env.config
-    settings = GatewaySettings.from_config(
-        cfg,
-        training=True,
+    settings = dataclasses.replace(
+        base,
         max_n=options.max_n,
         strict_model=options.strict_model,
         tool_parser=options.tool_parser,

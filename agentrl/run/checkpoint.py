@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentrl.errors import CheckpointError
 from agentrl.run.checkpoint_files import (
     CHECKPOINTS,
     COMPLETE_MARKER,
@@ -25,7 +26,6 @@ from agentrl.run.checkpoint_files import (
     latest_checkpoint,
     resolve_checkpoint,
 )
-from agentrl.errors import CheckpointError
 
 log = logging.getLogger("agentrl.run.checkpoint")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.algos import maj_at_k, pass_at_k
-from agentrl.run.components import build_engine, build_env
 from agentrl.config import Config
 from agentrl.errors import DatasetError
+from agentrl.run.components import build_engine, build_env
 from agentrl.run.runtime import assemble, load_checkpoint_into_sampler
 from agentrl.types import TrajectoryGroup
 

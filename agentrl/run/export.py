@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.chat import ChatRenderer
-from agentrl.run.checkpoint_files import CHECKPOINTS, policy_weights_file, resolve_checkpoint
 from agentrl.config import load_config
 from agentrl.envs import make_env
 from agentrl.errors import CheckpointError
 from agentrl.models import load_model as load_base
 from agentrl.models import resolve_dtype
+from agentrl.run.checkpoint_files import CHECKPOINTS, policy_weights_file, resolve_checkpoint
 
 EXPORT_RECORD = "agentrl_export.json"
 

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import anyio
 
+from agentrl.config import Config
+from agentrl.rollout.tasks import TaskCursor
 from agentrl.run.buffer import Buffer
 from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
-from agentrl.config import Config
 from agentrl.run.evaluation import Evaluator
 from agentrl.run.events import (
     BatchTrained,
@@ -38,7 +39,6 @@ from agentrl.run.events import (
     summarize_group,
 )
 from agentrl.run.process_settings import apply_process_settings
-from agentrl.rollout.tasks import TaskCursor
 from agentrl.run.runtime import assemble
 from agentrl.run.subscribers import subscribers_for
 from agentrl.types import TrajectoryGroup

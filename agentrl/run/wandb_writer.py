@@ -10,8 +10,8 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.run.events import Event, RunFinished, RunStarted, step_metrics
 from agentrl.extras import require
+from agentrl.run.events import Event, RunFinished, RunStarted, step_metrics
 
 if TYPE_CHECKING:
     from agentrl.config import WandbConfig

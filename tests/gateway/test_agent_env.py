@@ -110,9 +110,11 @@ def test_bad_agent_options_name_the_fix() -> None:
         make_env("agent", tasks=TASKS)
     with pytest.raises(ConfigError, match="not an async function"):
         from agentrl.gateway.workflow import agent_workflow
+        from agentrl.run.settings import gateway_settings
 
         env = make_env("agent", tasks=TASKS, entrypoint="tests.gateway.agents:main")
-        agent_workflow(env, _config({"entrypoint": "tests.gateway.agents:main"}))
+        cfg = _config({"entrypoint": "tests.gateway.agents:main"})
+        agent_workflow(env, gateway_settings(cfg, training=True), cfg.rollout.workflow)
     env = make_env("agent", tasks=TASKS, entrypoint="tests.gateway.agents:two_turns")
     with pytest.raises(Exception, match="return a number"):
         env.score("text", TASKS[0], "")

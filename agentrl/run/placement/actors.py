@@ -20,11 +20,10 @@ from typing import Any
 
 import anyio
 
-from agentrl.run.components import build_engine, build_env, build_sampler, load_learner
 from agentrl.config import Config
-from agentrl.devices import resolve_device
 from agentrl.learner.distributed import set_collective_timeout
 from agentrl.models import load_tokenizer
+from agentrl.run.components import build_engine, build_env, build_sampler, load_learner
 from agentrl.run.placement.learner_process import (
     ATTRIBUTE_S,
     LearnerError,
@@ -35,6 +34,7 @@ from agentrl.run.placement.learner_process import (
 from agentrl.run.placement.router import ReplicaRouter
 from agentrl.run.process_settings import apply_process_settings
 from agentrl.run.resources import ResourceScope
+from agentrl.run.settings import learner_settings, sampler_settings
 from agentrl.samplers.base import Generation, SamplingParams
 from agentrl.weights import WeightBus
 from agentrl.weights.broadcast import BroadcastPayload, BroadcastReceiver, BroadcastTransport
@@ -65,13 +65,10 @@ class SamplerShell:
     def __init__(self, cfg: Config, index: int) -> None:
         _process_settings(cfg, cfg.ray.samplers.num_cpus)
         self.index = index
-        self.sampler = build_sampler(cfg)
+        settings = sampler_settings(cfg)  # resolved in this actor, on its node
+        self.sampler = build_sampler(settings)
         self._incarnation = uuid.uuid4().hex  # new after every restart
-        self._device = (
-            str(resolve_device(cfg.sampler.device, "sampler.device"))
-            if cfg.sampler.backend == "hf"
-            else "cpu"
-        )
+        self._device = settings.device if settings.backend == "hf" else "cpu"
         self._receiver: Any = None
 
     async def describe(self) -> dict[str, Any]:
@@ -220,7 +217,7 @@ class LearnerShell:
         self.peers = list(peers)
         if self.peers:
             join_learner_group(cfg, 0, address, local_rank=0)
-        self.learner = load_learner(cfg)
+        self.learner = load_learner(learner_settings(cfg))  # resolved in this actor
         self._whole: dict[str, Any] | None = None
         if self.peers:
             self._whole = self.learner.gathered_sampler_weights()
@@ -333,7 +330,7 @@ class LearnerRankShell:
         _process_settings(cfg, cfg.ray.learner.num_cpus)
         self.rank = rank
         join_learner_group(cfg, rank, address, local_rank=0)
-        self.learner = load_learner(cfg)
+        self.learner = load_learner(learner_settings(cfg))
         self.learner.gathered_sampler_weights()  # rank 0 gathers the first version now
         set_collective_timeout(float(cfg.learner.collective_timeout_s))
         report_phases(self.learner, rank)  # AGENTRL_LEARNER_FAULT, where it names this rank

@@ -18,10 +18,10 @@ from typing import Any
 
 import agentrl.run.placement.cluster as cluster
 from agentrl.chat import ChatRenderer
-from agentrl.run.components import Run, build_env
 from agentrl.config import Config
 from agentrl.errors import ConfigError, PluginError
 from agentrl.models import load_tokenizer, prepare_files
+from agentrl.run.components import Run, build_env
 from agentrl.run.placement.actors import (
     ActorReplica,
     LearnerRankShell,

@@ -1,6 +1,6 @@
 """The learner in its own process, behind the methods the orchestrator calls.
 
-    learner = LearnerProcess(cfg)                       # spawns, loads the model over there
+    learner = LearnerProcess(cfg, settings)             # spawns, loads the model over there
     metrics = learner.step(groups)                      # blocking; run it in a worker thread
     weights = learner.state_dict_for_sampler()          # shared-memory views, version N
     learner.close()
@@ -41,6 +41,7 @@ as its parent is gone (a lifeline pipe only the parent holds), so no orphan is l
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -60,12 +61,15 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.registry import plugin_modules
-from agentrl.run.components import load_learner
+from agentrl.config import Config
 from agentrl.cpu import learner_process_threads, release_freed_memory
-from agentrl.devices import limit_process_memory, sharing_kind
+from agentrl.devices import limit_process_memory
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.learner.learner import PHASES
+from agentrl.learner.settings import LearnerSettings
+from agentrl.run.components import load_learner
 from agentrl.run.process_settings import apply_process_settings
+from agentrl.run.settings import resolve
 from agentrl.weights.shared import (
     CudaSharedWeights,
     SharedWeights,
@@ -215,7 +219,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
     shared: SharedWeights | CudaSharedWeights | _NotShared | None = None
     rank = int(os.environ.get(RANK_ENV, "0"))
     try:
-        cfg, path, plugins = conn.recv()
+        cfg, settings, path, plugins = conn.recv()
         sys.path[:] = path + [p for p in sys.path if p not in path]
         import importlib
 
@@ -226,7 +230,8 @@ def _serve(conn: Connection, lifeline: int) -> None:
         limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
         if cfg.learner.world_size > 1:
             join_learner_group(cfg, rank, os.environ[ADDRESS_ENV])
-        learner = load_learner(cfg)
+            settings = rank_settings(cfg, settings)
+        learner = load_learner(settings)
         weights = learner.gathered_sampler_weights()  # all ranks gather; rank 0 keeps them
         if cfg.learner.world_size > 1:
             # ("phase", ...) messages before the request's reply; plain values: this module
@@ -237,7 +242,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
 
             set_collective_timeout(float(cfg.learner.collective_timeout_s))
         if rank == 0:
-            kind = sharing_kind(cfg.learner.weight_sharing, learner.device)
+            kind = settings.train.weight_sharing  # resolved with the settings
             shared = share_weights(weights, kind, shared_dtype(cfg, kind))
             sharded = learner.ranks.parallel == "fsdp"
             if kind == "shared_memory" and not sharded and adopt(learner.model, shared):
@@ -369,7 +374,9 @@ class LearnerProcess:
     broken; the last checkpoint is intact for ``--resume``).
     """
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Config, settings: LearnerSettings | None = None) -> None:
+        """`settings`: the run's resolved learner settings (default: resolved here)."""
+        settings = settings or resolve(cfg).learner
         self.world_size = int(cfg.learner.world_size)
         Fault.from_env()  # a malformed AGENTRL_LEARNER_FAULT fails here, in one line
         self.collective_timeout_s = float(cfg.learner.collective_timeout_s)
@@ -388,7 +395,7 @@ class LearnerProcess:
         for rank in self._ranks:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 # a child that died at once is reported by wait_ready, with its exit status
-                rank.conn.send((cfg, [p for p in sys.path if p], plugin_modules()))
+                rank.conn.send((cfg, settings, [p for p in sys.path if p], plugin_modules()))
 
     @property
     def _proc(self) -> subprocess.Popen[bytes]:
@@ -651,6 +658,17 @@ def join_learner_group(cfg: Any, rank: int, address: str, *, local_rank: int | N
         device=device,
         timeout_s=max(START_TIMEOUT_S, float(cfg.learner.collective_timeout_s)),
     )
+
+
+def rank_settings(cfg: Config, settings: LearnerSettings) -> LearnerSettings:
+    """A rank's own settings once it joined the group: ``learner.device`` auto / cuda names
+    the rank's own GPU (set by the group), as resolving it in this process would."""
+    if settings.train.device.startswith("cuda") and cfg.learner.device in ("auto", "cuda"):
+        device = f"cuda:{torch.cuda.current_device()}"
+        return dataclasses.replace(
+            settings, train=dataclasses.replace(settings.train, device=device)
+        )
+    return settings
 
 
 if __name__ == "__main__":
