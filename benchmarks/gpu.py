@@ -741,7 +741,7 @@ def extra_memory(args: argparse.Namespace, device: torch.device, root: Path) -> 
         )
     except ConfigError as e:
         refused = str(e)
-    limit_process_memory(cfg, ["learner"])
+    limit_process_memory({"learner": (device, cfg.learner.gpu_memory_fraction)})
     capped = False
     try:
         x = torch.empty(int(0.02 * total), dtype=torch.uint8, device=device)

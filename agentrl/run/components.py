@@ -1,10 +1,10 @@
-"""The components of one run (:class:`Run`), and each built from its config: environment,
-sampler, rollout engine, reward pipeline, learner.
+"""The components of one run (:class:`Run`), each built from its resolved settings
+(:mod:`agentrl.run.settings`): environment, sampler, rollout engine, reward pipeline, learner.
 
 The run assembly (:mod:`agentrl.run.runtime`), the learner process and the Ray actor shells
 (:mod:`agentrl.run.placement`) all build through here, so a config key means the same thing
-wherever a component runs. Each sampler backend maps the config to its own options
-(``from_config``, :mod:`agentrl.samplers`); a setting a backend cannot honour is an error
+wherever a component runs. Each sampler backend maps its settings to its own options
+(``from_settings``, :mod:`agentrl.samplers`); a setting a backend cannot honour is an error
 naming it, never silently dropped.
 """
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import anyio
 
 from agentrl.config import Config
-from agentrl.devices import check_placement, limit_process_memory
+from agentrl.devices import limit_process_memory
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.learner.objective import check_algorithm
@@ -84,14 +84,11 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
     scope = ResourceScope("run")
     learner = None
     try:
-        if role == "train":  # a device this machine lacks fails here, before anything starts
-            check_placement(cfg)
-        settings = resolve(cfg, role)  # every auto and cross-section rule, once
-        if role == "train":
-            here = ["sampler"] + (["learner"] if settings.learner_worker == "thread" else [])
-        else:
-            here = ["sampler"]
-        limit_process_memory(cfg, here)
+        # every auto and cross-section rule, once: a device this machine lacks fails here,
+        # before anything starts
+        settings = resolve(cfg, role)
+        here = ["sampler"] + (["learner"] if settings.learner_worker == "thread" else [])
+        limit_process_memory(settings.budgets_of(here))
         split = split or ("eval" if role == "eval" else "train")
         env = build_env(cfg, split)
         if settings.reward.enabled:  # bad reward settings fail here, before any model loads

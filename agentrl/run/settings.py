@@ -23,7 +23,7 @@ import torch
 from pydantic import BaseModel
 
 from agentrl.config import Config, RewardFunctionConfig
-from agentrl.devices import resolve_device, sharing_kind
+from agentrl.devices import Budget, check_budgets, resolve_device, sharing_kind
 from agentrl.errors import ConfigError
 from agentrl.learner.settings import (
     AlgorithmSettings,
@@ -74,6 +74,13 @@ class Settings:
     reward: RewardSettings
     asynchronous: bool  # orchestrator.max_staleness > 0
     learner_worker: str  # thread | process
+    # each role placed by this run (the learner; the sampler on the hf backend): its device
+    # and GPU memory budget (agentrl.devices.limit_process_memory)
+    budgets: dict[str, Budget]
+
+    def budgets_of(self, roles: list[str]) -> dict[str, Budget]:
+        """The budgets of the `roles` one process runs."""
+        return {role: self.budgets[role] for role in roles if role in self.budgets}
 
 
 def is_asynchronous(cfg: Config) -> bool:
@@ -245,12 +252,21 @@ def resolve(cfg: Config, role: str = "train") -> Settings:
     """Every component's settings for a `role` run (``train``, ``rollout``, ``eval``);
     only ``train`` resolves the learner's (an eval run does not check learner.device)."""
     objective = objective_settings(cfg)
+    learner = learner_settings(cfg, objective) if role == "train" else None
+    sampler = sampler_settings(cfg)
+    budgets: dict[str, Budget] = {}
+    if learner is not None:
+        budgets["learner"] = (torch.device(learner.train.device), learner.train.gpu_memory_fraction)
+    if sampler.backend == "hf":  # vLLM and remote servers place themselves
+        budgets["sampler"] = (torch.device(sampler.device), sampler.gpu_memory_fraction)
+    check_budgets(budgets)
     return Settings(
-        learner=learner_settings(cfg, objective) if role == "train" else None,
+        learner=learner,
         objective=objective,
-        sampler=sampler_settings(cfg),
+        sampler=sampler,
         rollout=rollout_settings(cfg),
         reward=reward_settings(cfg),
         asynchronous=is_asynchronous(cfg),
         learner_worker=learner_worker(cfg) if role == "train" else "thread",
+        budgets=budgets,
     )

@@ -215,9 +215,10 @@ class LearnerShell:
         # ranks 1..n-1) join the group at `address` as this one starts, and follow each
         # request; the weights are gathered once per version, here
         self.peers = list(peers)
+        settings = learner_settings(cfg)  # resolved in this actor, on its node
         if self.peers:
-            join_learner_group(cfg, 0, address, local_rank=0)
-        self.learner = load_learner(learner_settings(cfg))  # resolved in this actor
+            join_learner_group(settings, 0, address, local_rank=0)
+        self.learner = load_learner(settings)
         self._whole: dict[str, Any] | None = None
         if self.peers:
             self._whole = self.learner.gathered_sampler_weights()
@@ -329,8 +330,9 @@ class LearnerRankShell:
     def __init__(self, cfg: Config, rank: int, address: str) -> None:
         _process_settings(cfg, cfg.ray.learner.num_cpus)
         self.rank = rank
-        join_learner_group(cfg, rank, address, local_rank=0)
-        self.learner = load_learner(learner_settings(cfg))
+        settings = learner_settings(cfg)  # resolved in this actor, on its node
+        join_learner_group(settings, rank, address, local_rank=0)
+        self.learner = load_learner(settings)
         self.learner.gathered_sampler_weights()  # rank 0 gathers the first version now
         set_collective_timeout(float(cfg.learner.collective_timeout_s))
         report_phases(self.learner, rank)  # AGENTRL_LEARNER_FAULT, where it names this rank

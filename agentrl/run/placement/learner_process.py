@@ -227,9 +227,12 @@ def _serve(conn: Connection, lifeline: int) -> None:
             importlib.import_module(module)
         apply_process_settings(cfg)
         learner_process_threads(cfg.orchestrator.cpu_threads, cfg.orchestrator.learner_cpu_threads)
-        limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
+        # learner.gpu_memory_fraction, if any
+        limit_process_memory(
+            {"learner": (settings.train.torch_device, settings.train.gpu_memory_fraction)}
+        )
         if cfg.learner.world_size > 1:
-            join_learner_group(cfg, rank, os.environ[ADDRESS_ENV])
+            join_learner_group(settings, rank, os.environ[ADDRESS_ENV])
             settings = rank_settings(cfg, settings)
         learner = load_learner(settings)
         weights = learner.gathered_sampler_weights()  # all ranks gather; rank 0 keeps them
@@ -640,23 +643,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def join_learner_group(cfg: Any, rank: int, address: str, *, local_rank: int | None = None) -> None:
+def join_learner_group(
+    settings: LearnerSettings, rank: int, address: str, *, local_rank: int | None = None
+) -> None:
     """Join the learner's torch.distributed group as `rank` (before the learner is built).
     On CUDA it computes on ``cuda:local_rank``: the rank itself for processes on one node
     (default), 0 in a Ray actor (Ray shows it only its own GPU)."""
     from agentrl.learner.distributed import init_rank_group
-    from agentrl.learner.precision import resolve_device
 
     os.environ["LOCAL_RANK"] = str(rank if local_rank is None else local_rank)
-    device = torch.device("cuda" if resolve_device(cfg.learner.device).type == "cuda" else "cpu")
+    device = torch.device(torch.device(settings.train.device).type)  # the kind: cuda or cpu
     # the ranks meet and load the model under the start timeout; once every rank is ready
     # the group's collectives wait learner.collective_timeout_s (set_collective_timeout)
     init_rank_group(
         rank,
-        int(cfg.learner.world_size),
+        settings.train.world_size,
         address,
         device=device,
-        timeout_s=max(START_TIMEOUT_S, float(cfg.learner.collective_timeout_s)),
+        timeout_s=max(START_TIMEOUT_S, settings.train.collective_timeout_s),
     )
 
 
