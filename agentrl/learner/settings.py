@@ -86,7 +86,8 @@ class ObjectiveSettings:
 class TrainSettings:
     """``learner``: optimizer, batching, precision and distribution of the policy update.
 
-    ``device`` is resolved (``cpu``, ``cuda:N``); ``weight_sharing`` too."""
+    The run layer resolves ``device`` (``cpu``, ``cuda:N``) and ``weight_sharing``; the
+    defaults (``auto``) are for a learner built by hand."""
 
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -100,9 +101,9 @@ class TrainSettings:
     minibatches: int = 1
     bf16: str = "auto"
     fp16: str = "off"
-    device: str = "cpu"
+    device: str = "auto"
     gpu_memory_fraction: float | None = None
-    weight_sharing: str = "shared_memory"
+    weight_sharing: str = "auto"
     logprob_chunk: int = 512
     fused_logprobs: str = "auto"
     compile: str = "off"
@@ -118,6 +119,7 @@ class TrainSettings:
 
     @property
     def torch_device(self) -> torch.device:
+        """The resolved ``device`` as a torch device."""
         return torch.device(self.device)
 
 

@@ -16,6 +16,7 @@ object is a frozen dataclass that pickles (the learner process receives its own)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,6 +43,7 @@ from agentrl.rollout.settings import (
     RolloutSettings,
     SamplingSettings,
 )
+from agentrl.samplers import on_update_policy
 from agentrl.samplers.settings import SamplerSettings
 
 if TYPE_CHECKING:
@@ -160,15 +162,15 @@ def learner_settings(cfg: Config, objective: ObjectiveSettings | None = None) ->
 
 
 def sampler_settings(cfg: Config) -> SamplerSettings:
-    """The backend's settings; the hf sampler's device resolved (the others place
-    themselves)."""
+    """The backend's settings: the hf sampler's device resolved (the others place
+    themselves), ``sampler.on_update: auto`` as the backend's own policy."""
     s = cfg.sampler
     device = s.device
     if s.backend == "hf":
         device = str(resolve_device(s.device, "sampler.device"))
     explicit = {f"sampler.{k}" for k in s.model_fields_set}
     explicit |= {f"model.{k}" for k in cfg.model.model_fields_set}
-    return mirror(
+    settings = mirror(
         SamplerSettings,
         s,
         device=device,
@@ -180,6 +182,7 @@ def sampler_settings(cfg: Config) -> SamplerSettings:
         max_tokens=cfg.rollout.max_tokens,
         explicit=frozenset(explicit),
     )
+    return dataclasses.replace(settings, on_update=on_update_policy(settings))
 
 
 def rollout_settings(cfg: Config) -> RolloutSettings:

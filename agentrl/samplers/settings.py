@@ -25,7 +25,7 @@ class SamplerSettings:
     top_k: int = 0
     max_new_tokens: int = 256
     seed: int | None = None
-    on_update: str = "auto"  # as the user wrote it; each backend resolves auto its own way
+    on_update: str = "auto"  # resolved by the run layer to the backend's own policy
     device: str = "auto"  # hf: resolved (cpu, cuda:N); other backends: as written
     gpu_memory_fraction: float | None = None
     base_url: str | None = None
