@@ -123,18 +123,20 @@ def objective_settings(cfg: Config) -> ObjectiveSettings:
     )
 
 
-def hf_sampler_dtype(cfg: Config) -> torch.dtype | None:
+def hf_sampler_dtype(sampler: SamplerSettings) -> torch.dtype | None:
     """The dtype the embedded ``hf`` sampler computes in (None for other backends, whose
     kernels are not the learner's whatever their dtype)."""
-    if cfg.sampler.backend != "hf":
+    if sampler.backend != "hf":
         return None
-    device = resolve_device(cfg.sampler.device, "sampler.device")
-    return load_dtype(
-        cfg.model.name, None if cfg.model.dtype == "auto" else cfg.model.dtype, device
-    )
+    dtype = None if sampler.model_dtype == "auto" else sampler.model_dtype
+    return load_dtype(sampler.model_name, dtype, sampler.device)
 
 
-def learner_settings(cfg: Config, objective: ObjectiveSettings | None = None) -> LearnerSettings:
+def learner_settings(
+    cfg: Config,
+    objective: ObjectiveSettings | None = None,
+    sampler: SamplerSettings | None = None,
+) -> LearnerSettings:
     """What the learner needs; resolves ``learner.device`` (an error names the key)."""
     device = resolve_device(cfg.learner.device, "learner.device")
     lora = cfg.model.lora
@@ -157,7 +159,7 @@ def learner_settings(cfg: Config, objective: ObjectiveSettings | None = None) ->
         seed=cfg.orchestrator.seed,
         max_staleness=cfg.orchestrator.max_staleness,
         sampler_backend=cfg.sampler.backend,
-        sampler_dtype=hf_sampler_dtype(cfg),
+        sampler_dtype=hf_sampler_dtype(sampler or sampler_settings(cfg)),
     )
 
 
@@ -255,8 +257,8 @@ def resolve(cfg: Config, role: str = "train") -> Settings:
     """Every component's settings for a `role` run (``train``, ``rollout``, ``eval``);
     only ``train`` resolves the learner's (an eval run does not check learner.device)."""
     objective = objective_settings(cfg)
-    learner = learner_settings(cfg, objective) if role == "train" else None
     sampler = sampler_settings(cfg)
+    learner = learner_settings(cfg, objective, sampler) if role == "train" else None
     budgets: dict[str, Budget] = {}
     if learner is not None:
         budgets["learner"] = (torch.device(learner.train.device), learner.train.gpu_memory_fraction)
