@@ -107,6 +107,7 @@ def learner_worker(cfg: Config) -> str:
 
 
 def objective_settings(cfg: Config) -> ObjectiveSettings:
+    """``algorithm`` with the keys the user set, and what the objective reads elsewhere."""
     alg = cfg.algorithm
     algorithm = mirror(
         AlgorithmSettings,
@@ -188,6 +189,7 @@ def sampler_settings(cfg: Config) -> SamplerSettings:
 
 
 def rollout_settings(cfg: Config) -> RolloutSettings:
+    """``rollout``, the sampling parameters and the run's seed."""
     r = cfg.rollout
     hooks = tuple(
         h if isinstance(h, str) else GroupHookSettings(h.name, dict(h.options))
