@@ -1,9 +1,9 @@
 """Where each role computes: device names resolved and checked, GPU memory budgets per role.
 
     resolve_device("auto", "sampler.device")     # cuda:0 when CUDA is present, else cpu
-    check_placement(cfg)                          # before any model loads (train role)
-    check_memory(cfg, "learner", need_bytes, device)   # once the model's size is known
-    limit_process_memory(cfg, ["sampler", "learner"])  # the CUDA cap of this process
+    check_budgets({"sampler": (gpu, 0.3), "learner": (gpu, 0.6)})  # by agentrl.run.settings
+    check_memory(0.6, "learner", need_bytes, device)   # once the model's size is known
+    limit_process_memory({"sampler": (gpu, 0.3)})      # the CUDA cap of this process
 
 The hf sampler (``sampler.device``) and the learner with its critic and reference model
 (``learner.device``) may share one GPU or sit on different ones (``cuda:0`` / ``cuda:1``).
@@ -15,7 +15,7 @@ thread learner shares the sampler's process, so that process gets the sum).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -64,21 +64,8 @@ def resolve_device(name: str, key: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def role_devices(
-    cfg: Any, roles: Iterable[str] = ("learner", "sampler")
-) -> dict[str, torch.device]:
-    """The device of each of `roles` that places itself here: ``learner``, and ``sampler``
-    for the hf backend (vLLM and remote servers place themselves)."""
-    devices = {}
-    if "learner" in roles:
-        devices["learner"] = resolve_device(cfg.learner.device, "learner.device")
-    if "sampler" in roles and cfg.sampler.backend == "hf":
-        devices["sampler"] = resolve_device(cfg.sampler.device, "sampler.device")
-    return devices
-
-
-def _fraction(cfg: Any, role: str) -> float | None:
-    return getattr(cfg, role).gpu_memory_fraction
+# a role's place: its resolved device and its share of that GPU's memory (None: no budget)
+Budget = tuple[torch.device, float | None]
 
 
 def sharing_kind(setting: str, device: torch.device) -> str:
@@ -98,21 +85,20 @@ def sharing_kind(setting: str, device: torch.device) -> str:
     return setting
 
 
-def check_placement(cfg: Any) -> dict[str, torch.device]:
-    """Resolve every role's device (errors name the key) and check that budgets of roles on
-    one GPU add up to at most the whole GPU; returns the devices."""
-    devices = role_devices(cfg)
-    sharing_kind(cfg.learner.weight_sharing, devices["learner"])  # cuda_ipc needs CUDA
-    if "sampler" in devices and devices["sampler"] == devices["learner"]:
-        shared = devices["learner"]
-        fractions = [_fraction(cfg, r) for r in ("sampler", "learner")]
-        if shared.type == "cuda" and None not in fractions and sum(fractions) > 1.0 + 1e-9:
-            raise ConfigError(
-                f"sampler.gpu_memory_fraction={fractions[0]} + learner.gpu_memory_fraction="
-                f"{fractions[1]} = {sum(fractions):g} > 1 on {shared}, which both share: lower "
-                "them, or put the roles on two GPUs (learner.device=cuda:1)"
-            )
-    return devices
+def check_budgets(budgets: Mapping[str, Budget]) -> None:
+    """Budgets of the sampler and the learner on one GPU add up to at most the whole GPU;
+    a ConfigError naming both keys and the fix otherwise."""
+    if "sampler" not in budgets or "learner" not in budgets:
+        return
+    (device, sampler), (learner_device, learner) = budgets["sampler"], budgets["learner"]
+    if device != learner_device or device.type != "cuda" or sampler is None or learner is None:
+        return
+    if sampler + learner > 1.0 + 1e-9:
+        raise ConfigError(
+            f"sampler.gpu_memory_fraction={sampler} + learner.gpu_memory_fraction={learner} "
+            f"= {sampler + learner:g} > 1 on {device}, which both share: lower them, or put "
+            "the roles on two GPUs (learner.device=cuda:1)"
+        )
 
 
 def learner_bytes(n_params: int, n_trained: int, *, reference: bool = False) -> int:
@@ -169,10 +155,11 @@ def budget_error(
     )
 
 
-def check_memory(cfg: Any, role: str, need_bytes: int, device: torch.device, what: str) -> None:
-    """Raise a :class:`ConfigError` when `role`'s budget on `device` cannot hold `need_bytes`
-    (nothing to check on CPU or without a budget)."""
-    fraction = _fraction(cfg, role)
+def check_memory(
+    fraction: float | None, role: str, need_bytes: int, device: torch.device, what: str
+) -> None:
+    """Raise a :class:`ConfigError` when `role`'s budget (``<role>.gpu_memory_fraction``) on
+    `device` cannot hold `need_bytes` (nothing to check on CPU or without a budget)."""
     if fraction is None or device.type != "cuda":
         return
     total = torch.cuda.get_device_properties(device).total_memory
@@ -180,18 +167,15 @@ def check_memory(cfg: Any, role: str, need_bytes: int, device: torch.device, wha
         raise budget_error(role, fraction, need_bytes, total, device, what)
 
 
-def limit_process_memory(cfg: Any, roles: Iterable[str]) -> None:
+def limit_process_memory(budgets: Mapping[str, Budget]) -> None:
     """Cap this process's CUDA allocations on each GPU at the sum of the budgets of the
-    `roles` it runs there (a role without a budget leaves its GPU uncapped)."""
-    roles = list(roles)
-    devices = role_devices(cfg, roles)  # an eval run does not resolve learner.device
+    roles it runs there (`budgets`: only those; a role without a budget leaves its GPU
+    uncapped)."""
     sums: dict[torch.device, float] = {}
     uncapped: set[torch.device] = set()
-    for role in roles:
-        device = devices.get(role)
-        if device is None or device.type != "cuda":
+    for device, fraction in budgets.values():
+        if device.type != "cuda":
             continue
-        fraction = _fraction(cfg, role)
         if fraction is None:
             uncapped.add(device)
         else:

@@ -33,6 +33,7 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrl.envs.base import AssistantTurn, Environment, Message, StepResult
+from agentrl.run.settings import resolve
 from agentrl.samplers.base import Generation, Sampler, SamplingParams
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -155,7 +156,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.run.components import build_engine, build_sampler
 
     cfg = _config(args.model, args.max_new_tokens, args.group_size, args.concurrency)
-    sampler = TimedSampler(build_sampler(cfg))
+    sampler = TimedSampler(build_sampler(resolve(cfg).sampler))
     builtin_env = TwoTurnEnv()
     tasks = list(builtin_env.tasks())
     agent_env = AgentEnv(entrypoint="benchmarks.gateway:two_turn_agent", tasks=tasks)

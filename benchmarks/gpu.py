@@ -335,6 +335,7 @@ def bench_learner(
     from agentrl.learner import Learner
     from agentrl.learner.compiled import DEFAULT_BACKEND
     from agentrl.models import load_tokenizer
+    from agentrl.run.settings import resolve
 
     backend = None
     if compile_available():  # inductor takes minutes of a small CPU: aot_eager in --smoke
@@ -377,7 +378,9 @@ def bench_learner(
             cfg = config_from_dict({"learner": learner_cfg})
             model = llama(shape, device)
             n_compute = compute_params(model)
-            learner = Learner(model, tokenizer, cfg, compile_backend=backend or DEFAULT_BACKEND)
+            learner = Learner(
+                model, tokenizer, resolve(cfg).learner, compile_backend=backend or DEFAULT_BACKEND
+            )
             times, extra_pass = [], False
             try:
                 learner.warmup()
@@ -645,6 +648,7 @@ def extra_lora(args: argparse.Namespace, device: torch.device, root: Path) -> di
     from agentrl.learner import Learner
     from agentrl.learner.lora import apply_lora
     from agentrl.models import load_tokenizer
+    from agentrl.run.settings import resolve
     from agentrl.samplers import SamplingParams
     from agentrl.samplers.hf import HFSampler
 
@@ -653,7 +657,7 @@ def extra_lora(args: argparse.Namespace, device: torch.device, root: Path) -> di
     )
     tokenizer = load_tokenizer("tiny-llama")
     policy = apply_lora(llama(args.extras_shape, device), cfg.model.lora)
-    learner = Learner(policy, tokenizer, cfg)
+    learner = Learner(policy, tokenizer, resolve(cfg).learner)
     groups = make_groups(2, 4, (16, 64), (16, 64))
     sync(device)
     t0 = time.perf_counter()
@@ -696,13 +700,16 @@ def extra_fp16(args: argparse.Namespace, device: torch.device, root: Path) -> di
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.models import load_tokenizer
+    from agentrl.run.settings import resolve
 
     if device.type != "cuda":
         return {"skipped": "fp16 autocast is for CUDA"}
     cfg = config_from_dict(
         {"learner": {"device": str(device), "lr": 1e-6, "fp16": "on", **eager()}}
     )
-    learner = Learner(llama(args.extras_shape, device), load_tokenizer("tiny-llama"), cfg)
+    learner = Learner(
+        llama(args.extras_shape, device), load_tokenizer("tiny-llama"), resolve(cfg).learner
+    )
     groups = make_groups(2, 4, (16, 64), (16, 64))
     rows = []
     for _ in range(3):
@@ -725,7 +732,7 @@ def extra_memory(args: argparse.Namespace, device: torch.device, root: Path) -> 
     refused = None
     try:
         check_memory(
-            cfg,
+            cfg.learner.gpu_memory_fraction,
             "learner",
             learner_bytes(1_500_000_000, 1_500_000_000, reference=False),
             device,
@@ -733,7 +740,7 @@ def extra_memory(args: argparse.Namespace, device: torch.device, root: Path) -> 
         )
     except ConfigError as e:
         refused = str(e)
-    limit_process_memory(cfg, ["learner"])
+    limit_process_memory({"learner": (device, cfg.learner.gpu_memory_fraction)})
     capped = False
     try:
         x = torch.empty(int(0.02 * total), dtype=torch.uint8, device=device)
@@ -752,13 +759,14 @@ def extra_fsdp(args: argparse.Namespace, device: torch.device, root: Path) -> di
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.models import load_tokenizer
+    from agentrl.run.settings import resolve
 
     cfg = config_from_dict(
         {"learner": {"device": str(device), "lr": 1e-5, "parallel": "fsdp", "bf16": "auto"}}
     )
     tokenizer = load_tokenizer("tiny-llama")
     try:
-        learner = Learner(llama(args.extras_shape, device), tokenizer, cfg)
+        learner = Learner(llama(args.extras_shape, device), tokenizer, resolve(cfg).learner)
         groups = make_groups(2, 4, (16, 64), (16, 64))
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -771,7 +779,7 @@ def extra_fsdp(args: argparse.Namespace, device: torch.device, root: Path) -> di
             steps.append({"step_s": time.perf_counter() - t0, "loss": m.get("loss/total")})
         weights = learner.gathered_sampler_weights()
         saved = learner.save_checkpoint(root / "fsdp_checkpoint")
-        resumed = Learner(llama(args.extras_shape, device), tokenizer, cfg)
+        resumed = Learner(llama(args.extras_shape, device), tokenizer, resolve(cfg).learner)
         resumed.load_checkpoint(saved)
         same = all(
             torch.equal(v.cpu(), weights[k].cpu())

@@ -34,6 +34,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict:
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.models import load_model
+    from agentrl.run.settings import resolve
 
     model, tok = load_model(args.model, dtype="float32")
     cfg = config_from_dict(
@@ -49,7 +50,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict:
             }
         }
     )
-    learner = Learner(model, tok, cfg)
+    learner = Learner(model, tok, resolve(cfg).learner)
     groups = make_groups(2, 4, 64, 192, model.config.vocab_size)
     t0 = time.perf_counter()
     first = learner.step(groups)

@@ -97,6 +97,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.learner.distributed import init_rank_group
+    from agentrl.run.settings import resolve
 
     torch.set_num_threads(args.threads)
     init_rank_group(args.rank, args.world, args.address, device=torch.device("cpu"), timeout_s=1800)
@@ -117,7 +118,7 @@ def rank_main(args: argparse.Namespace) -> None:
             "rollout": {"max_tokens": 256},
         }
     )
-    learner = Learner(model, None, cfg)
+    learner = Learner(model, None, resolve(cfg).learner)
     batch = groups(SHAPES[args.shape]["vocab_size"])
     steps = []
     for _ in range(args.steps):

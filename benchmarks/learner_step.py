@@ -84,6 +84,7 @@ def child(args: argparse.Namespace) -> dict:
     from agentrl.cpu import set_allocator
     from agentrl.learner import Learner
     from agentrl.models import load_model
+    from agentrl.run.settings import resolve
 
     set_allocator(args.child)
     if args.threads:
@@ -112,7 +113,7 @@ def child(args: argparse.Namespace) -> dict:
         opt.zero_grad(set_to_none=True)
         baseline_s = time.perf_counter() - t0
         del opt
-    learner = Learner(model, tok, cfg)
+    learner = Learner(model, tok, resolve(cfg).learner)
     groups = make_groups(2, 4, 64, 192, model.config.vocab_size)
     times = []
     for _ in range(args.steps):
@@ -167,6 +168,7 @@ def packing_child(args: argparse.Namespace) -> dict:
     from agentrl.cpu import set_allocator
     from agentrl.learner import Learner
     from agentrl.models import load_model
+    from agentrl.run.settings import resolve
     from agentrl.types import Batch
 
     set_allocator("reuse")
@@ -186,7 +188,7 @@ def packing_child(args: argparse.Namespace) -> dict:
             "algorithm": {"off_policy": args.correction},
         }
     )
-    learner = Learner(model, tok, cfg)
+    learner = Learner(model, tok, resolve(cfg).learner)
     groups = make_groups(2, 4, 64, VARIED, model.config.vocab_size)
     batch = Batch.from_groups(groups)
     layout = learner.layout(batch)

@@ -56,6 +56,7 @@ def child(args: argparse.Namespace) -> dict:
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.models import load_model
+    from agentrl.run.settings import resolve
     from benchmarks.learner_step import make_groups
 
     stages: list[dict] = []
@@ -88,7 +89,7 @@ def child(args: argparse.Namespace) -> dict:
             "orchestrator": {"max_staleness": 0},
         }
     )
-    learner = Learner(policy, tok, cfg)
+    learner = Learner(policy, tok, resolve(cfg).learner)
     mark("learner float32 masters", mb(learner.model.parameters()))
     learner.warmup()
     mark("compiled log-prob kernels (warmup)")
@@ -160,6 +161,7 @@ def learner_variant(model: str, variant: str) -> dict:
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.models import load_model
+    from agentrl.run.settings import resolve
 
     policy, tok = load_model(model, dtype="float32")
     cfg = config_from_dict(
@@ -170,7 +172,7 @@ def learner_variant(model: str, variant: str) -> dict:
             "orchestrator": {"max_staleness": 0},
         }
     )
-    learner = Learner(policy, tok, cfg)
+    learner = Learner(policy, tok, resolve(cfg).learner)
     if variant != "lazy":  # AdamW's state now, as its first step() would make it
         for group in learner.optimizer.param_groups:
             for p in group["params"]:

@@ -42,12 +42,12 @@ from pathlib import Path
 import anyio
 import torch
 
-from agentrl.run.components import build_engine
 from agentrl.config import load_config
 from agentrl.devices import resolve_device
 from agentrl.models import load_model
 from agentrl.preference.rollouts import pairs_from_groups
 from agentrl.preference.trainer import PreferenceTrainer
+from agentrl.run.components import build_engine
 from agentrl.run.runtime import assemble
 from agentrl.weights import WeightBus
 

@@ -87,6 +87,7 @@ def main() -> None:
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
     from agentrl.models import load_model
+    from agentrl.run.settings import resolve
     from agentrl.types import Batch
 
     if args.threads:
@@ -107,7 +108,7 @@ def main() -> None:
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     stale_model, _ = load_model(args.model, dtype="float32")
     stale_model.load_state_dict(init)
-    warm = Learner(model, tok, cfg("recompute", 1))
+    warm = Learner(model, tok, resolve(cfg("recompute", 1)).learner)
     warm.step(make_groups({0: stale_model}, vocab, 64, 192))
     current = {k: v.detach().clone() for k, v in warm.model.state_dict().items()}
     model.load_state_dict(current)
@@ -129,7 +130,7 @@ def main() -> None:
         for i in range(args.steps + 1):
             for proximal, run in runs.items():
                 model.load_state_dict(current)
-                learner = Learner(model, tok, cfg(proximal, minibatches))
+                learner = Learner(model, tok, resolve(cfg(proximal, minibatches)).learner)
                 learner.warmup()
                 learner.version = 1
                 truth = learner.compute_logprobs(batch)

@@ -81,8 +81,9 @@ class DelayToolEnv(Environment):
 
 
 def _engine(env, sampler, renderer, concurrency: int, max_new: int, tool_turns: int):
-    from agentrl.config import RolloutConfig, SamplerConfig
+    from agentrl.config import Config, RolloutConfig, SamplerConfig
     from agentrl.rollout import RolloutEngine
+    from agentrl.run.settings import rollout_settings
 
     cfg = RolloutConfig(
         group_size=1,
@@ -92,7 +93,10 @@ def _engine(env, sampler, renderer, concurrency: int, max_new: int, tool_turns: 
         max_tokens=4096,
     )
     return RolloutEngine(
-        env, sampler, renderer, cfg, sampler_cfg=SamplerConfig(max_new_tokens=max_new)
+        env,
+        sampler,
+        renderer,
+        rollout_settings(Config(rollout=cfg, sampler=SamplerConfig(max_new_tokens=max_new))),
     )
 
 

@@ -6,19 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.run.components import build_sampler
 from agentrl.config import config_from_dict
 from agentrl.devices import (
     GiB,
     budget_error,
+    check_budgets,
     check_memory,
-    check_placement,
     fits,
     learner_bytes,
     resolve_device,
 )
 from agentrl.errors import ConfigError
 from agentrl.learner.precision import Precision
+from agentrl.run.components import build_sampler
+from agentrl.run.settings import resolve
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
 
@@ -27,8 +28,9 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-o
 def test_auto_is_the_cpu_without_cuda():
     assert resolve_device("auto", "sampler.device") == torch.device("cpu")
     cfg = config_from_dict({})
-    assert check_placement(cfg) == {"learner": torch.device("cpu"), "sampler": torch.device("cpu")}
-    assert Precision.from_config(cfg.learner).device == torch.device("cpu")
+    cpu = torch.device("cpu")
+    assert resolve(cfg).budgets == {"learner": (cpu, None), "sampler": (cpu, None)}
+    assert Precision.from_settings(resolve(cfg).learner.train).device == torch.device("cpu")
 
 
 @no_cuda
@@ -38,16 +40,16 @@ def test_an_explicit_cuda_device_without_cuda_names_the_key_and_the_fix(key, nam
     section, field = key.split(".")
     cfg = config_from_dict({section: {field: name}})
     with pytest.raises(ConfigError, match=rf"{key}='{name}'.*no usable CUDA.*{key}=auto"):
-        check_placement(cfg)
+        resolve(cfg)
 
 
 @no_cuda
 def test_the_hf_sampler_and_the_learner_refuse_a_missing_gpu():
     cfg = config_from_dict({"model": {"name": "tiny-llama"}, "sampler": {"device": "cuda"}})
     with pytest.raises(ConfigError, match=r"sampler\.device"):
-        build_sampler(cfg)
+        build_sampler(resolve(cfg).sampler)
     with pytest.raises(ConfigError, match=r"learner\.device"):
-        Precision.from_config(config_from_dict({"learner": {"device": "cuda:0"}}).learner)
+        resolve(config_from_dict({"learner": {"device": "cuda:0"}}))
 
 
 def test_a_device_that_is_not_one_is_refused():
@@ -59,7 +61,9 @@ def test_a_device_that_is_not_one_is_refused():
 
 def test_budgets_are_ignored_on_the_cpu():
     cfg = config_from_dict({"learner": {"gpu_memory_fraction": 0.01}})
-    check_memory(cfg, "learner", 10**15, torch.device("cpu"), "everything")  # no error
+    check_memory(
+        cfg.learner.gpu_memory_fraction, "learner", 10**15, torch.device("cpu"), "everything"
+    )  # no error
 
 
 def test_learner_memory_counts_adam_state_for_trained_parameters_only():
@@ -80,24 +84,14 @@ def test_a_budget_that_does_not_fit_says_what_and_how_to_fix_it():
     assert "20.00 GiB of 80.00 GiB" in text and "model.lora" in text
 
 
-def test_budgets_on_one_gpu_must_add_up_to_at_most_one(monkeypatch):
-    # the sum check runs before any model loads; stand in a one-GPU machine for the lookup
-    monkeypatch.setattr(
-        "agentrl.devices.role_devices",
-        lambda cfg, roles=(): {
-            "learner": torch.device("cuda", 0),
-            "sampler": torch.device("cuda", 0),
-        },
-    )
-    ok = config_from_dict(
-        {"sampler": {"gpu_memory_fraction": 0.3}, "learner": {"gpu_memory_fraction": 0.7}}
-    )
-    check_placement(ok)
-    bad = config_from_dict(
-        {"sampler": {"gpu_memory_fraction": 0.5}, "learner": {"gpu_memory_fraction": 0.7}}
-    )
+def test_budgets_on_one_gpu_must_add_up_to_at_most_one():
+    # the sum check runs when the settings are resolved, before any model loads
+    gpu, other = torch.device("cuda", 0), torch.device("cuda", 1)
+    check_budgets({"sampler": (gpu, 0.3), "learner": (gpu, 0.7)})
+    check_budgets({"sampler": (gpu, 0.5), "learner": (other, 0.7)})  # two GPUs
+    check_budgets({"sampler": (gpu, None), "learner": (gpu, 0.7)})  # no budget: no sum
     with pytest.raises(ConfigError, match=r"= 1\.2 > 1 on cuda:0.*learner\.device=cuda:1"):
-        check_placement(bad)
+        check_budgets({"sampler": (gpu, 0.5), "learner": (gpu, 0.7)})
 
 
 @no_cuda
@@ -105,9 +99,10 @@ def test_an_eval_or_rollout_run_does_not_resolve_the_learner_device():
     from agentrl.devices import limit_process_memory
 
     cfg = config_from_dict({"learner": {"device": "cuda:3"}})
-    limit_process_memory(cfg, ["sampler"])  # no error: this process runs no learner
+    settings = resolve(cfg, "eval")  # no error: this run has no learner
+    limit_process_memory(settings.budgets_of(["sampler", "learner"]))  # CPU: nothing to cap
     with pytest.raises(ConfigError, match=r"learner\.device"):
-        limit_process_memory(cfg, ["sampler", "learner"])
+        resolve(cfg)
 
 
 def test_the_sampler_budget_counts_weights_and_a_full_kv_cache():

@@ -11,6 +11,7 @@ from agentrl.resources import ResourceScope, current_run_scope
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.plotting import read_steps
 from agentrl.run.runtime import assemble
+from agentrl.run.settings import resolve
 from agentrl.samplers import sampler_options
 from tests.orchestrator.test_train import BASE
 
@@ -30,13 +31,13 @@ def _openai_cfg(*overrides: str):
 
 
 def test_hf_gets_batch_size_and_drains_when_asked():
-    opts = sampler_options(_cfg("sampler.on_update=drain"))
+    opts = sampler_options(resolve(_cfg("sampler.on_update=drain")).sampler)
     assert opts["max_batch_size"] == 16 and opts["on_update"] == "drain"
-    assert sampler_options(_cfg())["on_update"] == "keep"
+    assert sampler_options(resolve(_cfg()).sampler)["on_update"] == "keep"
 
 
 def test_vllm_gets_dtype_batch_size_and_drain():
-    opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.on_update=drain"))
+    opts = sampler_options(resolve(_cfg("sampler.backend=vllm", "sampler.on_update=drain")).sampler)
     assert opts == {
         "max_batch_size": 16,
         "on_update": "drain",
@@ -44,13 +45,15 @@ def test_vllm_gets_dtype_batch_size_and_drain():
         "learner_device": "auto",  # for the weight transport: CUDA IPC when colocated
         "gpu_memory_fraction": None,  # vLLM's gpu_memory_utilization
     }
-    opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.gpu_memory_fraction=0.4"))
+    opts = sampler_options(
+        resolve(_cfg("sampler.backend=vllm", "sampler.gpu_memory_fraction=0.4")).sampler
+    )
     assert opts["gpu_memory_fraction"] == 0.4
 
 
 def test_vllm_rejects_a_device_it_cannot_honour():
     with pytest.raises(ConfigError, match=r"sampler.device=.cuda:1.*CUDA_VISIBLE_DEVICES"):
-        sampler_options(_cfg("sampler.backend=vllm", "sampler.device=cuda:1"))
+        sampler_options(resolve(_cfg("sampler.backend=vllm", "sampler.device=cuda:1")).sampler)
 
 
 @pytest.mark.parametrize(
@@ -62,11 +65,11 @@ def test_vllm_rejects_a_device_it_cannot_honour():
 )
 def test_openai_rejects_settings_a_remote_server_decides(override, named):
     with pytest.raises(ConfigError, match=f"{named} cannot be honoured by sampler.backend=openai"):
-        sampler_options(_openai_cfg(override))
+        sampler_options(resolve(_openai_cfg(override)).sampler)
 
 
 def test_openai_forwards_batch_size_as_requests_in_flight():
-    opts = sampler_options(_openai_cfg())
+    opts = sampler_options(resolve(_openai_cfg()).sampler)
     assert opts["max_concurrency"] == 16 and opts["base_url"] == "http://127.0.0.1:9"
 
 
@@ -74,7 +77,7 @@ def test_options_may_not_repeat_a_first_class_setting():
     with pytest.raises(
         ConfigError, match=r"sampler.options.max_batch_size.*sampler.max_batch_size"
     ):
-        sampler_options(_cfg("sampler.options={max_batch_size: 4}"))
+        sampler_options(resolve(_cfg("sampler.options={max_batch_size: 4}")).sampler)
 
 
 def test_unknown_backend_option_is_rejected_at_assembly():

@@ -46,10 +46,11 @@ def serve(
     out_dir = out or Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S')}"
 
     async def main() -> int:
-        from agentrl.gateway import GatewayServer, GatewaySettings
+        from agentrl.gateway import GatewayServer
         from agentrl.gateway.service import Gateway
         from agentrl.rollout.sinks import JsonlSink
         from agentrl.run.runtime import assemble, load_checkpoint_into_sampler
+        from agentrl.run.settings import gateway_settings
         from agentrl.runfolder import TRACE
         from agentrl.types import Trajectory, TrajectoryGroup
 
@@ -58,7 +59,7 @@ def serve(
             if checkpoint is not None:
                 version = await load_checkpoint_into_sampler(run, checkpoint)
                 console.print(f"weights: {checkpoint} (version {version})")
-            settings = GatewaySettings.from_config(
+            settings = gateway_settings(
                 cfg,
                 training=False,
                 host=host,

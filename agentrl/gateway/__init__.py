@@ -1,6 +1,6 @@
 """The OpenAI-compatible gateway: train an agent program that speaks the chat API.
 
-    gateway = await run_gateway(run.scope, run.sampler, GatewaySettings.from_config(cfg, training=True))
+    gateway = await run_gateway(run.scope, run.sampler, gateway_settings(cfg, training=True))
     session = gateway.open_session(seed=0)
     client = openai.AsyncOpenAI(base_url=gateway.session_url(session), api_key=session.key)
     ...                                            # the agent talks to the model

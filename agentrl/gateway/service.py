@@ -1,6 +1,6 @@
 """The gateway without HTTP: sessions, sampling parameters, recording, response bodies.
 
-    gateway = Gateway(sampler, GatewaySettings.from_config(cfg, training=True))
+    gateway = Gateway(sampler, gateway_settings(cfg, training=True))  # agentrl.run.settings
     session = gateway.open_session(seed=7)
     body = await gateway.chat(session, ChatCompletionRequest(**payload))
     trajectories = gateway.close_session(session.key).trajectories(template)
@@ -40,7 +40,7 @@ LATENCY_WINDOW = 100_000  # per-call overheads kept for percentiles
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    """How the gateway serves; :meth:`from_config` reads a run's config."""
+    """How the gateway serves (a run's: :func:`agentrl.run.settings.gateway_settings`)."""
 
     # the names /v1/models lists; a request may name any model (agent programs keep the
     # name they were written with, e.g. gpt-4o-mini: it reaches the policy and is recorded
@@ -60,29 +60,6 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port
     open_sessions: bool = False  # `agentrl serve`: any key opens a session
-
-    @classmethod
-    def from_config(cls, cfg: Any, *, training: bool, **overrides: Any) -> GatewaySettings:
-        """The config's ``gateway:`` section, with the model's names and the sampler's
-        defaults; `overrides` win (``agentrl serve``'s flags)."""
-        s, g = cfg.sampler, cfg.gateway
-        names = tuple(dict.fromkeys(("agentrl", cfg.model.name)))
-        values: dict[str, Any] = dict(
-            model_names=names,
-            chat_template=cfg.model.chat_template,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            max_new_tokens=s.max_new_tokens,
-            lock_temperature=training,
-            max_n=g.max_n,
-            strict_model=g.strict_model,
-            tool_parser=g.tool_parser,
-            host=g.host,
-            port=g.port,
-        )
-        values.update(overrides)
-        return cls(**values)
 
 
 @dataclass

@@ -27,15 +27,17 @@ from agentrl.types import Trajectory
 HTTP_KEY = "agentrl.gateway.http"
 
 
-def agent_workflow(env: AgentProgram, cfg: Any) -> Workflow:
-    """The workflow running `env`'s program for each episode of a run configured by `cfg`
-    (its gateway from the config's ``gateway:`` section)."""
-    if cfg.rollout.workflow != BUILTIN:
+def agent_workflow(
+    env: AgentProgram, settings: GatewaySettings, workflow: str = BUILTIN
+) -> Workflow:
+    """The workflow running `env`'s program for each episode of a run whose gateway serves
+    with `settings` (:func:`agentrl.run.settings.gateway_settings`; ``rollout.workflow``
+    is `workflow`)."""
+    if workflow != BUILTIN:
         raise ConfigError(
             f"env.name={env.name} runs its program as the episode; rollout.workflow="
-            f"{cfg.rollout.workflow!r} cannot drive it too: leave rollout.workflow at {BUILTIN}"
+            f"{workflow!r} cannot drive it too: leave rollout.workflow at {BUILTIN}"
         )
-    settings = GatewaySettings.from_config(cfg, training=True)
     serving_key = f"agentrl.program.serving.{id(env)}"
 
     async def run_agent(ctx: EpisodeContext) -> list[Trajectory]:

@@ -1,6 +1,6 @@
 """One training core under every mode: RL, preference (DPO family), SFT, the reward model.
 
-    core = TrainerCore(model, CoreSettings.of(cfg.learner), ranks=Ranks.from_config(cfg.learner))
+    core = TrainerCore(model, CoreSettings.of(cfg.learner), ranks=Ranks.from_settings(cfg.learner))
     result = core.update(micro_batches, loss_of)   # one optimizer update; loss_of(mb, counts)
     core.end_step()                                # the lr schedule, once per training step
     core.save(folder, state={...}, meta={...}); state, meta = core.load(folder)

@@ -1,7 +1,7 @@
 """The learner on several ranks: one ``torch.distributed`` group, DDP or FSDP2, one update.
 
     init_rank_group(rank=r, world_size=n, address="tcp://10.0.0.1:29500", timeout_s=600)
-    learner = Learner(model, tokenizer, cfg)     # cfg.learner.world_size == n; same on every rank
+    learner = Learner(model, tokenizer, settings)  # settings.train.world_size == n; same on every rank
     metrics = learner.step(groups)               # every rank gets the step's whole list of groups
 
 Every rank sees the whole batch, so each computes the same advantages, the same minibatch
@@ -48,6 +48,7 @@ from torch import Tensor
 from agentrl.devices import to_device
 from agentrl.errors import ConfigError
 from agentrl.learner.batching import BatchLayout, MicroBatch
+from agentrl.learner.settings import TrainSettings
 from agentrl.types import Batch
 
 log = logging.getLogger(__name__)
@@ -108,19 +109,18 @@ class Ranks:
     cpu_offload: bool = False  # learner.cpu_offload (fsdp)
 
     @classmethod
-    def from_config(cls, lcfg: Any) -> Ranks:
+    def from_settings(cls, lcfg: TrainSettings) -> Ranks:
         """The group of ``learner.world_size`` ranks this process joined (it must have:
         :func:`init_rank_group`), or one rank."""
-        world = int(getattr(lcfg, "world_size", 1))
-        parallel = str(getattr(lcfg, "parallel", "ddp"))
-        offload = bool(getattr(lcfg, "cpu_offload", False))
+        world = int(lcfg.world_size)
+        parallel = str(lcfg.parallel)
+        offload = bool(lcfg.cpu_offload)
         if world == 1 and parallel != "fsdp":
             return cls(parallel=parallel)
         if not dist.is_initialized():
             if world == 1:  # FSDP2 on one rank (the GPU check): a group of one, in memory
-                name = str(getattr(lcfg, "device", "auto"))
-                cuda = name.startswith("cuda") or (name == "auto" and torch.cuda.is_available())
-                device = torch.device("cuda" if cuda else "cpu")
+                # learner.device, resolved with the settings
+                device = torch.device("cuda" if str(lcfg.device).startswith("cuda") else "cpu")
                 dist.init_process_group(
                     backend_for(device), store=dist.HashStore(), rank=0, world_size=1
                 )

@@ -1,6 +1,6 @@
 """The learner: one ``step(groups)`` = advantages, PPO epochs x minibatches, one new version.
 
-    learner = Learner(model, tokenizer, cfg)          # cfg: agentrl.config.Config
+    learner = Learner(model, tokenizer, settings)     # resolve(cfg).learner (agentrl.run.settings)
     metrics = learner.step(groups)                    # blocking; run it in a worker thread
     weights = learner.state_dict_for_sampler()        # publish as version learner.version
 
@@ -28,6 +28,7 @@ Where and how precisely it computes: :mod:`agentrl.learner.precision`; what it r
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +40,6 @@ import torch
 from torch import Tensor
 
 from agentrl.algos import loglinear_proximal_logprobs
-from agentrl.config import AlgorithmConfig, Config, LearnerConfig
 from agentrl.devices import to_device, to_host
 from agentrl.errors import ConfigError
 from agentrl.learner import compiled
@@ -53,6 +53,7 @@ from agentrl.learner.metrics import WeightedMeans, as_floats, batch_metrics
 from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
 from agentrl.learner.proximal import bypass_blockers, current_blockers
+from agentrl.learner.settings import LearnerSettings
 from agentrl.types import Batch, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -135,37 +136,28 @@ class Learner:
         self,
         model: Any,
         tokenizer: Any = None,
-        cfg: Config | None = None,
+        settings: LearnerSettings | None = None,
         *,
-        algorithm: AlgorithmConfig | None = None,
-        learner: LearnerConfig | None = None,
         ref_model: Any = None,
         critic: ValueModel | None = None,
-        temperature: float | None = None,
-        total_steps: int | None = None,
-        max_tokens: int | None = None,
         seed: int | None = None,
         compile_backend: compiled.Backend = compiled.DEFAULT_BACKEND,
     ) -> None:
-        cfg = cfg or Config()
+        settings = settings or LearnerSettings()
+        self.settings = settings
         self.compile_backend = compile_backend  # torch.compile's, for learner.compile
-        self.alg = algorithm or cfg.algorithm
-        self.lcfg = learner or cfg.learner
-        t = cfg.sampler.temperature if temperature is None else temperature
+        self.alg = settings.algorithm
+        self.lcfg = settings.train
+        t = settings.temperature
         self.temperature = float(t) if t and t > 0 else 1.0  # greedy sampling: raw logits
-        self.total_steps = total_steps or cfg.orchestrator.max_steps
-        self.norm_length = self.alg.norm_length or max_tokens or cfg.rollout.max_tokens
+        self.total_steps = settings.total_steps
+        self.norm_length = settings.objective.norm_length
         self.tokenizer = tokenizer
-        self.objective = Objective(
-            self.alg,
-            attribution=cfg.rollout.branching.attribution,
-            norm_length=self.norm_length,
-            step_weight=cfg.reward.step_weight,
-        )
+        self.objective = Objective.from_settings(settings.objective)
         why = compiled.refusal(self.lcfg.compile, self.lcfg.parallel)
         if why is not None and self.lcfg.compile == "on":  # before a process group exists
             raise ConfigError(why)
-        self.precision = Precision.from_config(self.lcfg)
+        self.precision = Precision.from_settings(self.lcfg)
         self.device = self.precision.device
         self.bf16 = self.precision.bf16
 
@@ -178,7 +170,7 @@ class Learner:
             and why is None
             and bool(compiled.decoder_blocks(self.model))
         )
-        if cfg.model.gradient_checkpointing:
+        if settings.model.gradient_checkpointing:
             enable_checkpointing(self.model, traced=traced)
         elif self.lcfg.recompute_mlp:
             from agentrl.learner.recompute import recompute_mlp
@@ -192,27 +184,27 @@ class Learner:
                 )
         self.pad_token_id = _pad_id(tokenizer)
         # learner.world_size ranks (agentrl.learner.distributed); one rank: a no-op
-        self.ranks = Ranks.from_config(self.lcfg)
+        self.ranks = Ranks.from_settings(self.lcfg)
         if self.ranks.parallel == "fsdp" and self.lcfg.share_prompt:
             # the shared-prompt path calls the decoder outside the FSDP root's forward
-            self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
+            self.lcfg = dataclasses.replace(self.lcfg, share_prompt=False)
         if traced and self.lcfg.share_prompt:
             # the shared prompt's KV cache makes every layer its own graph (guards on the
             # layer index and the cache's state), past dynamo's recompile limit
-            self.lcfg = self.lcfg.model_copy(update={"share_prompt": False})
+            self.lcfg = dataclasses.replace(self.lcfg, share_prompt=False)
             log.info("learner.compile: learner.share_prompt is off with compiled layers")
         if self.ranks.parallel == "fsdp" and self.objective.use_kl and ref_model is None:
             ref_model = copy.deepcopy(self.model)  # copied whole, sharded on its own below
 
         self.use_critic = self.objective.needs_critic
         head: ValueHead | None = None
-        if critic is not None and cfg.model.gradient_checkpointing:
+        if critic is not None and settings.model.gradient_checkpointing:
             enable_checkpointing(critic.backbone, traced=traced)
         if self.use_critic and critic is None:
             # initialised from the run's seed, not the process's random state: every rank
             # of a group starts from the same head, as one process would
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(cfg.orchestrator.seed if seed is None else seed)
+                torch.manual_seed(settings.seed if seed is None else seed)
                 head = ValueHead(int(self.model.config.hidden_size)).to(self.device)
         # the model, how the ranks hold it, AdamW (the critic with learner.critic_lr), the
         # lr schedule and fp16's loss scaler (agentrl.learner.core)
@@ -250,9 +242,7 @@ class Learner:
             {"policy": self.model, "critic": self.critic, "reference model": self.ref_model},
             backend=self.compile_backend,
         )
-        self.generator = torch.Generator().manual_seed(
-            cfg.orchestrator.seed if seed is None else seed
-        )
+        self.generator = torch.Generator().manual_seed(settings.seed if seed is None else seed)
         # why the start-of-step pass may not be skipped (empty: skipped on batches whose
         # trained tokens are all at this learner's version; agentrl.learner.proximal)
         also_needed = [
@@ -263,13 +253,13 @@ class Learner:
             )
             if on
         ]
-        step_cfg = cfg.model_copy(update={"algorithm": self.alg, "learner": self.lcfg})
+        step_settings = dataclasses.replace(settings, train=self.lcfg)
         self.bypass_blockers = bypass_blockers(
-            step_cfg, self.precision, pass_needed_for=" and ".join(also_needed)
+            step_settings, self.precision, pass_needed_for=" and ".join(also_needed)
         )
         # why the update's own forward may not give pi_old either (then the pass runs)
         self.current_blockers = current_blockers(
-            step_cfg, self.model, pass_needed_for=" and ".join(also_needed)
+            step_settings, self.model, pass_needed_for=" and ".join(also_needed)
         )
         self.version = 0
         self.step_count = 0

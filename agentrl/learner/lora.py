@@ -1,7 +1,7 @@
 """LoRA on the policy (``model.lora``): the learner trains the adapters only; samplers, exports
 and evaluation see merged weights under the base model's names.
 
-    policy = apply_lora(policy, cfg.model.lora)     # the same module, adapters injected (peft)
+    policy = apply_lora(policy, settings.model.lora)  # the same module, adapters injected (peft)
     state = sampler_state(policy)                   # base + B @ A * alpha / r, base names
     save_policy(policy, folder)                     # adapter.safetensors + merged model.safetensors
     load_policy(policy, folder, device)             # resume: the adapter into the fresh base

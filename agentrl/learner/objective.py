@@ -1,6 +1,6 @@
 """The step's objective, assembled from the registries of :mod:`agentrl.algos` by name.
 
-    objective = Objective(cfg.algorithm, attribution="soft", norm_length=512)
+    objective = Objective(AlgorithmSettings(), attribution="soft", norm_length=512)
     rewards, shaping = objective.shaped_rewards(batch)
     advantages, loss_mask, returns = objective.advantages(batch, rewards, values)
     loss, metrics = objective.loss(logprobs, entropy, values, ...)   # one micro-batch
@@ -58,9 +58,9 @@ from agentrl.algos.registry import (
 )
 from agentrl.algos.stats import masked_mean
 from agentrl.algos.tree_grpo import tree_roots
-from agentrl.config import AlgorithmConfig
 from agentrl.errors import ConfigError, UnknownNameError
 from agentrl.learner.metrics import unscaled, valid_mean
+from agentrl.learner.settings import AlgorithmSettings, ObjectiveSettings
 from agentrl.types import Batch, Trajectory
 
 # the clip settings of algorithm.* that go to a policy loss naming them as parameters
@@ -151,9 +151,18 @@ class Objective:
     Every name is checked when this is built, so a typo fails before the first step.
     """
 
+    @classmethod
+    def from_settings(cls, settings: ObjectiveSettings) -> Objective:
+        return cls(
+            settings.algorithm,
+            attribution=settings.attribution,
+            norm_length=settings.norm_length,
+            step_weight=settings.step_weight,
+        )
+
     def __init__(
         self,
-        alg: AlgorithmConfig,
+        alg: AlgorithmSettings,
         *,
         attribution: str,
         norm_length: int,
@@ -215,10 +224,9 @@ class Objective:
     def _check_off_policy(self) -> None:
         """The is_* and proximal keys act only under a correction that uses them."""
         alg = self.alg
-        defaults = type(alg).model_fields
         if alg.off_policy == "none":
             for key in ("is_mode", "is_level", "is_mask", "proximal", "proximal_bypass"):
-                if getattr(alg, key) != defaults[key].default:
+                if getattr(alg, key) != AlgorithmSettings.default(key):
                     raise ConfigError(
                         f"algorithm.{key}={getattr(alg, key)} has no effect with "
                         "algorithm.off_policy=none (pi_old is the behaviour policy, every "
@@ -233,7 +241,7 @@ class Objective:
             )
         if alg.is_mask is None:
             for key in ("is_mask_low", "is_mask_high"):
-                if key in alg.model_fields_set:
+                if key in alg.explicit:
                     raise ConfigError(
                         f"algorithm.{key} bounds a rejection mask, but algorithm.is_mask is "
                         "not set: set algorithm.is_mask=token (IcePop) or geometric, or "
@@ -273,7 +281,7 @@ class Objective:
         for key in CLIP_SETTINGS:
             if takes_any or key in named:
                 out[key] = getattr(self.alg, key)
-            elif key in self.alg.model_fields_set:
+            elif key in self.alg.explicit:
                 raise ConfigError(
                     f"algorithm.{key} is set but policy loss '{self.alg.policy_loss}' takes no "
                     f"{key}; remove algorithm.{key} or pick a loss that clips (such as ppo)"
@@ -597,15 +605,10 @@ class Objective:
         return {"entropy": masked_mean(entropy, loss_mask), "loss/entropy": term.detach()}
 
 
-def check_algorithm(cfg: Any) -> Objective:
-    """Every registry name and option of a run config (``algorithm``, the branching
-    attribution, ``reward.step_weight``) checked before any model loads."""
-    return Objective(
-        cfg.algorithm,
-        attribution=cfg.rollout.branching.attribution,
-        norm_length=cfg.algorithm.norm_length or cfg.rollout.max_tokens,
-        step_weight=cfg.reward.step_weight,
-    )
+def check_algorithm(settings: ObjectiveSettings) -> Objective:
+    """Every registry name and option of a run (``algorithm``, the branching attribution,
+    ``reward.step_weight``) checked before any model loads."""
+    return Objective.from_settings(settings)
 
 
 def _lookup(registry: Any, name: str, field: str) -> Any:

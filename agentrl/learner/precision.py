@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from agentrl.algos.logprobs import cast_once
-from agentrl.config import LearnerConfig
+from agentrl.learner.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ class Precision:
             raise ValueError("Precision: bf16 and fp16 cannot both be on")
 
     @classmethod
-    def from_config(cls, lcfg: LearnerConfig) -> Precision:
+    def from_settings(cls, lcfg: TrainSettings) -> Precision:
+        """``learner.bf16`` / ``fp16`` on the resolved ``learner.device``."""
         device = resolve_device(lcfg.device)
         fp16 = lcfg.fp16 == "on"
         native = bf16_supported(device)

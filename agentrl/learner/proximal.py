@@ -26,26 +26,13 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.config import Config
-from agentrl.devices import resolve_device
 from agentrl.learner.precision import Precision
-from agentrl.models import load_dtype
+from agentrl.learner.settings import LearnerSettings
 
 
-def sampler_dtype(cfg: Config) -> torch.dtype | None:
-    """The dtype the embedded ``hf`` sampler computes in under `cfg` (None for other
-    backends, whose kernels are not the learner's whatever their dtype)."""
-    if cfg.sampler.backend != "hf":
-        return None
-    device = resolve_device(cfg.sampler.device, "sampler.device")
-    return load_dtype(
-        cfg.model.name, None if cfg.model.dtype == "auto" else cfg.model.dtype, device
-    )
-
-
-def _common_blockers(cfg: Config, pass_needed_for: str) -> list[str]:
+def _common_blockers(settings: LearnerSettings, pass_needed_for: str) -> list[str]:
     """What keeps the pass under either way of skipping it."""
-    alg, lcfg = cfg.algorithm, cfg.learner
+    alg, lcfg = settings.algorithm, settings.train
     out: list[str] = []
     if alg.proximal_bypass == "off":
         out.append("algorithm.proximal_bypass=off")
@@ -78,33 +65,35 @@ def dropout_in(model: torch.nn.Module) -> str:
 
 
 def current_blockers(
-    cfg: Config, model: torch.nn.Module, *, pass_needed_for: str = ""
+    settings: LearnerSettings, model: torch.nn.Module, *, pass_needed_for: str = ""
 ) -> list[str]:
     """Why the update's own forward may not stand in for the pass (empty: it does whenever
     the behaviour log-probs may not, see the module doc)."""
-    out = _common_blockers(cfg, pass_needed_for)
+    out = _common_blockers(settings, pass_needed_for)
     dropout = dropout_in(model)
     if dropout:
         out.append(f"dropout in train mode: {dropout}")
     return out
 
 
-def bypass_blockers(cfg: Config, precision: Precision, *, pass_needed_for: str = "") -> list[str]:
+def bypass_blockers(
+    settings: LearnerSettings, precision: Precision, *, pass_needed_for: str = ""
+) -> list[str]:
     """Why the config keeps the start-of-step pass for the proximal log-probs (empty: it
     may be bypassed on batches whose tokens are all at the learner's version).
 
     `pass_needed_for` names what else needs the pass (critic values, the KL in the reward):
     then it runs anyway and bypassing its log-probs saves nothing."""
-    alg = cfg.algorithm
-    out = _common_blockers(cfg, pass_needed_for)
-    if cfg.orchestrator.max_staleness != 0:
-        out.append(f"orchestrator.max_staleness={cfg.orchestrator.max_staleness}")
+    alg = settings.algorithm
+    out = _common_blockers(settings, pass_needed_for)
+    if settings.max_staleness != 0:
+        out.append(f"orchestrator.max_staleness={settings.max_staleness}")
     if alg.is_mask is not None:
         out.append(f"algorithm.is_mask={alg.is_mask} rejects tokens by the recomputed ratio")
     learner_dtype = precision.compute_dtype
-    s_dtype = sampler_dtype(cfg)
+    s_dtype = settings.sampler_dtype  # the hf sampler's, resolved with the settings
     if s_dtype is None:
-        out.append(f"sampler.backend={cfg.sampler.backend} (other kernels than the learner's)")
+        out.append(f"sampler.backend={settings.sampler_backend} (other kernels than the learner's)")
     elif s_dtype != learner_dtype:
         out.append(f"sampler computes in {s_dtype}, the learner in {learner_dtype}")
     return out

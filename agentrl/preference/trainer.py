@@ -101,14 +101,14 @@ class PreferenceTrainer:
         self.unpaired = PREFERENCE_LOSSES.unpaired(self.loss_name)
         self.needs_reference = PREFERENCE_LOSSES.needs_reference(self.loss_name)
         self.token_kl = PREFERENCE_LOSSES.token_kl(self.loss_name)
-        ranks = Ranks.from_config(lc)
+        ranks = Ranks.from_settings(lc)
         if ranks.distributed and (self.unpaired or self.token_kl):
             raise ConfigError(
                 f"preference.loss={self.loss_name} on several ranks (learner.world_size / "
                 "learner.parallel=fsdp): its batch statistic (KTO's z_0) or frozen reference "
                 "copy (TDPO) is per process; use learner.world_size=1 with learner.parallel=ddp"
             )
-        precision = Precision.from_config(lc)
+        precision = Precision.from_settings(lc)
         if device is not None and torch.device(device) != precision.device:
             precision = dataclasses.replace(precision, device=torch.device(device))
         # LoRA: adapters injected in place and everything else frozen; the reference

@@ -205,7 +205,7 @@ def train_reward_model(
     random.Random(seed).shuffle(pairs)
     n_eval = max(1, round(len(pairs) * eval_fraction)) if eval_fraction > 0 else 0
     held_out, train = pairs[:n_eval], pairs[n_eval:]
-    precision = Precision.from_config(lcfg)
+    precision = Precision.from_settings(lcfg)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

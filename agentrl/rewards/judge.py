@@ -33,6 +33,7 @@ import anyio
 from agentrl.chat import ChatRenderer
 from agentrl.errors import ConfigError, InfraError, RewardError
 from agentrl.models import load_tokenizer
+from agentrl.rewards.settings import JudgeSettings
 from agentrl.samplers import create_sampler
 from agentrl.samplers.base import SamplingParams
 
@@ -50,21 +51,21 @@ def template_fields(template: str) -> set[str]:
     return {f.split(".")[0].split("[")[0] for _, f, _, _ in parsed if f is not None}
 
 
-def check_judge(cfg: Any) -> tuple[set[str], re.Pattern[str]]:
+def check_judge(judge: JudgeSettings) -> tuple[set[str], re.Pattern[str]]:
     """The template's fields and the compiled pattern; a ConfigError naming what is wrong."""
-    fields = template_fields(cfg.template)
+    fields = template_fields(judge.template)
     if any(not f or f.isdigit() for f in fields):
         raise ConfigError(
             "reward.judge.template uses positional fields ({} or {0}); name them: "
             "{question}, {completion}, {answer} or a task column"
         )
     try:
-        pattern = re.compile(cfg.pattern)
+        pattern = re.compile(judge.pattern)
     except re.error as e:
-        raise ConfigError(f"reward.judge.pattern {cfg.pattern!r} is not a regex: {e}") from None
+        raise ConfigError(f"reward.judge.pattern {judge.pattern!r} is not a regex: {e}") from None
     if pattern.groups < 1:
         raise ConfigError(
-            f"reward.judge.pattern {cfg.pattern!r} needs a group around the score, "
+            f"reward.judge.pattern {judge.pattern!r} needs a group around the score, "
             r"e.g. 'Score:\s*(\d+)'"
         )
     return fields, pattern
@@ -73,38 +74,40 @@ def check_judge(cfg: Any) -> tuple[set[str], re.Pattern[str]]:
 class Judge:
     """Scores ``(task, completion)`` with a sampler and a prompt template."""
 
-    def __init__(self, cfg: Any, sampler: Any, renderer: Any, *, owns_sampler: bool) -> None:
-        self.cfg = cfg
+    def __init__(
+        self, judge: JudgeSettings, sampler: Any, renderer: Any, *, owns_sampler: bool
+    ) -> None:
+        self.cfg = judge
         self.sampler = sampler
         self.renderer = renderer
         self.owns_sampler = owns_sampler
-        self.fields, self.pattern = check_judge(cfg)
+        self.fields, self.pattern = check_judge(judge)
         self.params = SamplingParams(
-            temperature=cfg.temperature,
-            max_new_tokens=cfg.max_new_tokens,
+            temperature=judge.temperature,
+            max_new_tokens=judge.max_new_tokens,
             stop_token_ids=tuple(renderer.stop_token_ids),
         )
 
     @classmethod
-    def build(cls, cfg: Any, run_sampler: Any) -> Judge:
-        """The judge `cfg` (a :class:`~agentrl.config.JudgeConfig`) describes: on its own
+    def build(cls, judge: JudgeSettings, run_sampler: Any) -> Judge:
+        """The judge `judge` (``reward.judge``, resolved) describes: on its own
         sampler when it names a model, else on the run's."""
-        if cfg.model is None and cfg.base_url is None:
+        if judge.model is None and judge.base_url is None:
             sampler, owns = run_sampler, False
-        elif cfg.base_url is not None:
-            if cfg.model is None:
+        elif judge.base_url is not None:
+            if judge.model is None:
                 raise ConfigError("reward.judge.base_url needs reward.judge.model (its name)")
             sampler = create_sampler(
                 "openai",
-                model=cfg.model,
-                base_url=cfg.base_url,
-                tokenizer=load_tokenizer(cfg.model),
-                **({"api_key": cfg.api_key} if cfg.api_key else {}),
+                model=judge.model,
+                base_url=judge.base_url,
+                tokenizer=load_tokenizer(judge.model),
+                **({"api_key": judge.api_key} if judge.api_key else {}),
             )
             owns = True
         else:
-            sampler, owns = create_sampler("hf", model=cfg.model), True
-        return cls(cfg, sampler, ChatRenderer(sampler.tokenizer), owns_sampler=owns)
+            sampler, owns = create_sampler("hf", model=judge.model), True
+        return cls(judge, sampler, ChatRenderer(sampler.tokenizer), owns_sampler=owns)
 
     def prompt(self, task: dict[str, Any], completion: str) -> str:
         values = {**task, "question": task.get("question", ""), "completion": completion}

@@ -22,12 +22,11 @@ from typing import Any
 
 import anyio
 
-from agentrl.config import RewardFunctionConfig
-from agentrl.devices import resolve_device
 from agentrl.errors import ConfigError
 from agentrl.rewards.functions import RewardFunction, check_reward
 from agentrl.rewards.judge import Judge, check_judge
 from agentrl.rewards.reward_model import RewardModelScorer, check_reward_model_folder
+from agentrl.rewards.settings import RewardFunctionSettings, RewardSettings
 
 Message = dict[str, Any]
 
@@ -57,11 +56,10 @@ class RewardPipeline:
         self.judge = judge
 
     @staticmethod
-    def check(cfg: Any) -> None:
+    def check(rc: RewardSettings) -> None:
         """What can be known before any model loads: the functions import and take the
         right arguments, the reward model folder has a one-score head, the judge's template
         and pattern parse."""
-        rc = cfg.reward
         _functions(rc)
         _process_functions(rc)
         if rc.model is not None:
@@ -72,10 +70,10 @@ class RewardPipeline:
             check_judge(rc.judge)
 
     @classmethod
-    def from_config(cls, cfg: Any, sampler: Any = None) -> RewardPipeline | None:
-        """The pipeline of ``cfg.reward`` (None when it adds nothing to the environment's
-        reward). Blocking: imports the functions, loads the reward model and the judge."""
-        rc = cfg.reward
+    def from_settings(cls, rc: RewardSettings, sampler: Any = None) -> RewardPipeline | None:
+        """The pipeline of the run's ``reward`` settings (None when it adds nothing to the
+        environment's reward). Blocking: imports the functions, loads the reward model and
+        the judge."""
         if not rc.enabled:
             return None
         functions = _functions(rc)
@@ -84,7 +82,7 @@ class RewardPipeline:
         def scorer(folder: str) -> RewardModelScorer:
             return RewardModelScorer(
                 folder,
-                device=str(resolve_device(rc.model_device, "reward.model_device")),
+                device=rc.model_device,  # resolved by the run layer
                 batch_size=rc.model_batch_size,
                 max_length=rc.model_max_length,
             )
@@ -201,15 +199,9 @@ def _same_folder(a: str, b: str) -> bool:
     return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
-def _functions(rc: Any) -> list[RewardFunction]:
-    """``reward.functions`` imported, with their weights (``weights`` wins over ``weight``)."""
-    weights = rc.weights or [None] * len(rc.functions)
-    functions = []
-    for spec, weight in zip(rc.functions, weights, strict=True):
-        if isinstance(spec, str):
-            spec = RewardFunctionConfig(fn=spec)
-        w = spec.weight if weight is None else weight
-        functions.append(RewardFunction.load(spec.fn, w, spec.name))
+def _functions(rc: RewardSettings) -> list[RewardFunction]:
+    """``reward.functions`` imported, with their weights (decided by the run layer)."""
+    functions = [RewardFunction.load(s.fn, s.weight, s.name) for s in rc.functions]
     names = [f.name for f in functions]
     doubled = sorted({n for n in names if names.count(n) > 1})
     if doubled:
@@ -220,14 +212,10 @@ def _functions(rc: Any) -> list[RewardFunction]:
     return functions
 
 
-def _process_functions(rc: Any) -> list[RewardFunction]:
+def _process_functions(rc: RewardSettings) -> list[RewardFunction]:
     """``reward.process`` imported, with their weights."""
-    out = []
-    for spec in rc.process:
-        if isinstance(spec, str):
-            spec = RewardFunctionConfig(fn=spec)
-        out.append(RewardFunction.load(spec.fn, spec.weight, spec.name))
-    return out
+    specs: tuple[RewardFunctionSettings, ...] = rc.process
+    return [RewardFunction.load(s.fn, s.weight, s.name) for s in specs]
 
 
 def final_answer(messages: Sequence[Message]) -> str:

@@ -1,6 +1,6 @@
 """The rollout engine: many episodes in flight, groups emitted to a sink as they complete.
 
-    engine = RolloutEngine(env, sampler, renderer, cfg.rollout, params)
+    engine = RolloutEngine(env, sampler, renderer, resolve(cfg).rollout, params)
     await engine.produce(16, JsonlSink("out/trajectories.jsonl"))      # N groups, then stop
 
     send, recv = anyio.create_memory_object_stream[TrajectoryGroup](4)
@@ -29,12 +29,12 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
 from agentrl.chat import Renderer, require_renderer
-from agentrl.config import SamplerConfig
 from agentrl.envs.program import AnyEnvironment
 from agentrl.errors import ConfigError
 from agentrl.rollout.episode import EpisodeLimits, EpisodeRunner, new_id
 from agentrl.rollout.group import run_branching_group, run_group
 from agentrl.rollout.hooks import resolve_group_hooks
+from agentrl.rollout.settings import RolloutSettings, SamplingSettings
 from agentrl.rollout.tasks import TaskCursor
 from agentrl.rollout.workflow import BUILTIN, Workflow, resolve_workflow
 from agentrl.samplers.base import Sampler, SamplingParams
@@ -53,18 +53,18 @@ def _emitter(sink: GroupSink) -> Callable[[TrajectoryGroup], Awaitable[Any]]:
     )
 
 
-def sampling_params_from(sampler_cfg: Any, renderer: Renderer) -> SamplingParams:
-    """Per-turn sampling params from a :class:`agentrl.config.SamplerConfig` (or defaults),
-    stopping at the renderer's end-of-turn tokens."""
-    if sampler_cfg is None:
-        sampler_cfg = SamplerConfig()
+def sampling_params_from(sampling: SamplingSettings | None, renderer: Renderer) -> SamplingParams:
+    """Per-turn sampling params from the run's sampling settings (or defaults), stopping at
+    the renderer's end-of-turn tokens."""
+    if sampling is None:
+        sampling = SamplingSettings()
     return SamplingParams(
-        temperature=sampler_cfg.temperature,
-        top_p=sampler_cfg.top_p,
-        top_k=sampler_cfg.top_k,
-        max_new_tokens=sampler_cfg.max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        max_new_tokens=sampling.max_new_tokens,
         stop_token_ids=tuple(renderer.stop_token_ids),
-        seed=sampler_cfg.seed,
+        seed=sampling.seed,
     )
 
 
@@ -80,31 +80,32 @@ class RolloutEngine:
         env: AnyEnvironment,
         sampler: Sampler,
         renderer: Renderer,
-        cfg: Any,
+        settings: RolloutSettings,
         params: SamplingParams | None = None,
         *,
-        sampler_cfg: Any = None,
-        seed: int = 0,
+        sampling: SamplingSettings | None = None,
+        seed: int | None = None,
         tasks: Iterable[dict[str, Any]] | None = None,
         split: str = "train",
         context_length: int | None = None,
         vocab_size: int | None = None,
         workflow: Workflow | None = None,
     ) -> None:
-        """`cfg` is a :class:`agentrl.config.RolloutConfig`; sampling params come from
-        `params`, else from `sampler_cfg` (a :class:`SamplerConfig`), with the renderer's
-        end-of-turn tokens as stop tokens."""
-        config = cfg
+        """Sampling params come from `params`, else from `sampling` (default: the
+        settings' own), with the renderer's end-of-turn tokens as stop tokens; `seed`
+        replaces the settings' seed."""
+        config = settings
         renderer = require_renderer(renderer)
         if params is None:
-            params = sampling_params_from(sampler_cfg, renderer)
+            params = sampling_params_from(sampling or settings.sampling, renderer)
             params = params.with_(stop=tuple(params.stop) + env.stop_strings())
         self.env = env
         self.sampler = sampler
-        self.config = config  # agentrl.config.RolloutConfig
+        self.config = config
+        seed = settings.seed if seed is None else seed
         self.seed = seed
         ctx = context_length if context_length is not None else sampler.context_length
-        self.limits = EpisodeLimits.from_config(config, context_length=ctx)
+        self.limits = EpisodeLimits.from_settings(config, context_length=ctx)
         self.branching = config.branching if config.branching.enabled else None
         self.runner = EpisodeRunner(env, sampler, renderer, params, self.limits)
         self._vocab_size = vocab_size
@@ -121,7 +122,7 @@ class RolloutEngine:
             else TaskCursor.for_env(env, seed, split, epochs=1)
         )
         self.groups_emitted = 0
-        self.group_hooks = resolve_group_hooks(list(getattr(config, "group_hooks", [])))
+        self.group_hooks = resolve_group_hooks(list(config.group_hooks))
 
     @property
     def group_width(self) -> int:

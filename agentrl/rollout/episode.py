@@ -30,6 +30,7 @@ import anyio
 from agentrl.chat import Renderer, require_renderer
 from agentrl.envs.base import AssistantTurn, Environment, Message, StepResult
 from agentrl.errors import EnvError, InfraError, TemplateMismatchError
+from agentrl.rollout.settings import RolloutSettings
 from agentrl.samplers.base import Generation, Sampler, SamplingParams
 from agentrl.types import Segment, ToolCallRecord, Trajectory, Turn
 
@@ -38,7 +39,7 @@ CLOSE_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class EpisodeLimits:
-    """Per-episode limits (mirrors :class:`agentrl.config.RolloutConfig`)."""
+    """Per-episode limits (from :class:`~agentrl.rollout.settings.RolloutSettings`)."""
 
     max_turns: int = 4
     max_tool_calls: int = 8
@@ -61,16 +62,18 @@ class EpisodeLimits:
             raise ValueError(f"infra_retries must be >= 0 (got {self.infra_retries})")
 
     @classmethod
-    def from_config(cls, cfg: Any, context_length: int | None = None) -> EpisodeLimits:
-        """Build from a :class:`agentrl.config.RolloutConfig`."""
+    def from_settings(
+        cls, settings: RolloutSettings, context_length: int | None = None
+    ) -> EpisodeLimits:
+        """The limits ``rollout`` sets, with the model's context length."""
         return cls(
-            max_turns=cfg.max_turns,
-            max_tool_calls=cfg.max_tool_calls,
-            max_tokens=cfg.max_tokens,
-            timeout_s=cfg.episode_timeout_s,
-            infra_retries=cfg.infra_retries,
+            max_turns=settings.max_turns,
+            max_tool_calls=settings.max_tool_calls,
+            max_tokens=settings.max_tokens,
+            timeout_s=settings.episode_timeout_s,
+            infra_retries=settings.infra_retries,
             context_length=context_length,
-            on_template_mismatch=cfg.on_template_mismatch,
+            on_template_mismatch=settings.on_template_mismatch,  # type: ignore[arg-type]
         )
 
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio
 
-from agentrl.config import BranchingConfig
 from agentrl.rollout.episode import (
     EpisodeRunner,
     EpisodeState,
@@ -26,13 +25,14 @@ from agentrl.rollout.episode import (
     new_id,
     run_attempts,
 )
+from agentrl.rollout.settings import BranchingSettings
 from agentrl.rollout.workflow import Workflow, episode_function
 from agentrl.samplers.base import Generation
 from agentrl.types import Trajectory, TrajectoryGroup
 
 
 def decide_branch(
-    policy: BranchingConfig, delta_h: float, rng: random.Random
+    policy: BranchingSettings, delta_h: float, rng: random.Random
 ) -> tuple[bool, float]:
     """(branch?, probability or score) for an entropy change ΔH: the score is
     α + β·ΔH, a probability clamped to [0, 1] (``stochastic``) or compared with τ
@@ -81,7 +81,7 @@ async def run_group(
 async def run_branching_group(
     task: dict[str, Any],
     runner: EpisodeRunner,
-    policy: BranchingConfig,
+    policy: BranchingSettings,
     limiter: anyio.CapacityLimiter,
     vocab_size: int,
     *,

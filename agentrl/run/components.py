@@ -1,31 +1,39 @@
-"""The components of one run (:class:`Run`), and each built from its config: environment,
-sampler, rollout engine, reward pipeline, learner.
+"""The components of one run (:class:`Run`), each built from its resolved settings
+(:mod:`agentrl.run.settings`): environment, sampler, rollout engine, reward pipeline, learner.
 
 The run assembly (:mod:`agentrl.run.runtime`), the learner process and the Ray actor shells
 (:mod:`agentrl.run.placement`) all build through here, so a config key means the same thing
-wherever a component runs. Each sampler backend maps the config to its own options
-(``from_config``, :mod:`agentrl.samplers`); a setting a backend cannot honour is an error
+wherever a component runs. Each sampler backend maps its settings to its own options
+(``from_settings``, :mod:`agentrl.samplers`); a setting a backend cannot honour is an error
 naming it, never silently dropped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
+
 from agentrl.chat import ChatRenderer
 from agentrl.config import Config
-from agentrl.devices import check_memory, learner_bytes, resolve_device
+from agentrl.devices import check_memory, learner_bytes
 from agentrl.envs import AgentProgram, AnyEnvironment, make_env
 from agentrl.envs.dataset import attach_dataset
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.learner.lora import AdaptersOff, apply_lora
+from agentrl.learner.settings import LearnerSettings
 from agentrl.models import load_model
 from agentrl.resources import ResourceScope
 from agentrl.rewards import RewardPipeline
+from agentrl.rewards.settings import RewardSettings
 from agentrl.rollout import RolloutEngine
-from agentrl.samplers import Sampler, sampler_from_config
+from agentrl.rollout.settings import RolloutSettings
+from agentrl.run.settings import gateway_settings, rollout_settings
+from agentrl.samplers import Sampler, sampler_from_settings
+from agentrl.samplers.settings import SamplerSettings
 
 Role = Literal["train", "rollout", "eval"]
 
@@ -43,10 +51,10 @@ def build_env(cfg: Config, split: str = "train") -> AnyEnvironment:
     return env
 
 
-def build_sampler(cfg: Config) -> Sampler:
-    """The sampler `cfg` asks for; ``hf`` loads its own model copy on ``sampler.device`` in
-    ``model.dtype`` (the learner keeps float32 masters of its own)."""
-    return sampler_from_config(cfg)
+def build_sampler(settings: SamplerSettings) -> Sampler:
+    """The sampler `settings` ask for, built by its backend; ``hf`` loads its own model copy
+    on ``sampler.device`` in ``model.dtype`` (the learner keeps float32 masters of its own)."""
+    return sampler_from_settings(settings)
 
 
 def episode_workflow(cfg: Config, env: AnyEnvironment) -> Any:
@@ -56,7 +64,7 @@ def episode_workflow(cfg: Config, env: AnyEnvironment) -> Any:
         return None
     from agentrl.gateway.workflow import agent_workflow  # the [gateway] extra (fastapi)
 
-    return agent_workflow(env, cfg)
+    return agent_workflow(env, gateway_settings(cfg, training=True), cfg.rollout.workflow)
 
 
 def build_engine(
@@ -66,12 +74,14 @@ def build_engine(
     *,
     split: str = "train",
     group_size: int | None = None,
+    rollout: RolloutSettings | None = None,
 ) -> RolloutEngine:
-    """The rollout engine (renderer from the sampler's tokenizer and the env's tools)."""
-    rollout_cfg = cfg.rollout
+    """The rollout engine (renderer from the sampler's tokenizer and the env's tools);
+    `rollout`: the run's resolved settings (default: resolved from `cfg` here)."""
+    rollout = rollout or rollout_settings(cfg)
     if group_size is not None:  # evaluation: k plain samples per task, no branching
-        rollout_cfg = rollout_cfg.model_copy(update={"group_size": group_size})
-        rollout_cfg.branching = rollout_cfg.branching.model_copy(update={"enabled": False})
+        branching = dataclasses.replace(rollout.branching, enabled=False)
+        rollout = dataclasses.replace(rollout, group_size=group_size, branching=branching)
     renderer = ChatRenderer(
         sampler.tokenizer, tools=env.tool_schemas(), template=cfg.model.chat_template
     )
@@ -79,43 +89,45 @@ def build_engine(
         env,
         sampler,
         renderer,
-        rollout_cfg,
-        sampler_cfg=cfg.sampler,
-        seed=cfg.orchestrator.seed,
+        rollout,
         split=split,
         workflow=episode_workflow(cfg, env),
     )
 
 
-def attach_rewards(cfg: Config, engine: Any, sampler: Any, scope: ResourceScope) -> None:
+def attach_rewards(
+    rewards: RewardSettings, engine: Any, sampler: Any, scope: ResourceScope
+) -> None:
     """``reward.functions`` / ``model`` / ``judge`` scoring the engine's episodes (see
     :mod:`agentrl.rewards`), closed with the run's scope."""
-    if not cfg.reward.enabled:
+    if not rewards.enabled:
         return
     if engine.workflow is not None:
         raise ConfigError(
             "reward.functions / model / judge score the built-in episode runner's episodes; "
-            f"a workflow ({cfg.rollout.workflow!r}, or an agent program) returns its own "
+            f"a workflow ({engine.config.workflow!r}, or an agent program) returns its own "
             "reward: score inside it, or use rollout.workflow=episode"
         )
-    pipeline = RewardPipeline.from_config(cfg, sampler)
+    pipeline = RewardPipeline.from_settings(rewards, sampler)
     engine.runner.rewards = pipeline
     scope.push(pipeline.aclose)
 
 
-def load_learner(cfg: Config) -> Learner:
+def load_learner(settings: LearnerSettings) -> Learner:
     """A :class:`~agentrl.learner.Learner` in this process, its kernels compiled (the thread
     learner, the learner process and the Ray learner actor all start here)."""
-    device = resolve_device(cfg.learner.device, "learner.device")
-    policy, tokenizer = load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)
-    if cfg.model.lora is not None:
-        policy = apply_lora(policy, cfg.model.lora, cfg.model.gradient_checkpointing)
+    device = torch.device(settings.train.device)
+    model = settings.model
+    policy, tokenizer = load_model(model.name, dtype="float32", seed=model.seed)
+    if model.lora is not None:
+        policy = apply_lora(policy, model.lora, model.gradient_checkpointing)
     n_params = sum(p.numel() for p in policy.parameters())
     n_trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
-    reference = bool(cfg.algorithm.kl) and cfg.algorithm.kl_coef > 0  # Objective.use_kl
-    lora = cfg.model.lora is not None  # its reference is the policy with adapters off
+    alg = settings.algorithm
+    reference = bool(alg.kl) and alg.kl_coef > 0  # Objective.use_kl
+    lora = model.lora is not None  # its reference is the policy with adapters off
     check_memory(
-        cfg,
+        settings.train.gpu_memory_fraction,
         "learner",
         learner_bytes(n_params, n_trained, reference=reference and not lora),
         device,
@@ -123,9 +135,9 @@ def load_learner(cfg: Config) -> Learner:
         f"{n_trained / 1e6:.0f}M{', a reference copy' if reference and not lora else ''}",
     )
     ref_model = None
-    if cfg.model.lora is not None and reference:  # the base weights, not a second copy
+    if lora and reference:  # the base weights, not a second copy
         ref_model = AdaptersOff(policy)
-    learner = Learner(policy, tokenizer, cfg, ref_model=ref_model)
+    learner = Learner(policy, tokenizer, settings, ref_model=ref_model)
     learner.warmup()
     return learner
 

@@ -30,7 +30,6 @@ from agentrl.algos.registry import (
 from agentrl.config import Config, RawConfig, read_config, validate_config
 from agentrl.config import GroupHookConfig as Hook
 from agentrl.config_sources import Problem, report
-from agentrl.devices import check_placement
 from agentrl.envs.registry import resolve as resolve_env
 from agentrl.errors import ConfigError, PluginError, UnknownNameError
 from agentrl.learner.objective import check_algorithm
@@ -39,7 +38,13 @@ from agentrl.preference.losses import check_options as check_preference_options
 from agentrl.rewards import RewardPipeline
 from agentrl.rollout.hooks import resolve_group_hooks
 from agentrl.rollout.workflow import resolve_workflow
-from agentrl.run.runtime import learner_worker
+from agentrl.run.settings import (
+    check_placement,
+    learner_worker,
+    objective_settings,
+    reward_settings,
+    sampler_settings,
+)
 from agentrl.samplers import backend_class, sampler_options
 from agentrl.samplers.options import check_options as check_sampler_options
 
@@ -133,13 +138,13 @@ def _cross_problems(cfg: Config, purpose: Purpose, bad_names: set[str]) -> list[
     checks: list[Callable[[], Any]] = []
     if purpose == "train":
         if not any(k.startswith(("algorithm.", "rollout.branching.")) for k in bad_names):
-            checks.append(lambda: check_algorithm(cfg))
+            checks.append(lambda: check_algorithm(objective_settings(cfg)))
         if cfg.orchestrator.backend == "local":  # Ray actors resolve devices on their nodes
             checks += [lambda: learner_worker(cfg), lambda: check_placement(cfg)]
     if purpose in _EPISODES:
         checks.append(lambda: _sampler_options(cfg))
         if cfg.reward.enabled:
-            checks.append(lambda: RewardPipeline.check(cfg))
+            checks.append(lambda: RewardPipeline.check(reward_settings(cfg)))
     preference = purpose in ("preference", "online_preference")
     if preference and cfg.preference.options and "preference.loss" not in bad_names:
         options = dict(cfg.preference.options)
@@ -164,7 +169,9 @@ def _attempt(check: Callable[[], Any], key: str | None = None) -> list[Problem]:
 
 def _sampler_options(cfg: Config) -> None:
     try:
-        check_sampler_options(backend_class(cfg.sampler.backend), sampler_options(cfg))
+        check_sampler_options(
+            backend_class(cfg.sampler.backend), sampler_options(sampler_settings(cfg))
+        )
     except TypeError as e:  # an unknown option, named with the backend's known ones
         raise ConfigError(f"sampler.options: {e}") from None
 

@@ -13,10 +13,7 @@ import torch
 
 from agentrl.config import Config
 from agentrl.cpu import set_allocator, set_threads
-
-
-def is_asynchronous(cfg: Config) -> bool:
-    return cfg.orchestrator.max_staleness > 0
+from agentrl.run.settings import is_asynchronous
 
 
 def apply_process_settings(cfg: Config) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import anyio
 
 from agentrl.config import Config
-from agentrl.devices import check_placement, limit_process_memory
+from agentrl.devices import limit_process_memory
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.learner.objective import check_algorithm
@@ -44,36 +44,22 @@ from agentrl.run.components import (
 )
 from agentrl.run.placement.assemble import assemble_on_ray
 from agentrl.run.placement.learner_process import LearnerProcess, drill_fault
+from agentrl.run.settings import Settings, resolve
 from agentrl.runfolder import policy_weights_file, resolve_checkpoint
 from agentrl.weights import WeightBus
 
 log = logging.getLogger(__name__)
 
 
-def learner_worker(cfg: Config) -> str:
-    """``orchestrator.learner_worker`` resolved: ``thread`` or ``process``."""
-    worker = cfg.orchestrator.learner_worker
-    if cfg.learner.world_size > 1:  # the ranks are processes the run layer launches
-        if worker == "thread":
-            raise ConfigError(
-                f"learner.world_size={cfg.learner.world_size} runs the learner in "
-                f"{cfg.learner.world_size} processes: set orchestrator.learner_worker=process "
-                "(or auto), or learner.world_size=1"
-            )
-        return "process"
-    if worker == "auto":
-        return "process" if cfg.orchestrator.max_staleness > 0 else "thread"
-    return worker
-
-
-def start_learner(cfg: Config) -> Learner | LearnerProcess:
+def start_learner(cfg: Config, settings: Settings) -> Learner | LearnerProcess:
     """The learner `orchestrator.learner_worker` asks for: here, or in its own process
     (started now; it loads its model while the caller builds the rest)."""
-    if learner_worker(cfg) == "thread":
-        return load_learner(cfg)
+    assert settings.learner is not None  # a train run's
+    if settings.learner_worker == "thread":
+        return load_learner(settings.learner)
     # a conversion the model needs (first run of the embedded default) happens once, here
     prepare_files(cfg.model.name)
-    return LearnerProcess(cfg, fault=drill_fault())
+    return LearnerProcess(cfg, settings.learner, fault=drill_fault())
 
 
 def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int = 1) -> Run:
@@ -98,28 +84,32 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
     scope = ResourceScope("run")
     learner = None
     try:
-        if role == "train":  # a device this machine lacks fails here, before anything starts
-            check_placement(cfg)
-            here = ["sampler"] + (["learner"] if learner_worker(cfg) == "thread" else [])
-        else:
-            here = ["sampler"]
-        limit_process_memory(cfg, here)
+        # every auto and cross-section rule, once: a device this machine lacks fails here,
+        # before anything starts
+        settings = resolve(cfg, role)
+        here = ["sampler"] + (["learner"] if settings.learner_worker == "thread" else [])
+        limit_process_memory(settings.budgets_of(here))
         split = split or ("eval" if role == "eval" else "train")
         env = build_env(cfg, split)
-        if cfg.reward.enabled:  # bad reward settings fail here, before any model loads
-            RewardPipeline.check(cfg)
+        if settings.reward.enabled:  # bad reward settings fail here, before any model loads
+            RewardPipeline.check(settings.reward)
         if role == "train":  # registry names and algorithm.options, before any model loads
-            check_algorithm(cfg)
+            check_algorithm(settings.objective)
         if role == "train":  # a learner process loads its model while this one builds the rest
-            learner = start_learner(cfg)
-        sampler = build_sampler(cfg)
+            learner = start_learner(cfg, settings)
+        sampler = build_sampler(settings.sampler)
         scope.push(sampler.close)
         if learner is not None:
             scope.push(lambda: anyio.to_thread.run_sync(learner.close))
         engine = build_engine(
-            cfg, env, sampler, split=split, group_size=samples if role == "eval" else None
+            cfg,
+            env,
+            sampler,
+            split=split,
+            group_size=samples if role == "eval" else None,
+            rollout=settings.rollout,
         )
-        attach_rewards(cfg, engine, sampler, scope)
+        attach_rewards(settings.reward, engine, sampler, scope)
         run = Run(cfg=cfg, role=role, env=env, sampler=sampler, engine=engine, scope=scope)
         if learner is not None:
             learner.wait_ready()  # a learner that cannot start fails the assembly, not the run

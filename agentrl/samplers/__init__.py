@@ -4,10 +4,11 @@
     sampler = create_sampler("hf", model=(model, tokenizer))      # or an already-loaded pair
     gen = await sampler.generate(prompt_ids, SamplingParams(temperature=0.7))
 
-    sampler = sampler_from_config(cfg)                            # what a run's config asks for
+    sampler = sampler_from_settings(resolve(cfg).sampler)         # what a run's config asks for
 
 Backends are imported when asked for (``vllm`` itself only when its engine starts). Each
-maps a run's config to its own options (``from_config``); a run has no per-backend code.
+maps the run's resolved sampler settings to its own options (``from_settings``); a run has
+no per-backend code.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from agentrl.samplers.options import check_options, resolve_on_update
 from agentrl.types import WeightsLike
 
 if TYPE_CHECKING:
-    from agentrl.config import Config
+    from agentrl.samplers.settings import SamplerSettings
 
 __all__ = [
     "BACKENDS",
@@ -34,7 +35,7 @@ __all__ = [
     "backend_class",
     "create_sampler",
     "on_update_policy",
-    "sampler_from_config",
+    "sampler_from_settings",
     "sampler_options",
 ]
 
@@ -92,19 +93,19 @@ def create_sampler(
     return cls(hf_model, tokenizer, **options)
 
 
-def sampler_from_config(cfg: Config) -> Sampler:
-    """The sampler ``cfg.sampler.backend`` names, built by that backend from `cfg`
+def sampler_from_settings(settings: SamplerSettings) -> Sampler:
+    """The sampler ``settings.backend`` names, built by that backend from `settings`
     (blocking: ``hf`` loads its own copy of the model)."""
-    return backend_class(cfg.sampler.backend).from_config(cfg)
+    return backend_class(settings.backend).from_settings(settings)
 
 
-def sampler_options(cfg: Config) -> dict[str, Any]:
-    """The keyword options `cfg` gives its sampler backend (see
+def sampler_options(settings: SamplerSettings) -> dict[str, Any]:
+    """The keyword options `settings` give their sampler backend (see
     :mod:`agentrl.samplers.options`)."""
-    return backend_class(cfg.sampler.backend).options_from_config(cfg)
+    return backend_class(settings.backend).options_from_settings(settings)
 
 
-def on_update_policy(cfg: Config) -> str:
+def on_update_policy(settings: SamplerSettings) -> str:
     """``sampler.on_update`` resolved for the run's backend: ``keep``, ``reprefill`` or
     ``drain``."""
-    return resolve_on_update(cfg, backend_class(cfg.sampler.backend))
+    return resolve_on_update(settings, backend_class(settings.backend))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from agentrl.types import WeightsLike
 
 if TYPE_CHECKING:
-    from agentrl.config import Config
+    from agentrl.samplers.settings import SamplerSettings
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -70,7 +70,7 @@ class Sampler(abc.ABC):
 
     Every backend declares ``version``, ``context_length`` and ``vocab_size``; the rollout
     reads them, it never probes for backend attributes. ``stats()`` is optional (empty).
-    Each backend maps a run's config to its own options (:meth:`from_config`), and declares
+    Each backend maps a run's sampler settings to its own options (:meth:`from_settings`), and declares
     what ``sampler.on_update: auto`` means for it and the policies it cannot honour.
     """
 
@@ -80,14 +80,14 @@ class Sampler(abc.ABC):
     on_update_cannot: ClassVar[dict[str, str]] = {}  # policy -> why this backend cannot
 
     @classmethod
-    def options_from_config(cls, cfg: Config) -> dict[str, Any]:
-        """The keyword options `cfg` gives this backend (see :mod:`agentrl.samplers.options`)."""
-        raise NotImplementedError(f"the {cls.backend} sampler has no options_from_config")
+    def options_from_settings(cls, settings: SamplerSettings) -> dict[str, Any]:
+        """The keyword options `settings` give this backend (:mod:`agentrl.samplers.options`)."""
+        raise NotImplementedError(f"the {cls.backend} sampler has no options_from_settings")
 
     @classmethod
-    def from_config(cls, cfg: Config) -> Sampler:
-        """The sampler `cfg` asks for (blocking: may load a model)."""
-        raise NotImplementedError(f"the {cls.backend} sampler has no from_config")
+    def from_settings(cls, settings: SamplerSettings) -> Sampler:
+        """The sampler `settings` ask for (blocking: may load a model)."""
+        raise NotImplementedError(f"the {cls.backend} sampler has no from_settings")
 
     @property
     @abc.abstractmethod

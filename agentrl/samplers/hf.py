@@ -36,7 +36,6 @@ from typing import Any
 import anyio
 import torch
 
-from agentrl.config import Config
 from agentrl.devices import check_memory, resolve_device, sampler_bytes
 from agentrl.errors import SamplerError, WeightUpdateError
 from agentrl.models import load_model
@@ -59,6 +58,7 @@ from agentrl.samplers.hf_swap import ON_UPDATE, WeightSwaps
 from agentrl.samplers.options import check_options, resolve_on_update, shared_options
 from agentrl.samplers.prefix_cache import PrefixCache
 from agentrl.samplers.sampling import sample_next
+from agentrl.samplers.settings import SamplerSettings
 from agentrl.weights.spec import WeightSpec
 
 log = logging.getLogger(__name__)
@@ -90,31 +90,32 @@ class HFSampler(WeightSwaps, Sampler):
     weight_payload = "state_dict"  # what the WeightBus hands to update_weights
 
     @classmethod
-    def options_from_config(cls, cfg: Config) -> dict[str, Any]:
-        options = shared_options(cfg)
-        policy = resolve_on_update(cfg, cls)
-        options.update(max_batch_size=cfg.sampler.max_batch_size, on_update=policy)
+    def options_from_settings(cls, settings: SamplerSettings) -> dict[str, Any]:
+        options = shared_options(settings)
+        policy = resolve_on_update(settings, cls)
+        options.update(max_batch_size=settings.max_batch_size, on_update=policy)
         return options
 
     @classmethod
-    def from_config(cls, cfg: Config) -> HFSampler:
+    def from_settings(cls, settings: SamplerSettings) -> HFSampler:
         """Its own model copy on ``sampler.device`` in ``model.dtype`` (the learner keeps
         float32 masters of its own); the memory it needs is checked before it decodes."""
-        options = cls.options_from_config(cfg)
-        device = resolve_device(cfg.sampler.device, "sampler.device")
+        options = cls.options_from_settings(settings)
+        # resolved by the run layer (this parses it; auto stays usable in scripts)
+        device = resolve_device(settings.device, "sampler.device")
         model, tokenizer = load_model(
-            cfg.model.name,
-            dtype=None if cfg.model.dtype == "auto" else cfg.model.dtype,
+            settings.model_name,
+            dtype=None if settings.model_dtype == "auto" else settings.model_dtype,
             device=device,
-            seed=cfg.model.seed,
+            seed=settings.model_seed,
         )
-        tokens = cfg.rollout.max_tokens
+        tokens = settings.max_tokens
         if options.get("kv_cache") == "static":  # every slot holds max_context positions
             tokens = int(
                 options.get("max_context") or getattr(model.config, "max_position_embeddings", 2048)
             )
-        need, what = sampler_bytes(model, cfg.sampler.max_batch_size, tokens)
-        check_memory(cfg, "sampler", need, device, what)
+        need, what = sampler_bytes(model, settings.max_batch_size, tokens)
+        check_memory(settings.gpu_memory_fraction, "sampler", need, device, what)
         check_options(cls, options)
         return cls(model, tokenizer, **options)
 

@@ -34,11 +34,11 @@ from typing import Any, ClassVar
 import anyio
 import httpx
 
-from agentrl.config import Config
 from agentrl.errors import ConfigError, PromptError, SamplerError, WeightUpdateError
 from agentrl.models import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
-from agentrl.samplers.options import check_options, resolve_on_update, shared_options, user_set
+from agentrl.samplers.options import check_options, resolve_on_update, shared_options
+from agentrl.samplers.settings import SamplerSettings
 from agentrl.samplers.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
 from agentrl.weights.files import shm_root
 from agentrl.weights.spec import WeightSpec
@@ -72,15 +72,14 @@ class OpenAISampler(Sampler):
     }
 
     @classmethod
-    def options_from_config(cls, cfg: Config) -> dict[str, Any]:
+    def options_from_settings(cls, settings: SamplerSettings) -> dict[str, Any]:
         """A server elsewhere decides its own placement, precision and batching."""
-        s = cfg.sampler
-        options = shared_options(cfg, remote=True)
-        resolve_on_update(cfg, cls)  # only drain is possible here
-        dtype = cfg.model.dtype
+        s = settings
+        options = shared_options(s, remote=True)
+        resolve_on_update(s, cls)  # only drain is possible here
         rejected = {
-            "model.dtype": user_set(cfg.model, "dtype") and dtype != "auto",
-            "sampler.device": user_set(s, "device") and s.device != "auto",
+            "model.dtype": s.user_set("model.dtype") and s.model_dtype != "auto",
+            "sampler.device": s.user_set("sampler.device") and s.device != "auto",
         }
         bad = [k for k, v in rejected.items() if v]
         if bad:
@@ -92,7 +91,7 @@ class OpenAISampler(Sampler):
                 f"{bad[0]} cannot be honoured by sampler.backend=openai: {why}; remove it or "
                 "use sampler.backend=hf or vllm"
             )
-        if user_set(s, "max_batch_size"):
+        if s.user_set("sampler.max_batch_size"):
             options["max_concurrency"] = s.max_batch_size  # requests in flight to the server
         if s.base_url:
             options["base_url"] = s.base_url
@@ -101,11 +100,11 @@ class OpenAISampler(Sampler):
         return options
 
     @classmethod
-    def from_config(cls, cfg: Config) -> OpenAISampler:
-        options = cls.options_from_config(cfg)
-        options.setdefault("tokenizer", load_tokenizer(cfg.model.name))
+    def from_settings(cls, settings: SamplerSettings) -> OpenAISampler:
+        options = cls.options_from_settings(settings)
+        options.setdefault("tokenizer", load_tokenizer(settings.model_name))
         check_options(cls, options)
-        return cls(model=cfg.model.name, **options)
+        return cls(model=settings.model_name, **options)
 
     def __init__(
         self,

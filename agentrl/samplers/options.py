@@ -1,6 +1,6 @@
 """What a run's config gives a sampler backend, the parts every backend shares.
 
-Each backend's own mapping is its ``from_config`` / ``options_from_config`` classmethod
+Each backend's own mapping is its ``from_settings`` / ``options_from_settings`` classmethod
 (:class:`~agentrl.samplers.hf.HFSampler`, ``VLLMSampler``, ``OpenAISampler``); here are the
 checks they all make and the ``sampler.on_update`` policy, resolved from the backend's
 declared default and the policies it cannot honour. First-class settings
@@ -18,21 +18,15 @@ from agentrl._suggest import suggest
 from agentrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agentrl.config import Config
     from agentrl.samplers.base import Sampler
+    from agentrl.samplers.settings import SamplerSettings
 
 FIRST_CLASS = {"max_batch_size", "on_update", "drain_on_update", "device", "dtype"}
 
 
-def user_set(section: Any, key: str) -> bool:
-    """Whether the config file or an override set `key` (not its default)."""
-    return key in section.model_fields_set
-
-
-def shared_options(cfg: Config, *, remote: bool = False) -> dict[str, Any]:
+def shared_options(s: SamplerSettings, *, remote: bool = False) -> dict[str, Any]:
     """``sampler.options``, after the checks every backend makes; `remote`: the backend
     talks to a server elsewhere (``sampler.base_url`` / ``api_key`` are for it)."""
-    s = cfg.sampler
     doubled = sorted(FIRST_CLASS & set(s.options))
     if doubled:
         raise ConfigError(
@@ -51,11 +45,11 @@ def shared_options(cfg: Config, *, remote: bool = False) -> dict[str, Any]:
     return dict(s.options)
 
 
-def resolve_on_update(cfg: Config, cls: type[Sampler]) -> str:
+def resolve_on_update(s: SamplerSettings, cls: type[Sampler]) -> str:
     """``sampler.on_update`` resolved to ``keep``, ``reprefill`` or ``drain`` for backend
     `cls` (``auto`` = the backend's own default); a policy the backend cannot honour is a
     :class:`ConfigError` naming the key."""
-    policy = cfg.sampler.on_update
+    policy = s.on_update
     if policy == "auto":
         policy = cls.on_update_default
     why = cls.on_update_cannot.get(policy)

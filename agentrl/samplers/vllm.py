@@ -52,11 +52,11 @@ from typing import Any, ClassVar
 
 import anyio
 
-from agentrl.config import Config
 from agentrl.errors import ConfigError, PromptError, SamplerError, WeightUpdateError
 from agentrl.models import DEFAULT_MODEL, resolve_model_dir
 from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
-from agentrl.samplers.options import check_options, resolve_on_update, shared_options, user_set
+from agentrl.samplers.options import check_options, resolve_on_update, shared_options
+from agentrl.samplers.settings import SamplerSettings
 from agentrl.samplers.vllm_cpu import configure_cpu_env
 from agentrl.samplers.vllm_transfer import EngineWeightSender, pick_transport
 from agentrl.samplers.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
@@ -110,11 +110,11 @@ class VLLMSampler(Sampler):
     }
 
     @classmethod
-    def options_from_config(cls, cfg: Config) -> dict[str, Any]:
-        s = cfg.sampler
-        options = shared_options(cfg)
-        policy = resolve_on_update(cfg, cls)
-        if user_set(s, "device") and s.device != "auto":
+    def options_from_settings(cls, settings: SamplerSettings) -> dict[str, Any]:
+        s = settings
+        options = shared_options(s)
+        policy = resolve_on_update(s, cls)
+        if s.user_set("sampler.device") and s.device != "auto":
             raise ConfigError(
                 f"sampler.device={s.device!r}: the vllm backend places itself (CUDA when the "
                 "vllm build has it); choose GPUs with CUDA_VISIBLE_DEVICES and leave "
@@ -123,17 +123,17 @@ class VLLMSampler(Sampler):
         options.update(
             max_batch_size=s.max_batch_size,
             on_update=policy,
-            dtype=cfg.model.dtype,
-            learner_device=cfg.learner.device,
+            dtype=s.model_dtype,
+            learner_device=s.learner_device,
             gpu_memory_fraction=s.gpu_memory_fraction,
         )
         return options
 
     @classmethod
-    def from_config(cls, cfg: Config) -> VLLMSampler:
-        options = cls.options_from_config(cfg)
+    def from_settings(cls, settings: SamplerSettings) -> VLLMSampler:
+        options = cls.options_from_settings(settings)
         check_options(cls, options)
-        return cls(model=cfg.model.name, **options)
+        return cls(model=settings.model_name, **options)
 
     def __init__(
         self,

@@ -215,7 +215,7 @@ def train_sft(
         lcfg = lcfg.model_copy(update={"device": device})
     if lr is None:
         lr = lcfg.lr if "lr" in lcfg.model_fields_set else SFT_LR
-    precision = Precision.from_config(lcfg)
+    precision = Precision.from_settings(lcfg)
     torch.manual_seed(seed)
     model, tokenizer = load_model(
         name, dtype="float32", device=str(precision.device), seed=cfg.model.seed

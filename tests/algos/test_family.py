@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agentrl.algos import compute_advantages, policy_loss
+from agentrl.run.settings import resolve
 
 
 def test_reinforce_mean_baseline():
@@ -122,6 +123,6 @@ def test_gmpo_clip_option_does_not_reach_the_advantage_estimator():
             }
         }
     )
-    obj = Objective(cfg.algorithm, attribution="soft", norm_length=8)
+    obj = Objective(resolve(cfg).objective.algorithm, attribution="soft", norm_length=8)
     assert obj.loss_options["log_clip"] == 0.3
     assert "log_clip" not in obj.advantage_options and "eps" not in obj.advantage_options

@@ -8,11 +8,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentrl.run.components import build_env
 from agentrl.config import load_config
 from agentrl.envs.dataset import DatasetEnv
 from agentrl.errors import ConfigError, DatasetError
 from agentrl.rollout.tasks import TaskCursor
+from agentrl.run.components import build_env
 
 ROWS = [{"problem": f"What is {i} + 1?", "solution": i + 1, "level": i % 3} for i in range(40)]
 

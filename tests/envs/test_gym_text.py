@@ -16,10 +16,10 @@ from agentrl.config import config_from_dict
 from agentrl.envs import make_env
 from agentrl.envs.base import AssistantTurn
 from agentrl.errors import ConfigError, MissingExtra
+from agentrl.rollout.sinks import read_groups
 from agentrl.run.events import GroupFinished
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.plotting import read_steps
-from agentrl.rollout.sinks import read_groups
 
 GAMES = [
     ("textarena", "GuessTheNumber-v0"),

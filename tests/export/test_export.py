@@ -9,9 +9,9 @@ import anyio
 import pytest
 import torch
 
-from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.config import load_config
 from agentrl.errors import CheckpointError
+from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.run.export import export_checkpoint
 from agentrl.run.orchestrator import Orchestrator
 

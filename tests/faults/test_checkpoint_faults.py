@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.run.checkpoint import latest_checkpoint, load_run_checkpoint
 from agentrl.errors import CheckpointError, user_error
+from agentrl.run.checkpoint import latest_checkpoint, load_run_checkpoint
 from tests.procs import live_descendants
 
 from .harness import audit, run_in_process

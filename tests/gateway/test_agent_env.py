@@ -162,7 +162,7 @@ def test_a_plugin_program_and_the_gateway_section_reach_the_run() -> None:
 
 def test_old_gateway_options_move_to_the_gateway_section_with_a_warning() -> None:
     from agentrl.envs import make_env
-    from agentrl.gateway import GatewaySettings
+    from agentrl.run.settings import gateway_settings
 
     with pytest.warns(FutureWarning) as warned:
         cfg = _config({"entrypoint": "tests.gateway.agents:two_turns", "max_n": 2, "port": 0})
@@ -172,7 +172,7 @@ def test_old_gateway_options_move_to_the_gateway_section_with_a_warning() -> Non
     ]
     assert cfg.gateway.max_n == 2 and "max_n" not in cfg.env.options
     make_env(cfg.env.name, **cfg.env.options)  # the agent's options no longer hold them
-    settings = GatewaySettings.from_config(cfg, training=True)
+    settings = gateway_settings(cfg, training=True)
     assert (settings.max_n, settings.strict_model, settings.tool_parser) == (2, False, "hermes")
     with pytest.warns(FutureWarning, match="env.options.strict_model"):
         # an explicit gateway: key wins over the old option
@@ -180,7 +180,7 @@ def test_old_gateway_options_move_to_the_gateway_section_with_a_warning() -> Non
             {"entrypoint": "tests.gateway.agents:two_turns", "strict_model": False},
             gateway={"strict_model": True},
         )
-    assert GatewaySettings.from_config(cfg, training=True).strict_model is True
+    assert gateway_settings(cfg, training=True).strict_model is True
     with pytest.raises(ConfigError, match="unknown option 'max_n'"):  # other envs: not moved
         make_env("agent", tasks=TASKS, entrypoint="tests.gateway.agents:two_turns", max_n=2)
 

@@ -8,6 +8,7 @@ import torch
 
 from agentrl.learner import Learner, compiled
 from agentrl.models import tiny_llama
+from agentrl.run.settings import resolve
 from tests.learner.conftest import make_cfg, make_groups
 
 
@@ -23,7 +24,7 @@ def test_compiled_cuda_learner_steps_match_eager(bf16: str, tol: float, weight_t
 
     def run(mode: str) -> tuple[Learner, list[dict[str, float]]]:
         cfg = make_cfg(learner={"device": "cuda", "bf16": bf16, "compile": mode})
-        learner = Learner(tiny_llama(seed=0), None, cfg)
+        learner = Learner(tiny_llama(seed=0), None, resolve(cfg).learner)
         return learner, [learner.step(groups) for groups in batches]
 
     eager, eager_metrics = run("off")

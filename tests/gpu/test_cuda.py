@@ -16,6 +16,7 @@ from agentrl.learner import Learner
 from agentrl.models import load_model, tiny_llama
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.placement.learner_process import LearnerProcess
+from agentrl.run.settings import resolve
 from agentrl.samplers import SamplingParams
 from agentrl.samplers.hf import HFSampler
 from agentrl.types import Segment, Trajectory, TrajectoryGroup
@@ -92,7 +93,7 @@ def test_behaviour_and_learner_logprobs_agree_on_cuda():
     ]
     group = TrajectoryGroup(task_id="t", trajectories=trajs)
     cfg = config_from_dict({"learner": {"device": "cuda", "bf16": "off"}})
-    learner = Learner(tiny_llama(0), tokenizer, cfg)
+    learner = Learner(tiny_llama(0), tokenizer, resolve(cfg).learner)
     learner_lp = learner.compute_logprobs([group]).cpu()
     from agentrl.types import Batch
 
@@ -232,7 +233,7 @@ def test_host_synchronisations_do_not_grow_with_micro_batches():
                 }
             }
         )
-        learner = Learner(tiny_llama(0), load_tokenizer("tiny-llama"), cfg)
+        learner = Learner(tiny_llama(0), load_tokenizer("tiny-llama"), resolve(cfg).learner)
         learner.step(groups(4))  # warm-up
         torch.cuda.synchronize()
         counts: Counter[str] = Counter()

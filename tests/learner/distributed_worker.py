@@ -17,6 +17,7 @@ import torch
 from agentrl.learner import Learner
 from agentrl.learner.distributed import init_rank_group
 from agentrl.models import tiny_llama
+from agentrl.run.settings import resolve
 from tests.learner.conftest import make_cfg, make_groups, one_torch_thread
 
 STEPS = 3
@@ -48,7 +49,7 @@ def train(case: str, world_size: int) -> tuple[dict[str, torch.Tensor], list[dic
     cfg = make_cfg(**sections)
     model = tiny_llama(seed=0)
     groups = make_groups(model, n_groups=3, group_size=4, seed=1)  # 3 groups on 2 ranks
-    learner = Learner(model, None, cfg)
+    learner = Learner(model, None, resolve(cfg).learner)
     metrics = [learner.step(groups) for _ in range(STEPS)]
     weights = learner.strategy.full_state(learner.model, learner.sampler_weights())
     return {k: v.detach().float().cpu().clone() for k, v in weights.items()}, metrics

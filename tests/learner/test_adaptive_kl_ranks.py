@@ -11,6 +11,7 @@ import torch
 from agentrl.learner.distributed import Ranks, init_rank_group
 from agentrl.learner.objective import Objective
 from agentrl.models import tiny_llama
+from agentrl.run.settings import resolve
 from agentrl.types import Batch
 from tests.learner.conftest import make_cfg, make_groups
 from tests.learner.ranks import free_port, run_ranks
@@ -25,7 +26,7 @@ def _objective(target: float) -> Objective:
             "options": {"kl_beta": 1.0, "kl_target": target},
         }
     )
-    return Objective(cfg.algorithm, attribution="soft", norm_length=64)
+    return Objective(resolve(cfg).objective.algorithm, attribution="soft", norm_length=64)
 
 
 def _see_kl(obj: Objective, batch: Batch, shift: float) -> None:
@@ -53,7 +54,7 @@ def _rank(rank: int, address: str, out: str) -> None:
     obj = _objective(k1 / 2)
     obj.advantages(batch, batch.rewards, None)
     _see_kl(obj, batch, 0.0 if rank == 0 else SHIFT)
-    ranks = Ranks.from_config(make_cfg(learner={"world_size": 2}).learner)
+    ranks = Ranks.from_settings(resolve(make_cfg(learner={"world_size": 2})).learner.train)
     obj.end_step(lambda seen: ranks.sum_(seen, torch.device("cpu")))
     obj.advantages(batch, batch.rewards, None)
     torch.save(

@@ -18,6 +18,7 @@ import torch
 from agentrl.errors import CheckpointError
 from agentrl.learner import Learner
 from agentrl.learner.schedule import lr_lambda
+from agentrl.run.settings import resolve
 from agentrl.runfolder import atomic_directory, resolve_checkpoint
 from agentrl.types import TrajectoryGroup
 from tests.learner.conftest import make_cfg, make_groups
@@ -50,7 +51,7 @@ def test_resume_reproduces_the_next_step_exactly(
         learner={"minibatches": 2, "ppo_epochs": 2, "warmup_steps": 2, "schedule": "cosine"},
     )
     second = make_groups(base_model, seed=7)
-    a = Learner(fresh_model(), None, cfg)
+    a = Learner(fresh_model(), None, resolve(cfg).learner)
     a.step(groups)
     a.save_checkpoint(tmp_path / "ckpt")
     draws_a = (random.random(), float(np.random.rand()), float(torch.rand(1)))
@@ -60,7 +61,7 @@ def test_resume_reproduces_the_next_step_exactly(
     with torch.no_grad():
         for p in other.parameters():
             p.add_(1.0)
-    b = Learner(other, None, cfg, seed=123)
+    b = Learner(other, None, resolve(cfg).learner, seed=123)
     b.load_checkpoint(tmp_path / "ckpt")
     assert (b.version, b.step_count) == (1, 1)
     draws_b = (random.random(), float(np.random.rand()), float(torch.rand(1)))
@@ -89,14 +90,14 @@ def test_resume_keeps_the_adapted_kl_beta(
         learner={"minibatches": 2, "ppo_epochs": 2},
     )
     second, third = make_groups(base_model, seed=7), make_groups(base_model, seed=8)
-    a = Learner(fresh_model(), None, cfg)
+    a = Learner(fresh_model(), None, resolve(cfg).learner)
     a.step(groups)
     a.step(second)
     assert a.objective.adaptive_kl is not None and a.objective.adaptive_kl.beta != 1.0
     a.save_checkpoint(tmp_path / "ckpt")
     metrics_a = a.step(third)  # uninterrupted
 
-    b = Learner(fresh_model(), None, cfg)
+    b = Learner(fresh_model(), None, resolve(cfg).learner)
     b.load_checkpoint(tmp_path / "ckpt")
     metrics_b = b.step(third)  # resumed
     assert metrics_b["pg/kl_beta"] == metrics_a["pg/kl_beta"] != 1.0
@@ -107,11 +108,15 @@ def test_resume_keeps_the_adapted_kl_beta(
 def test_checkpoint_files_and_critic_mismatch(
     tmp_path: Path, fresh_model: Callable[[], torch.nn.Module]
 ) -> None:
-    learner = Learner(fresh_model(), None, make_cfg())
+    learner = Learner(fresh_model(), None, resolve(make_cfg()).learner)
     out = learner.save_checkpoint(tmp_path / "c")
     names = sorted(p.name for p in out.iterdir())
     assert names == ["COMPLETE", "learner.json", "model.safetensors", "trainer_state.pt"]
-    ppo = Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "gae", "critic": True}))
+    ppo = Learner(
+        fresh_model(),
+        None,
+        resolve(make_cfg(algorithm={"advantage": "gae", "critic": True})).learner,
+    )
     with pytest.raises(CheckpointError, match="critic=False"):
         ppo.load_checkpoint(out)
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
@@ -154,10 +159,11 @@ CHILD = textwrap.dedent(
     torch.set_num_threads(1)
     from agentrl.learner import Learner
     from agentrl.models import tiny_llama
+    from agentrl.run.settings import resolve
     from tests.learner.conftest import make_cfg, make_groups
     model = tiny_llama(seed=0)
     groups = make_groups(model, n_groups=1, group_size=2, seed=1)
-    learner = Learner(model, None, make_cfg())
+    learner = Learner(model, None, resolve(make_cfg()).learner)
     real_save = torch.save
 
     def save_then_hold(obj, path, *args, **kwargs):  # the "saving" signal of a later save
@@ -195,7 +201,7 @@ def test_sigkill_mid_save_leaves_a_loadable_checkpoint(
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-    learner = Learner(fresh_model(), None, make_cfg())
+    learner = Learner(fresh_model(), None, resolve(make_cfg()).learner)
     learner.load_checkpoint(ckpt)
     assert learner.version == 1  # the complete first save, untouched by the killed one
 

@@ -19,6 +19,7 @@ from torch._dynamo.utils import counters
 
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner, compiled
+from agentrl.run.settings import resolve
 from agentrl.types import TrajectoryGroup
 from tests.learner.conftest import make_cfg, make_groups
 
@@ -72,11 +73,11 @@ def test_compiled_layers_train_like_eager_without_recompiling_per_length(
     run the policy's weights. The reference pass is a no-grad forward in eval mode."""
     cfg = {"fused_logprobs": "off"}
     off = make_cfg(learner={**cfg, "compile": "off"}, algorithm=KL)
-    eager = Learner(fresh_model(), None, off)
+    eager = Learner(fresh_model(), None, resolve(off).learner)
     assert eager.compiled_layers == {}
     with caplog.at_level(logging.INFO, logger="agentrl.learner"):
         on = make_cfg(learner={**cfg, "compile": "on"}, algorithm=KL)
-        learner = Learner(fresh_model(), None, on, compile_backend=aot_eager)
+        learner = Learner(fresh_model(), None, resolve(on).learner, compile_backend=aot_eager)
     assert learner.compiled_layers == {"policy": 2, "reference model": 2}
     # a shared prompt's KV cache would make each layer its own graph
     assert eager.lcfg.share_prompt and not learner.lcfg.share_prompt
@@ -103,9 +104,9 @@ def test_checkpoint_and_published_names_are_unchanged_and_resume_matches(
 
     on = make_cfg(learner={"fused_logprobs": "off", "compile": "on"})
     off = make_cfg(learner={"fused_logprobs": "off", "compile": "off"})
-    eager = Learner(fresh_model(), None, off)
+    eager = Learner(fresh_model(), None, resolve(off).learner)
     eager.save_checkpoint(tmp_path / "eager")
-    learner = Learner(fresh_model(), None, on, compile_backend=aot_eager)
+    learner = Learner(fresh_model(), None, resolve(on).learner, compile_backend=aot_eager)
     learner.step(batches[0])
     learner.save_checkpoint(tmp_path / "compiled")
     names = list(load_file(str(tmp_path / "compiled" / "model.safetensors")))
@@ -114,7 +115,7 @@ def test_checkpoint_and_published_names_are_unchanged_and_resume_matches(
     assert list(learner.model.state_dict()) == list(eager.model.state_dict())
     assert list(learner.state_dict_for_sampler()) == list(eager.state_dict_for_sampler())
 
-    resumed = Learner(fresh_model(), None, on, compile_backend=aot_eager)
+    resumed = Learner(fresh_model(), None, resolve(on).learner, compile_backend=aot_eager)
     resumed.load_checkpoint(tmp_path / "compiled")
     torch.testing.assert_close(_flat(resumed.model), _flat(learner.model), rtol=0, atol=0)
     _assert_same_training([learner.step(batches[1])], [resumed.step(batches[1])], tol=1e-6)
@@ -140,7 +141,13 @@ def test_compiled_layers_with_lora_checkpointing_and_a_reference_model(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)  # the same adapter initialisation in both runs
             model = apply_lora(fresh_model(), cfg.model.lora, gradient_checkpointing=True)
-        learner = Learner(model, None, cfg, ref_model=AdaptersOff(model), compile_backend=aot_eager)
+        learner = Learner(
+            model,
+            None,
+            resolve(cfg).learner,
+            ref_model=AdaptersOff(model),
+            compile_backend=aot_eager,
+        )
         return learner, _train(learner, batches[:2])
 
     eager, eager_metrics = run("off")
@@ -169,7 +176,9 @@ def test_bad_settings_are_one_line_errors(caplog: pytest.LogCaptureFixture) -> N
     assert "x stays eager" in caplog.text
     with pytest.raises(ConfigError, match=r"learner\.compile=on with learner\.parallel=fsdp"):
         Learner(
-            torch.nn.Linear(1, 1), None, make_cfg(learner={"compile": "on", "parallel": "fsdp"})
+            torch.nn.Linear(1, 1),
+            None,
+            resolve(make_cfg(learner={"compile": "on", "parallel": "fsdp"})).learner,
         )
 
 
@@ -207,7 +216,11 @@ def test_inductor_compiled_layers_train_like_eager(
     training matches eager within float32 reordering."""
     torch._dynamo.reset()
     cfg = {"fused_logprobs": "off"}
-    eager = Learner(fresh_model(), None, make_cfg(learner={**cfg, "compile": "off"}))
-    learner = Learner(fresh_model(), None, make_cfg(learner={**cfg, "compile": "on"}))
+    eager = Learner(
+        fresh_model(), None, resolve(make_cfg(learner={**cfg, "compile": "off"})).learner
+    )
+    learner = Learner(
+        fresh_model(), None, resolve(make_cfg(learner={**cfg, "compile": "on"})).learner
+    )
     _assert_same_training(_train(eager, batches), _train(learner, batches), tol=1e-4)
     torch.testing.assert_close(_flat(learner.model), _flat(eager.model), rtol=1e-4, atol=1e-4)

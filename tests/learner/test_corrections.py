@@ -11,6 +11,7 @@ import torch
 
 from agentrl.errors import ConfigError, UnknownNameError
 from agentrl.learner import Learner
+from agentrl.run.settings import resolve
 from agentrl.types import Batch, TrajectoryGroup, Turn
 from tests.learner.conftest import make_cfg, make_groups
 
@@ -25,7 +26,9 @@ def _stale(fresh_model: Callable[[], torch.nn.Module], seed: int = 3) -> list[Tr
 
 
 def _learner(fresh_model, **algorithm) -> Learner:
-    learner = Learner(fresh_model(), None, make_cfg(algorithm=algorithm, learner={"lr": 1e-12}))
+    learner = Learner(
+        fresh_model(), None, resolve(make_cfg(algorithm=algorithm, learner={"lr": 1e-12})).learner
+    )
     learner.version = 1  # the groups' tokens are one version behind
     return learner
 
@@ -48,10 +51,12 @@ def test_loglinear_interpolates_after_the_first_update(fresh_model):
     learner = Learner(
         fresh_model(),
         None,
-        make_cfg(
-            algorithm={"off_policy": "decoupled", "proximal": "loglinear"},
-            learner={"minibatches": 2, "lr": 1e-3},
-        ),
+        resolve(
+            make_cfg(
+                algorithm={"off_policy": "decoupled", "proximal": "loglinear"},
+                learner={"minibatches": 2, "lr": 1e-3},
+            )
+        ).learner,
     )
     learner.version = 1
     recomputed = learner.compute_logprobs(stale)
@@ -110,17 +115,19 @@ def test_overlong_filter_takes_truncated_samples_out_of_the_loss(fresh_model):
     groups, n_dropped, dropped_tokens = _truncate(make_groups(fresh_model(), seed=5))
     total = sum(t.num_model_tokens for g in groups for t in g.trajectories)
     cfg = make_cfg(algorithm={"overlong": {"filter": True}})
-    metrics = Learner(fresh_model(), None, cfg).step(groups)
+    metrics = Learner(fresh_model(), None, resolve(cfg).learner).step(groups)
     assert metrics["overlong_filtered"] == n_dropped
     assert metrics["tokens/trained"] == total - dropped_tokens
-    off = Learner(fresh_model(), None, make_cfg()).step(groups)
+    off = Learner(fresh_model(), None, resolve(make_cfg()).learner).step(groups)
     assert off["tokens/trained"] == total and "overlong_filtered" not in off
 
 
 def test_filtered_rows_get_no_gradient(fresh_model):
     """A step whose only trainable rows are truncated leaves the weights untouched."""
     groups, _, _ = _truncate(make_groups(fresh_model(), n_groups=1, group_size=2, seed=6))
-    learner = Learner(fresh_model(), None, make_cfg(algorithm={"overlong": {"filter": True}}))
+    learner = Learner(
+        fresh_model(), None, resolve(make_cfg(algorithm={"overlong": {"filter": True}})).learner
+    )
     before = [p.detach().clone() for p in learner.model.parameters()]
     metrics = learner.step(groups)
     assert metrics["tokens/trained"] == 0
@@ -131,7 +138,7 @@ def test_kl_in_reward_reinforce_pp(fresh_model):
     cfg = make_cfg(
         algorithm={"advantage": "reinforce_pp", "kl": "k3", "kl_coef": 0.1, "kl_in_reward": True}
     )
-    learner = Learner(fresh_model(), None, cfg)
+    learner = Learner(fresh_model(), None, resolve(cfg).learner)
     groups = make_groups(learner.model, seed=7)
     first = learner.step(groups)
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy is still the reference
@@ -152,7 +159,7 @@ def test_kl_in_reward_with_gae(fresh_model):
             "kl_in_reward": True,
         }
     )
-    learner = Learner(fresh_model(), None, cfg)
+    learner = Learner(fresh_model(), None, resolve(cfg).learner)
     groups = make_groups(learner.model, seed=8)
     learner.step(groups)
     metrics = learner.step(groups)
@@ -176,11 +183,13 @@ def test_kl_in_reward_with_gae(fresh_model):
 )
 def test_new_keys_are_rejected_where_they_cannot_act(fresh_model, algorithm, match):
     with pytest.raises(ConfigError, match=match):
-        Learner(fresh_model(), None, make_cfg(algorithm=algorithm))
+        Learner(fresh_model(), None, resolve(make_cfg(algorithm=algorithm)).learner)
 
 
 def test_unknown_mask_name_suggests(fresh_model):
     with pytest.raises(UnknownNameError, match="geometric"):
         Learner(
-            fresh_model(), None, make_cfg(algorithm={"off_policy": "tis", "is_mask": "geometrik"})
+            fresh_model(),
+            None,
+            resolve(make_cfg(algorithm={"off_policy": "tis", "is_mask": "geometrik"})).learner,
         )

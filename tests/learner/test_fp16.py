@@ -12,6 +12,7 @@ import torch
 
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
+from agentrl.run.settings import resolve
 from agentrl.types import TrajectoryGroup
 from tests.learner.conftest import make_cfg
 
@@ -25,7 +26,7 @@ def test_fp16_step_trains_with_a_loss_scale(
     packing: bool, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
     cfg = make_cfg(learner={"fp16": "on", "bf16": "auto", "packing": packing})
-    learner = Learner(fresh_model(), None, cfg)
+    learner = Learner(fresh_model(), None, resolve(cfg).learner)
     assert learner.precision.fp16 and not learner.bf16
     assert learner.precision.compute_dtype == torch.float16
     assert learner.scaler.is_enabled()
@@ -38,7 +39,7 @@ def test_fp16_step_trains_with_a_loss_scale(
     assert not torch.equal(before, _flat(learner.model))
     assert metrics["logprob_gap/mean"] < 0.1  # fp16 rounding only
     # the gradients the optimizer saw were unscaled: clipping saw the true norm
-    plain = Learner(fresh_model(), None, make_cfg())
+    plain = Learner(fresh_model(), None, resolve(make_cfg()).learner)
     assert metrics["grad_norm"] == pytest.approx(plain.step(groups)["grad_norm"], rel=0.05)
 
 
@@ -46,7 +47,7 @@ def test_an_overflowing_gradient_skips_the_update_and_lowers_the_scale(
     fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
     cfg = make_cfg(learner={"fp16": "on", "minibatches": 2})
-    learner = Learner(fresh_model(), None, cfg)
+    learner = Learner(fresh_model(), None, resolve(cfg).learner)
     weight = learner.model.get_input_embeddings().weight
     hook = weight.register_hook(lambda g: g * math.inf)  # every backward overflows
     before = _flat(learner.model)
@@ -67,21 +68,21 @@ def test_checkpoint_keeps_the_loss_scale(
     tmp_path: Path, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
     cfg = make_cfg(learner={"fp16": "on"})
-    a = Learner(fresh_model(), None, cfg)
+    a = Learner(fresh_model(), None, resolve(cfg).learner)
     a.step(groups)
     a.scaler.update(1024.0)  # a scale no fresh scaler has
     a.step(groups)  # and a growth tracker of 2
     a.save_checkpoint(tmp_path / "ckpt")
-    b = Learner(fresh_model(), None, cfg)
+    b = Learner(fresh_model(), None, resolve(cfg).learner)
     assert b.scaler.get_scale() == 2.0**16
     b.load_checkpoint(tmp_path / "ckpt")
     assert b.scaler.get_scale() == a.scaler.get_scale() == 1024.0
     assert b.scaler.state_dict() == a.scaler.state_dict()  # growth tracker too
     # a float32 learner loads an fp16 checkpoint (and the other way round)
-    Learner(fresh_model(), None, make_cfg()).load_checkpoint(tmp_path / "ckpt")
-    plain = Learner(fresh_model(), None, make_cfg())
+    Learner(fresh_model(), None, resolve(make_cfg()).learner).load_checkpoint(tmp_path / "ckpt")
+    plain = Learner(fresh_model(), None, resolve(make_cfg()).learner)
     plain.save_checkpoint(tmp_path / "plain")
-    c = Learner(fresh_model(), None, cfg)
+    c = Learner(fresh_model(), None, resolve(cfg).learner)
     c.load_checkpoint(tmp_path / "plain")
     assert c.scaler.get_scale() == 2.0**16
 
@@ -135,7 +136,7 @@ def test_an_update_casts_each_weight_once_for_all_its_micro_batches(
         learner = Learner(
             fresh_model(),
             None,
-            make_cfg(learner={**half_cfg, "micro_batch_size": micro_batch_size}),
+            resolve(make_cfg(learner={**half_cfg, "micro_batch_size": micro_batch_size})).learner,
         )
         assert learner.precision.compute_dtype != torch.float32
         with _WeightCasts(list(learner.model.parameters())) as mode:

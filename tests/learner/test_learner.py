@@ -17,6 +17,7 @@ from agentrl.algos import (
 )
 from agentrl.errors import ConfigError, UnknownNameError
 from agentrl.learner import Learner, LearnerLike, ValueModel
+from agentrl.run.settings import resolve
 from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup
 from tests.learner.conftest import hf_logprobs, make_cfg, make_groups, make_traj
 
@@ -76,7 +77,7 @@ def test_algorithm_trains(
 ) -> None:
     learner_cfg = {"ppo_epochs": 2, "minibatches": 2} if name == "ppo_gae" else {}
     cfg = make_cfg(algorithm=ALGORITHMS[name], learner=learner_cfg)
-    learner = Learner(fresh_model(), None, cfg)
+    learner = Learner(fresh_model(), None, resolve(cfg).learner)
     before = _flat(learner.model)
     for step in range(2):
         metrics = learner.step(groups)
@@ -102,7 +103,7 @@ def test_learner_logprobs_match_plain_hf_forward(
     fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
     model = fresh_model()
-    learner = Learner(model, None, make_cfg(sampler={"temperature": 0.7}))
+    learner = Learner(model, None, resolve(make_cfg(sampler={"temperature": 0.7})).learner)
     lp = learner.compute_logprobs(groups)
     row = 0
     for g in groups:
@@ -118,7 +119,7 @@ def test_learner_logprobs_match_plain_hf_forward(
 def test_first_step_gap_is_numerical_only(
     fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
-    learner = Learner(fresh_model(), None, make_cfg())
+    learner = Learner(fresh_model(), None, resolve(make_cfg()).learner)
     metrics = learner.step(groups)
     assert metrics["logprob_gap/mean"] < 1e-4
     assert metrics["staleness/tokens_0"] == metrics["tokens/trained"]
@@ -134,7 +135,9 @@ def test_off_policy_corrections(
         for p in old_policy.parameters():
             p.add_(0.02 * torch.randn_like(p))
     stale = make_groups(old_policy, seed=3, version=0)
-    learner = Learner(fresh_model(), None, make_cfg(algorithm={"off_policy": correction}))
+    learner = Learner(
+        fresh_model(), None, resolve(make_cfg(algorithm={"off_policy": correction})).learner
+    )
     learner.version = 1  # these tokens are one version behind
     metrics = learner.step(stale)
     assert metrics["logprob_gap/mean"] > 1e-3
@@ -161,11 +164,11 @@ def test_decoupled_clips_against_proximal_policy(
             p.add_(0.05 * torch.randn_like(p))
     stale = make_groups(old_policy, seed=4)
     cfg = make_cfg(algorithm={"off_policy": "decoupled"}, learner={"lr": 1e-12})
-    metrics = Learner(fresh_model(), None, cfg).step(stale)
+    metrics = Learner(fresh_model(), None, resolve(cfg).learner).step(stale)
     assert metrics["pg/clip_frac"] == 0.0
     assert metrics["pg/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     cfg_none = make_cfg(algorithm={"off_policy": "none"}, learner={"lr": 1e-12})
-    metrics_none = Learner(fresh_model(), None, cfg_none).step(stale)
+    metrics_none = Learner(fresh_model(), None, resolve(cfg_none).learner).step(stale)
     assert metrics_none["pg/clip_frac"] > 0.0  # against the behaviour policy the ratio moves
 
 
@@ -189,7 +192,9 @@ def test_infra_rows_contribute_no_gradient(
     """Changing an infra_error row's tokens and reward changes nothing (loss or baseline)."""
     results = []
     for seed in (1, 2):
-        learner = Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "grpo"}))
+        learner = Learner(
+            fresh_model(), None, resolve(make_cfg(algorithm={"advantage": "grpo"})).learner
+        )
         metrics = learner.step(_swap_infra_row(groups, base_model, seed))
         results.append((_flat(learner.model), metrics))
     (w1, m1), (w2, m2) = results
@@ -197,7 +202,7 @@ def test_infra_rows_contribute_no_gradient(
     torch.testing.assert_close(w1, w2, atol=1e-7, rtol=0)
     assert m1["loss/pg"] == pytest.approx(m2["loss/pg"], abs=1e-7)
     # and the masked run equals a run without the infra rows at all
-    clean = Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "grpo"}))
+    clean = Learner(fresh_model(), None, resolve(make_cfg(algorithm={"advantage": "grpo"})).learner)
     clean.step(groups)
     torch.testing.assert_close(w1, _flat(clean.model), atol=1e-6, rtol=0)
 
@@ -210,7 +215,7 @@ def test_micro_batching_equals_one_big_batch(
         results = []
         for mbs in (1, 8):
             cfg = make_cfg(algorithm={"agg": agg}, learner={"micro_batch_size": mbs})
-            results.append(Learner(fresh_model(), None, cfg).step(groups))
+            results.append(Learner(fresh_model(), None, resolve(cfg).learner).step(groups))
         for m in results[1:]:
             assert m["grad_norm"] == pytest.approx(results[0]["grad_norm"], rel=1e-5), agg
             assert m["loss/total"] == pytest.approx(results[0]["loss/total"], rel=1e-5, abs=1e-7)
@@ -223,7 +228,7 @@ def test_separate_critic_model(
     critic = ValueModel.from_policy(policy)
     head_before = critic.head.proj.weight.detach().clone()
     cfg = make_cfg(algorithm={"advantage": "gae", "critic": True}, learner={"critic_lr": 1e-2})
-    learner = Learner(policy, None, cfg, critic=critic)
+    learner = Learner(policy, None, resolve(cfg).learner, critic=critic)
     metrics = learner.step(groups)
     assert learner.value_head is None
     assert not torch.equal(head_before, critic.head.proj.weight)
@@ -256,7 +261,7 @@ def test_branch_tree_groups_train(
     assert tree.is_tree
     for attribution in ("soft", "hard"):
         cfg = make_cfg(rollout={"branching": {"attribution": attribution}})
-        learner = Learner(fresh_model(), None, cfg)
+        learner = Learner(fresh_model(), None, resolve(cfg).learner)
         metrics = learner.step([tree])
         shared = root.segments[1].token_ids
         total = sum(t.num_model_tokens for t in tree.trajectories)
@@ -279,7 +284,7 @@ def test_bf16_autocast_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _native_bf16(monkeypatch, True)
-    learner = Learner(fresh_model(), None, make_cfg(learner={"bf16": "on"}))
+    learner = Learner(fresh_model(), None, resolve(make_cfg(learner={"bf16": "on"})).learner)
     assert learner.bf16
     metrics = learner.step(groups)
     assert all(math.isfinite(v) for v in metrics.values())
@@ -295,11 +300,11 @@ def test_bf16_on_a_cpu_without_bf16_instructions_says_so_and_trains_in_float32(
 ) -> None:
     _native_bf16(monkeypatch, False)
     with caplog.at_level("WARNING", logger="agentrl.learner.precision"):
-        learner = Learner(fresh_model(), None, make_cfg(learner={"bf16": "on"}))
+        learner = Learner(fresh_model(), None, resolve(make_cfg(learner={"bf16": "on"})).learner)
     said = [r.getMessage() for r in caplog.records if "bf16 instructions" in r.getMessage()]
     assert len(said) == 1 and "float32" in said[0], said
     assert not learner.bf16 and learner.precision.compute_dtype == torch.float32
-    auto = Learner(fresh_model(), None, make_cfg(learner={"bf16": "auto"}))
+    auto = Learner(fresh_model(), None, resolve(make_cfg(learner={"bf16": "auto"})).learner)
     assert not auto.bf16
     assert math.isfinite(learner.step(groups)["loss/total"])
 
@@ -307,7 +312,7 @@ def test_bf16_on_a_cpu_without_bf16_instructions_says_so_and_trains_in_float32(
 def test_state_dict_for_sampler_is_a_cpu_copy(
     fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
-    learner = Learner(fresh_model(), None, make_cfg())
+    learner = Learner(fresh_model(), None, resolve(make_cfg()).learner)
     sd = learner.state_dict_for_sampler(dtype=torch.bfloat16)
     assert set(sd) == set(learner.model.state_dict())
     assert all(v.device.type == "cpu" and v.dtype == torch.bfloat16 for v in sd.values())
@@ -319,13 +324,13 @@ def test_state_dict_for_sampler_is_a_cpu_copy(
 
 def test_config_errors_name_the_field(fresh_model: Callable[[], torch.nn.Module]) -> None:
     with pytest.raises(ConfigError, match=r"algorithm\.critic=true"):
-        Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "gae"}))
+        Learner(fresh_model(), None, resolve(make_cfg(algorithm={"advantage": "gae"})).learner)
     with pytest.raises(ConfigError, match=r"algorithm\.advantage=gae"):
-        Learner(fresh_model(), None, make_cfg(algorithm={"critic": True}))
+        Learner(fresh_model(), None, resolve(make_cfg(algorithm={"critic": True})).learner)
     with pytest.raises(UnknownNameError, match="did you mean 'grpo'"):
-        Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "grpoo"}))
+        Learner(fresh_model(), None, resolve(make_cfg(algorithm={"advantage": "grpoo"})).learner)
     with pytest.raises(ValueError, match="at least one TrajectoryGroup"):
-        Learner(fresh_model(), None, make_cfg()).step([])
+        Learner(fresh_model(), None, resolve(make_cfg()).learner).step([])
 
 
 def test_step_without_trainable_tokens_still_advances(
@@ -338,7 +343,7 @@ def test_step_without_trainable_tokens_still_advances(
         )
         for g in groups
     ]
-    learner = Learner(fresh_model(), None, make_cfg())
+    learner = Learner(fresh_model(), None, resolve(make_cfg()).learner)
     before = _flat(learner.model)
     metrics = learner.step(broken)
     assert learner.version == 1
@@ -373,7 +378,7 @@ def test_shared_prompt_forward_equals_the_plain_path(
     for share in (True, False):
         cfg = make_cfg(algorithm=alg, learner={"micro_batch_size": 4, "share_prompt": share})
         torch.manual_seed(0)  # the same value-head initialisation for both learners
-        learner = Learner(fresh_model(), None, cfg)
+        learner = Learner(fresh_model(), None, resolve(cfg).learner)
         results.append(learner.step(groups))
         models.append(learner.model)
         learners.append(learner)
@@ -420,7 +425,9 @@ def test_attention_kernels_give_the_same_logprobs_and_gradients(
     batch = Batch.from_groups(groups, pad_token_id=0)
     grads, lps = {}, {}
     for backend in ("torch", "math", "flash", "auto"):
-        learner = Learner(fresh_model(), None, make_cfg(learner={"sdpa_backend": backend}))
+        learner = Learner(
+            fresh_model(), None, resolve(make_cfg(learner={"sdpa_backend": backend})).learner
+        )
         learner.model.train()
         lp, _, _ = learner.forward(
             learner.model, batch.input_ids, batch.loss_mask, with_entropy=False, with_values=False
@@ -434,7 +441,7 @@ def test_attention_kernels_give_the_same_logprobs_and_gradients(
         torch.testing.assert_close(lps[backend], lps["torch"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(grads[backend], grads["torch"], atol=1e-5, rtol=1e-4)
     # auto: math for short CPU micro-batches, PyTorch's own dispatch beyond the bound
-    learner = Learner(fresh_model(), None, make_cfg())
+    learner = Learner(fresh_model(), None, resolve(make_cfg()).learner)
     limit = MATH_ATTENTION_MAX_TOKENS
     flash, math_ = torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.math_sdp_enabled
     with learner.precision.attention(limit):
@@ -466,7 +473,7 @@ def test_options_reach_a_registered_policy_loss(
     losses = {}
     for scale in (1.0, 3.0):
         alg = {"policy_loss": "test_scaled_pg", "options": {"scale": scale, "eps": 1e-3}}
-        learner = Learner(fresh_model(), None, make_cfg(algorithm=alg))
+        learner = Learner(fresh_model(), None, resolve(make_cfg(algorithm=alg)).learner)
         assert learner.objective.loss_options == {"scale": scale}
         assert learner.objective.advantage_options == {"eps": 1e-3}  # grpo's option
         metrics = learner.step(groups)
@@ -479,7 +486,7 @@ def test_options_no_selected_function_takes_are_config_errors(
     fresh_model: Callable[[], torch.nn.Module],
 ) -> None:
     with pytest.raises(ConfigError) as exc:
-        Learner(fresh_model(), None, make_cfg(algorithm={"options": {"esp": 0.1}}))
+        Learner(fresh_model(), None, resolve(make_cfg(algorithm={"options": {"esp": 0.1}})).learner)
     msg = str(exc.value)
     assert "algorithm.options.esp" in msg and "did you mean 'eps'" in msg
     assert "advantage 'grpo' takes eps, norm_by_std" in msg
@@ -487,12 +494,16 @@ def test_options_no_selected_function_takes_are_config_errors(
     # a GAE option with a group estimator does nothing, so it is refused too
     with pytest.raises(ConfigError, match=r"algorithm\.options\.whiten_advantages"):
         alg = {"options": {"whiten_advantages": False}}
-        Learner(fresh_model(), None, make_cfg(algorithm=alg))
+        Learner(fresh_model(), None, resolve(make_cfg(algorithm=alg)).learner)
     # what the learner passes itself is set by its own field, not through options
     with pytest.raises(ConfigError, match=r"set algorithm\.eps_high instead"):
-        Learner(fresh_model(), None, make_cfg(algorithm={"options": {"eps_high": 0.3}}))
+        Learner(
+            fresh_model(), None, resolve(make_cfg(algorithm={"options": {"eps_high": 0.3}})).learner
+        )
     with pytest.raises(ConfigError, match=r"algorithm\.options\.mask.*passed by the learner"):
-        Learner(fresh_model(), None, make_cfg(algorithm={"options": {"mask": None}}))
+        Learner(
+            fresh_model(), None, resolve(make_cfg(algorithm={"options": {"mask": None}})).learner
+        )
 
 
 def test_clip_settings_reach_only_losses_that_take_them(
@@ -505,12 +516,14 @@ def test_clip_settings_reach_only_losses_that_take_them(
         return -advantages * logprobs, {}
 
     registered.append((POLICY_LOSSES, "test_plain_pg"))
-    learner = Learner(fresh_model(), None, make_cfg(algorithm={"policy_loss": "test_plain_pg"}))
+    learner = Learner(
+        fresh_model(), None, resolve(make_cfg(algorithm={"policy_loss": "test_plain_pg"})).learner
+    )
     assert learner.objective.loss_options == {}
     assert math.isfinite(learner.step(groups)["loss/pg"])
     with pytest.raises(ConfigError, match=r"algorithm\.eps_low is set but policy loss"):
         alg = {"policy_loss": "test_plain_pg", "eps_low": 0.1}
-        Learner(fresh_model(), None, make_cfg(algorithm=alg))
+        Learner(fresh_model(), None, resolve(make_cfg(algorithm=alg)).learner)
 
 
 def test_a_registered_critic_estimator_trains_a_value_function(
@@ -529,9 +542,9 @@ def test_a_registered_critic_estimator_trains_a_value_function(
 
     registered.append((ADVANTAGES, "test_td0"))
     with pytest.raises(ConfigError, match=r"algorithm\.advantage=test_td0 needs a value function"):
-        Learner(fresh_model(), None, make_cfg(algorithm={"advantage": "test_td0"}))
+        Learner(fresh_model(), None, resolve(make_cfg(algorithm={"advantage": "test_td0"})).learner)
     cfg = make_cfg(algorithm={"advantage": "test_td0", "critic": True})
-    learner = Learner(fresh_model(), None, cfg)
+    learner = Learner(fresh_model(), None, resolve(cfg).learner)
     assert learner.use_critic and learner.value_head is not None
     metrics = learner.step(groups)
     assert math.isfinite(metrics["loss/value"]) and "value/value_mean" in metrics
@@ -542,7 +555,7 @@ def test_learner_and_learner_process_are_learner_like(
 ) -> None:
     from agentrl.run.placement.learner_process import LearnerProcess
 
-    learner = Learner(fresh_model(), None, make_cfg())
+    learner = Learner(fresh_model(), None, resolve(make_cfg()).learner)
     assert isinstance(learner, LearnerLike)
     learner.close()  # nothing to release; callers close every learner the same way
     methods = ("step", "state_dict_for_sampler", "save_checkpoint", "load_checkpoint", "close")
@@ -565,7 +578,7 @@ def test_gradient_checkpointing_recomputes_under_bf16_autocast(
             model={"gradient_checkpointing": checkpointing},
             learner={"lr": 1e-2, "bf16": "on"},
         )
-        lrn = Learner(fresh_model(), None, cfg)
+        lrn = Learner(fresh_model(), None, resolve(cfg).learner)
         return lrn, lrn.step(groups)
 
     kept, m_kept = run(False)
@@ -584,7 +597,9 @@ def test_a_non_finite_loss_skips_the_update_and_is_counted(
     micro-batch): a NaN reaching the loss leaves the weights as they were."""
     groups = make_groups(base_model, n_groups=2, seed=7)
     groups[1].trajectories[0].reward = float("nan")
-    learner = Learner(fresh_model(), None, make_cfg(learner={"micro_batch_size": 2}))
+    learner = Learner(
+        fresh_model(), None, resolve(make_cfg(learner={"micro_batch_size": 2})).learner
+    )
     before = _flat(learner.model).clone()
     metrics = learner.step(groups)
     assert metrics["nonfinite_skipped"] == 1 and metrics["optimizer_steps"] == 0

@@ -19,6 +19,7 @@ import torch
 from agentrl.algos import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
+from agentrl.run.settings import resolve
 from agentrl.types import TrajectoryGroup
 from tests.learner.conftest import make_cfg
 from tests.learner.test_learner import ALGORITHMS
@@ -63,7 +64,7 @@ def _gain(
     algorithm: dict, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> float:
     cfg = make_cfg(algorithm=algorithm, learner={"lr": LR, "grad_clip": 1e6})
-    learner = Learner(fresh_model(), None, cfg)
+    learner = Learner(fresh_model(), None, resolve(cfg).learner)
     before = _rewarded_gap(learner, groups)
     metrics = learner.step(groups)
     assert metrics["nonfinite_skipped"] == 0

@@ -10,13 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.config import LoraConfig, config_from_dict, load_config
 from agentrl.errors import CheckpointError, ConfigError
 from agentrl.learner import Learner
 from agentrl.learner.lora import AdaptersOff, adapter_state, apply_lora, has_lora, sampler_state
 from agentrl.models import tiny_llama
+from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.settings import resolve
 from tests.learner.conftest import make_groups
 from tests.orchestrator.test_train import BASE
 
@@ -49,7 +50,7 @@ def test_published_weights_equal_peft_merge_and_unload():
             "model": {"lora": {"r": 4}},
         }
     )
-    learner = Learner(base, None, cfg)
+    learner = Learner(base, None, resolve(cfg).learner)
     learner.step(make_groups(tiny_llama(0), n_groups=2, group_size=4))  # B moves off zero
     published = learner.state_dict_for_sampler()
     merged = wrapped.merge_and_unload().state_dict()
@@ -71,7 +72,7 @@ def test_the_kl_reference_of_a_lora_run_is_the_base_model_without_a_copy():
             "learner": {"device": "cpu", "fused_logprobs": "off", "lr": 5e-2},
         }
     )
-    learner = load_learner(cfg)
+    learner = load_learner(resolve(cfg).learner)
     assert isinstance(learner.ref_model, AdaptersOff)
     groups = make_groups(tiny_llama(0), n_groups=2, group_size=4)
     learner.step(groups)  # the adapters move; the reference must not
@@ -82,7 +83,9 @@ def test_the_kl_reference_of_a_lora_run_is_the_base_model_without_a_copy():
     layout = learner.layout(batch)
     rows = torch.arange(batch.input_ids.shape[0])
     ref_lp, _, _ = learner.forward.whole_rows(learner.ref_model, batch, layout, rows)
-    base = Learner(tiny_llama(0), None, config_from_dict({"learner": {"device": "cpu"}}))
+    base = Learner(
+        tiny_llama(0), None, resolve(config_from_dict({"learner": {"device": "cpu"}})).learner
+    )
     base_lp, _, _ = base.forward.whole_rows(base.model, batch, layout, rows)
     mask = batch.loss_mask.bool()
     torch.testing.assert_close(ref_lp[mask], base_lp[mask])  # the base model's log-probs
@@ -160,13 +163,19 @@ def test_lora_run_trains_publishes_merged_weights_resumes_and_exports(tmp_path):
 
 def test_a_checkpoint_resumes_only_with_the_same_lora_setting(tmp_path):
     cfg = config_from_dict({"learner": {"device": "cpu"}, "model": {"lora": {"r": 4}}})
-    Learner(apply_lora(tiny_llama(0), LORA), None, cfg).save_checkpoint(tmp_path / "lora")
-    plain = Learner(tiny_llama(0), None, config_from_dict({"learner": {"device": "cpu"}}))
+    Learner(apply_lora(tiny_llama(0), LORA), None, resolve(cfg).learner).save_checkpoint(
+        tmp_path / "lora"
+    )
+    plain = Learner(
+        tiny_llama(0), None, resolve(config_from_dict({"learner": {"device": "cpu"}})).learner
+    )
     with pytest.raises(CheckpointError, match=r"model\.lora is null"):
         plain.load_checkpoint(tmp_path / "lora")
     plain.save_checkpoint(tmp_path / "full")
     with pytest.raises(CheckpointError, match=r"model\.lora is set"):
-        Learner(apply_lora(tiny_llama(0), LORA), None, cfg).load_checkpoint(tmp_path / "full")
+        Learner(apply_lora(tiny_llama(0), LORA), None, resolve(cfg).learner).load_checkpoint(
+            tmp_path / "full"
+        )
 
 
 def test_lora_trains_under_gradient_checkpointing():
@@ -178,7 +187,7 @@ def test_lora_trains_under_gradient_checkpointing():
             "learner": {"device": "cpu", "fused_logprobs": "off", "lr": 5e-2},
         }
     )
-    learner = load_learner(cfg)
+    learner = load_learner(resolve(cfg).learner)
     before = {k: v.clone() for k, v in adapter_state(learner.model).items()}
     learner.step(make_groups(tiny_llama(0), n_groups=2, group_size=4))
     after = adapter_state(learner.model)

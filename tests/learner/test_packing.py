@@ -10,6 +10,7 @@ import torch
 
 from agentrl.learner import Learner
 from agentrl.learner.forward import Packing, checkpointing_active, packed_logprobs, token_logprobs
+from agentrl.run.settings import resolve
 from agentrl.types import Batch, TrajectoryGroup
 from tests.learner.conftest import make_cfg
 from tests.learner.test_learner import _shared_prompt_groups
@@ -160,7 +161,7 @@ def test_learner_step_with_packing_equals_padded(
         torch.manual_seed(0)
         model = fresh_model()
         critic = ValueModel.from_policy(model) if alg.get("critic") else None
-        learner = Learner(model, None, cfg, critic=critic)
+        learner = Learner(model, None, resolve(cfg).learner, critic=critic)
         before = torch.cat([p.detach().flatten().clone() for p in learner.model.parameters()])
         metrics, grads, lp = _step_and_grads(learner, data)
         after = torch.cat([p.detach().flatten() for p in learner.model.parameters()])
@@ -210,7 +211,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(
         torch.manual_seed(0)
         model = fresh_model()
         critic = ValueModel.from_policy(model) if alg.get("critic") else None
-        learner = Learner(model, None, cfg, critic=critic)
+        learner = Learner(model, None, resolve(cfg).learner, critic=critic)
         learner.model.train()
         assert checkpointing_active(learner.model) == ckpt
         if learner.critic is not None:

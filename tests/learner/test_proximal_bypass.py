@@ -16,6 +16,7 @@ from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.learner.precision import Precision
 from agentrl.learner.proximal import bypass_blockers
+from agentrl.run.settings import resolve
 from agentrl.types import TrajectoryGroup
 from tests.learner.conftest import make_cfg, make_groups
 
@@ -66,8 +67,12 @@ def _step_with_grads(learner: Learner, groups) -> tuple[dict[str, float], list[t
 def test_bypass_gives_the_loss_and_gradients_of_the_pass(
     fresh_model: Callable[[], torch.nn.Module], off_policy: str
 ) -> None:
-    on = Learner(fresh_model(), None, _cfg({"off_policy": off_policy}))
-    off = Learner(fresh_model(), None, _cfg({"off_policy": off_policy, "proximal_bypass": "off"}))
+    on = Learner(fresh_model(), None, resolve(_cfg({"off_policy": off_policy})).learner)
+    off = Learner(
+        fresh_model(),
+        None,
+        resolve(_cfg({"off_policy": off_policy, "proximal_bypass": "off"})).learner,
+    )
     assert on.bypass_blockers == [] and off.bypass_blockers == ["algorithm.proximal_bypass=off"]
     groups = _own_logprob_groups(on, make_groups(fresh_model(), seed=11))
     m_on, g_on = _step_with_grads(on, groups)
@@ -90,7 +95,7 @@ def test_bypass_gives_the_loss_and_gradients_of_the_pass(
 def test_bypass_holds_across_synchronous_steps(fresh_model: Callable[[], torch.nn.Module]) -> None:
     """Step 2 trains on tokens of version 1 (the weights after step 1): bypassed again;
     a batch with a token of an older version is not."""
-    learner = Learner(fresh_model(), None, _cfg())
+    learner = Learner(fresh_model(), None, resolve(_cfg()).learner)
     assert learner.step(make_groups(fresh_model(), seed=12, version=0))["learner/proximal_bypass"]
     fresh = make_groups(learner.model, seed=13, version=1)
     assert learner.step(fresh)["learner/proximal_bypass"] == 1.0
@@ -134,7 +139,7 @@ def test_not_taken_where_the_pass_can_change_the_result(
         sections.get("learner"),
         **{k: v for k, v in sections.items() if k not in ("algorithm", "learner")},
     )
-    learner = Learner(fresh_model(), None, cfg)
+    learner = Learner(fresh_model(), None, resolve(cfg).learner)
     assert any(blocker in b for b in learner.bypass_blockers), learner.bypass_blockers
     if learner.precision.bf16 or sections.get("sampler"):
         return  # the step itself is the same code path; the blocker is what matters
@@ -149,15 +154,19 @@ def test_bf16_learner_and_bf16_sampler_may_bypass(native: bool, monkeypatch) -> 
 
     monkeypatch.setattr(agentrl.models, "cpu_supports_bf16", lambda: native)
     cfg = _cfg(model={"name": "tiny-llama", "dtype": "bfloat16"}, learner={"bf16": "on"})
-    precision = Precision.from_config(cfg.learner)
-    assert bypass_blockers(cfg, precision) == []
+    precision = Precision.from_settings(resolve(cfg).learner.train)
+    assert bypass_blockers(resolve(cfg).learner, precision) == []
 
 
 def test_bypass_off_under_no_correction_is_a_config_error(
     fresh_model: Callable[[], torch.nn.Module],
 ) -> None:
     with pytest.raises(ConfigError, match="proximal_bypass"):
-        Learner(fresh_model(), None, _cfg({"off_policy": "none", "proximal_bypass": "off"}))
+        Learner(
+            fresh_model(),
+            None,
+            resolve(_cfg({"off_policy": "none", "proximal_bypass": "off"})).learner,
+        )
 
 
 # --- one update per step, stale tokens: the update's own forward gives pi_old -------------
@@ -175,7 +184,10 @@ def test_one_update_on_stale_tokens_takes_pi_old_from_its_own_forward(
     weights and every gradient match the run that makes the pass."""
     cfg_on = _cfg({"off_policy": off_policy}, **ASYNC)
     cfg_off = _cfg({"off_policy": off_policy, "proximal_bypass": "off"}, **ASYNC)
-    on, off = Learner(fresh_model(), None, cfg_on), Learner(fresh_model(), None, cfg_off)
+    on, off = (
+        Learner(fresh_model(), None, resolve(cfg_on).learner),
+        Learner(fresh_model(), None, resolve(cfg_off).learner),
+    )
     assert on.current_blockers == [] and on.bypass_blockers
     assert off.current_blockers == ["algorithm.proximal_bypass=off"]
     for learner in (on, off):  # one step first, so the batch below is a version old
@@ -215,7 +227,7 @@ def test_own_forward_not_taken_where_it_is_not_pi_old(
         sections.get("learner"),
         **ASYNC,
     )
-    learner = Learner(fresh_model(), None, cfg)
+    learner = Learner(fresh_model(), None, resolve(cfg).learner)
     assert any(blocker in b for b in learner.current_blockers), learner.current_blockers
     metrics = learner.step(make_groups(fresh_model(), seed=22, version=0))
     assert metrics["learner/proximal_current"] == 0.0
@@ -226,5 +238,5 @@ def test_own_forward_not_taken_under_dropout(fresh_model: Callable[[], torch.nn.
     """With dropout the update's forward (train mode) is not the pass's (eval mode)."""
     model = fresh_model()
     model.config.attention_dropout = 0.1
-    learner = Learner(model, None, _cfg(**ASYNC))
+    learner = Learner(model, None, resolve(_cfg(**ASYNC)).learner)
     assert any("attention_dropout" in b for b in learner.current_blockers)

@@ -10,6 +10,7 @@ import torch
 
 from agentrl.learner.recompute import GatedMLP, recompute_mlp
 from agentrl.models import tiny_llama
+from agentrl.run.settings import resolve
 
 
 def _grads(model: torch.nn.Module, ids: torch.Tensor, autocast: bool) -> tuple[float, dict]:
@@ -91,8 +92,10 @@ def test_a_learner_step_matches_the_plain_learner(fresh_model, groups) -> None:
     from agentrl.learner import Learner
     from tests.learner.conftest import make_cfg
 
-    plain = Learner(fresh_model(), None, make_cfg())
-    patched = Learner(fresh_model(), None, make_cfg(learner={"recompute_mlp": True}))
+    plain = Learner(fresh_model(), None, resolve(make_cfg()).learner)
+    patched = Learner(
+        fresh_model(), None, resolve(make_cfg(learner={"recompute_mlp": True})).learner
+    )
     assert all(
         "_forward" in getattr(layer.mlp.forward, "__name__", "")
         for layer in patched.model.model.layers

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from agentrl.learner import Learner
 from agentrl.learner.critic import ValueModel
 from agentrl.models import tiny_llama
+from agentrl.run.settings import resolve
 from tests.learner.conftest import make_cfg, make_groups, one_torch_thread
 
 GAE = {"advantage": "gae", "critic": True, "lam": 0.95, "vf_coef": 0.5}
@@ -32,7 +33,7 @@ def _learner(parallel: str, seed: int, separate: bool) -> Learner:
     cfg = make_cfg(learner={"parallel": parallel, "fused_logprobs": "off"}, algorithm=GAE)
     policy = tiny_llama(seed=seed)
     critic = ValueModel.from_policy(tiny_llama(seed=seed)) if separate else None
-    return Learner(policy, None, cfg, critic=critic)
+    return Learner(policy, None, resolve(cfg).learner, critic=critic)
 
 
 def _trained(learner: Learner) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ from agentrl.config import load_config
 from agentrl.errors import UnknownNameError
 from agentrl.learner import Learner
 from agentrl.learner.objective import Objective, turn_index
+from agentrl.run.settings import resolve
 from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup, Turn
 
 from . import custom_registries
@@ -61,7 +62,7 @@ def test_gigpo_trains_end_to_end_from_yaml(tmp_path, fresh_model, base_model):
     groups = _groups(base_model)
     model = fresh_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    learner = Learner(model, None, cfg)
+    learner = Learner(model, None, resolve(cfg).learner)
     metrics = learner.step(groups)
     assert all(v == v for v in metrics.values())  # no NaN
     changed = any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -97,8 +98,12 @@ def test_dropping_step_rewards_changes_token_level_advantages(base_model):
     groups = _groups(base_model, seed=3)
     batch = Batch.from_groups(groups)
     cfg = make_cfg(algorithm={"advantage": "reinforce_pp"})
-    with_steps = Objective(cfg.algorithm, attribution="soft", norm_length=64, step_weight=1.0)
-    without = Objective(cfg.algorithm, attribution="soft", norm_length=64, step_weight=0.0)
+    with_steps = Objective(
+        resolve(cfg).objective.algorithm, attribution="soft", norm_length=64, step_weight=1.0
+    )
+    without = Objective(
+        resolve(cfg).objective.algorithm, attribution="soft", norm_length=64, step_weight=0.0
+    )
     a1, _, _ = with_steps.advantages(batch, batch.rewards, None)
     a0, _, _ = without.advantages(batch, batch.rewards, None)
     assert batch.turn_rewards.abs().sum() > 0
@@ -114,7 +119,7 @@ def test_user_aggregation_attribution_and_coupled_loss_from_yaml(tmp_path, fresh
         " fused_logprobs: 'off'}\n"
     )
     cfg = load_config(yaml)
-    learner = Learner(fresh_model(), None, cfg)
+    learner = Learner(fresh_model(), None, resolve(cfg).learner)
     assert learner.objective.couples_group
     custom_registries.SEEN_GROUPS.clear()
     calls = dict(custom_registries.CALLS)
@@ -146,16 +151,16 @@ def test_user_aggregation_attribution_and_coupled_loss_from_yaml(tmp_path, fresh
 def test_unknown_registry_names_fail_naming_the_field():
     cfg = make_cfg(algorithm={"agg": "token-maen"})
     with pytest.raises(UnknownNameError, match=r"algorithm\.agg: .*did you mean 'token-mean'"):
-        Objective(cfg.algorithm, attribution="soft", norm_length=8)
+        Objective(resolve(cfg).objective.algorithm, attribution="soft", norm_length=8)
     with pytest.raises(UnknownNameError, match=r"rollout\.branching\.attribution: .*'hard'"):
-        Objective(make_cfg().algorithm, attribution="hadr", norm_length=8)
+        Objective(resolve(make_cfg()).objective.algorithm, attribution="hadr", norm_length=8)
 
 
 def test_adaptive_kl_beta_follows_the_last_steps_kl(base_model):
     cfg = make_cfg(
         algorithm={"policy_loss": "ppo_adaptive_kl", "options": {"kl_beta": 1.0, "kl_target": 0.01}}
     )
-    obj = Objective(cfg.algorithm, attribution="soft", norm_length=64)
+    obj = Objective(resolve(cfg).objective.algorithm, attribution="soft", norm_length=64)
     batch = Batch.from_groups(_groups(base_model))
     obj.advantages(batch, batch.rewards, None)
     assert obj.loss_options["kl_beta"] == 1.0
@@ -180,7 +185,7 @@ def test_gvpo_trains_with_a_reference_model_and_whole_groups(fresh_model, base_m
     )
     model = fresh_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    learner = Learner(model, None, cfg)
+    learner = Learner(model, None, resolve(cfg).learner)
     assert learner.ref_model is not None and learner.objective.couples_group
     metrics = learner.step(_groups(base_model, seed=7))
     assert metrics["pg/gvpo_residual"] > 0
@@ -193,6 +198,6 @@ def test_check_algorithm_names_a_bad_option_before_models_load():
 
     cfg = make_cfg(algorithm={"advantage": "gigpo", "options": {"omgea": 1.0}})
     with pytest.raises(ConfigError, match=r"algorithm\.options\.omgea.*did you mean 'omega'"):
-        check_algorithm(cfg)
+        check_algorithm(resolve(cfg).objective)
     with pytest.raises(UnknownNameError, match=r"algorithm\.advantage: .*'gigpo'"):
-        check_algorithm(make_cfg(algorithm={"advantage": "gipgo"}))
+        check_algorithm(resolve(make_cfg(algorithm={"advantage": "gipgo"})).objective)

@@ -13,6 +13,7 @@ import torch
 
 from agentrl.learner import Learner
 from agentrl.run.placement.learner_process import LearnerError, LearnerProcess
+from agentrl.run.settings import resolve
 from agentrl.types import TrajectoryGroup
 from tests.learner.conftest import make_cfg
 from tests.procs import alive
@@ -41,7 +42,7 @@ def test_steps_match_the_in_process_learner(
     fresh_model: Callable[[], torch.nn.Module],
     groups: list[TrajectoryGroup],
 ) -> None:
-    local = Learner(fresh_model(), None, make_cfg(**CFG))
+    local = Learner(fresh_model(), None, resolve(make_cfg(**CFG)).learner)
     initial = worker.state_dict_for_sampler()
     for k, v in local.model.state_dict().items():
         assert torch.equal(initial[k], v), k  # the child built the same seeded model
@@ -199,7 +200,7 @@ def test_a_bf16_run_shares_the_float32_masters_themselves(
     (no bf16 copy of them; a bf16 hf sampler casts at a publish), equal to a local learner's
     after the same step, tied entries in one slot."""
     cfg = make_cfg(**{**CFG, "model": {**CFG["model"], "dtype": "bfloat16"}})
-    local = Learner(fresh_model(), None, make_cfg(**CFG))
+    local = Learner(fresh_model(), None, resolve(make_cfg(**CFG)).learner)
     with closing(LearnerProcess(cfg)) as proc:
         proc.step(groups)
         local.step(groups)

@@ -10,10 +10,11 @@ import anyio
 
 from agentrl.config import load_config
 from agentrl.envs import make_env
-from agentrl.run.orchestrator import Orchestrator
-from agentrl.run.plotting import read_steps
 from agentrl.rollout import check_shared_prefixes
 from agentrl.rollout.sinks import read_groups
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
+from agentrl.run.settings import resolve
 from tests.orchestrator.test_train import BASE
 
 SEARCH = [
@@ -72,9 +73,7 @@ def test_search_tag_stops_the_turn_at_the_closing_tag() -> None:
         cfg = load_config(overrides=BASE)
         for fmt, stop in [("search_tag", ("</search>",)), ("tool_call", ())]:
             env = make_env("search_qa", call_format=fmt)
-            engine = RolloutEngine(
-                env, sampler, ChatRenderer(model[1]), cfg.rollout, sampler_cfg=cfg.sampler
-            )
+            engine = RolloutEngine(env, sampler, ChatRenderer(model[1]), resolve(cfg).rollout)
             assert engine.runner.params.stop == stop
     finally:
         anyio.run(sampler.close)

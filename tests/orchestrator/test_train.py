@@ -12,9 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
+from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.placement.learner_process import LearnerProcess
 from agentrl.run.plotting import read_steps

@@ -25,7 +25,7 @@ from agentrl.run.placement.learner_process import (
     RankPhase,
 )
 from agentrl.run.plotting import read_steps
-from agentrl.run.runtime import learner_worker
+from agentrl.run.settings import learner_worker, resolve
 from tests.learner.conftest import make_cfg, make_groups, one_torch_thread
 
 GROUP = {
@@ -46,7 +46,7 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 def test_two_fsdp_ranks_train_publish_checkpoint_and_fail_by_name(tmp_path: Path) -> None:
     with one_torch_thread():
         groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
-        single = Learner(tiny_llama(seed=0), None, make_cfg(**ONE))
+        single = Learner(tiny_llama(seed=0), None, resolve(make_cfg(**ONE)).learner)
     with closing(LearnerProcess(make_cfg(**GROUP))) as group:
         for _ in range(2):
             theirs = group.step(groups)
@@ -68,7 +68,7 @@ def test_two_fsdp_ranks_train_publish_checkpoint_and_fail_by_name(tmp_path: Path
 
         # another world size: one process resumes the sharded checkpoint, AdamW included
         with one_torch_thread():
-            resumed = Learner(tiny_llama(seed=1), None, make_cfg(**ONE))
+            resumed = Learner(tiny_llama(seed=1), None, resolve(make_cfg(**ONE)).learner)
             resumed.load_checkpoint(saved)
             assert resumed.version == 2
             assert max_diff(resumed.model.state_dict(), single.model.state_dict()) < 1e-4
@@ -110,7 +110,7 @@ def test_a_rank_killed_mid_step_is_named_and_the_checkpoint_resumes(tmp_path: Pa
     checkpoint intact and resumable."""
     with one_torch_thread():
         groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
-        single = Learner(tiny_llama(seed=0), None, make_cfg(**ONE))
+        single = Learner(tiny_llama(seed=0), None, resolve(make_cfg(**ONE)).learner)
     hold = Fault(1, 2, "backward", "hold")  # rank 1 stops there; killed below
     with closing(LearnerProcess(make_cfg(**GROUP), fault=hold)) as group:
         group.step(groups)
@@ -131,7 +131,7 @@ def test_a_rank_killed_mid_step_is_named_and_the_checkpoint_resumes(tmp_path: Pa
     assert all(_gone(pid) for pid in group.pids)
     with one_torch_thread():
         single.step(groups)
-        resumed = Learner(tiny_llama(seed=1), None, make_cfg(**ONE))
+        resumed = Learner(tiny_llama(seed=1), None, resolve(make_cfg(**ONE)).learner)
         resumed.load_checkpoint(saved)
     assert resumed.version == 1
     assert max_diff(resumed.model.state_dict(), single.model.state_dict()) < 1e-4
@@ -273,7 +273,7 @@ def test_world_size_needs_the_learner_in_processes() -> None:
 
 def test_a_learner_outside_a_group_is_told_how_to_start_one() -> None:
     with pytest.raises(ConfigError, match=r"joined no torch\.distributed group"):
-        Learner(tiny_llama(seed=0), None, make_cfg(**GROUP))
+        Learner(tiny_llama(seed=0), None, resolve(make_cfg(**GROUP)).learner)
 
 
 @pytest.mark.integration
@@ -333,7 +333,7 @@ def test_two_ranks_under_ray_match_one_process(tmp_path: Path) -> None:
     )
     with one_torch_thread():
         groups = make_groups(tiny_llama(seed=0), n_groups=3, seed=1)
-        single = Learner(tiny_llama(seed=0), None, make_cfg(**ONE))
+        single = Learner(tiny_llama(seed=0), None, resolve(make_cfg(**ONE)).learner)
     conn = cluster.connect(cfg)
     try:
         on_ray = {"num_cpus": 0.5, "max_restarts": 0}

@@ -19,10 +19,10 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from agentrl.run.checkpoint import latest_checkpoint  # noqa: E402
 from agentrl.config import load_config  # noqa: E402
-from agentrl.run.events import BatchTrained, CheckpointSaved  # noqa: E402
 from agentrl.models import load_model  # noqa: E402
+from agentrl.run.checkpoint import latest_checkpoint  # noqa: E402
+from agentrl.run.events import BatchTrained, CheckpointSaved  # noqa: E402
 from agentrl.run.orchestrator import Orchestrator  # noqa: E402
 from agentrl.run.plotting import read_steps  # noqa: E402
 from tests.orchestrator.test_train import BASE, REPO  # noqa: E402

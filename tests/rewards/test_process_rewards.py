@@ -8,6 +8,7 @@ import pytest
 from agentrl.config import config_from_dict
 from agentrl.errors import ConfigError
 from agentrl.rewards.pipeline import RewardPipeline
+from agentrl.run.settings import resolve
 from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup, Turn
 
 
@@ -27,8 +28,8 @@ def test_process_functions_score_each_turn_and_reach_the_batch():
         {"reward": {"process": [{"fn": "tests.rewards.user_rewards:says_right", "weight": 0.2}]}}
     )
     assert cfg.reward.enabled
-    RewardPipeline.check(cfg)
-    pipeline = RewardPipeline.from_config(cfg)
+    RewardPipeline.check(resolve(cfg).reward)
+    pipeline = RewardPipeline.from_settings(resolve(cfg).reward)
     traj = _traj()
     anyio.run(pipeline.apply, {"id": "t"}, [{"role": "assistant", "content": "x"}], traj)
     assert [t.process_reward for t in traj.turns] == pytest.approx([0.2, 0.0, 0.2])
@@ -43,10 +44,12 @@ def test_process_functions_score_each_turn_and_reach_the_batch():
 def test_a_bad_process_function_fails_at_check():
     cfg = config_from_dict({"reward": {"process": ["tests.rewards.user_rewards:nope"]}})
     with pytest.raises(Exception, match="nope"):
-        RewardPipeline.check(cfg)
+        RewardPipeline.check(resolve(cfg).reward)
     with pytest.raises(ConfigError):
         RewardPipeline.check(
-            config_from_dict({"reward": {"process": ["tests.rewards.user_rewards:CALLS"]}})
+            resolve(
+                config_from_dict({"reward": {"process": ["tests.rewards.user_rewards:CALLS"]}})
+            ).reward
         )
 
 
@@ -94,8 +97,8 @@ def test_a_process_reward_model_scores_the_conversation_up_to_each_turn(prm_fold
         }
     )
     assert cfg.reward.enabled
-    RewardPipeline.check(cfg)
-    pipeline = RewardPipeline.from_config(cfg)
+    RewardPipeline.check(resolve(cfg).reward)
+    pipeline = RewardPipeline.from_settings(resolve(cfg).reward)
     prm = pipeline.process_model
     traj = _traj()
     anyio.run(pipeline.apply, {"id": "t"}, CONVERSATION, traj)
@@ -136,11 +139,11 @@ def test_process_model_shares_the_reward_model_and_names_its_field(prm_folder, t
             }
         }
     )
-    pipeline = RewardPipeline.from_config(cfg)
+    pipeline = RewardPipeline.from_settings(resolve(cfg).reward)
     assert pipeline.process_model is pipeline.model  # one copy of the weights
     not_rm = tmp_path / "policy"
     not_rm.mkdir()
     (not_rm / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     bad = config_from_dict({"reward": {"process_model": str(not_rm)}})
     with pytest.raises(ConfigError, match=r"^reward\.process_model .*not a reward model"):
-        RewardPipeline.check(bad)
+        RewardPipeline.check(resolve(bad).reward)

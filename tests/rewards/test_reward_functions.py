@@ -11,10 +11,10 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.errors import ConfigError, PluginError, RewardError
-from agentrl.run.orchestrator import Orchestrator
-from agentrl.run.plotting import read_steps
 from agentrl.rewards import RewardFunction, check_reward
 from agentrl.rollout.sinks import read_groups
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 from agentrl.run.runtime import assemble
 
 FNS = "tests.rewards.user_rewards"

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from agentrl.algos import tree_advantages, tree_from_ids
-from agentrl.config import BranchingConfig, RolloutConfig, SamplerConfig
+from agentrl.config import BranchingConfig, Config, RolloutConfig, SamplerConfig
 from agentrl.rollout import RolloutEngine, check_shared_prefixes, decide_branch
+from agentrl.run.settings import rollout_settings
 from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup
 
 from .scripted import ScriptedToolEnv
@@ -27,7 +28,12 @@ def _engine(sampler, renderer, tool_turns=3, **branching):
         branching={"enabled": True, "entropy_window": K, **branching},
     )
     env = ScriptedToolEnv(tool_turns=tool_turns)
-    return RolloutEngine(env, sampler, renderer, cfg, sampler_cfg=SamplerConfig(max_new_tokens=10))
+    return RolloutEngine(
+        env,
+        sampler,
+        renderer,
+        rollout_settings(Config(rollout=cfg, sampler=SamplerConfig(max_new_tokens=10))),
+    )
 
 
 def _ln_v(sampler) -> float:
@@ -239,7 +245,12 @@ async def test_branches_of_a_stateful_python_session_replay_the_prefix(sampler, 
         },
     )
     env = SandboxPythonEnv(tool_turns=3)
-    engine = RolloutEngine(env, sampler, renderer, cfg, sampler_cfg=SamplerConfig(max_new_tokens=6))
+    engine = RolloutEngine(
+        env,
+        sampler,
+        renderer,
+        rollout_settings(Config(rollout=cfg, sampler=SamplerConfig(max_new_tokens=6))),
+    )
     (g,) = await engine.collect(1)
     assert len(g.trajectories) == 5 and g.is_tree
     for t in g.trajectories:

@@ -8,9 +8,10 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from agentrl.config import RolloutConfig, SamplerConfig
+from agentrl.config import Config, RolloutConfig, SamplerConfig
 from agentrl.rollout import JsonlSink, RolloutEngine
 from agentrl.rollout.sinks import read_groups
+from agentrl.run.settings import rollout_settings
 from agentrl.types import TrajectoryGroup
 from tests.waiting import wait_until_async
 
@@ -33,7 +34,11 @@ class CountingEnv(ScriptedToolEnv):
 def _engine(env, sampler, renderer, tasks=None, **rollout):
     cfg = RolloutConfig(**{"group_size": 2, "concurrency": 8, "max_tokens": 300, **rollout})
     return RolloutEngine(
-        env, sampler, renderer, cfg, sampler_cfg=SamplerConfig(max_new_tokens=6), tasks=tasks
+        env,
+        sampler,
+        renderer,
+        rollout_settings(Config(rollout=cfg, sampler=SamplerConfig(max_new_tokens=6))),
+        tasks=tasks,
     )
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from agentrl.config import RolloutConfig, SamplerConfig
+from agentrl.config import Config, RolloutConfig, SamplerConfig
 from agentrl.errors import TemplateMismatchError
 from agentrl.rollout import EpisodeLimits, RolloutEngine, run_episode
+from agentrl.run.settings import rollout_settings
 from agentrl.samplers import SamplingParams
 from agentrl.types import NO_VERSION, Batch
 
@@ -19,7 +20,12 @@ pytestmark = pytest.mark.anyio
 
 def _engine(env, sampler, renderer, **rollout):
     cfg = RolloutConfig(**{"group_size": 4, "concurrency": 16, "max_tokens": 400, **rollout})
-    return RolloutEngine(env, sampler, renderer, cfg, sampler_cfg=SamplerConfig(max_new_tokens=12))
+    return RolloutEngine(
+        env,
+        sampler,
+        renderer,
+        rollout_settings(Config(rollout=cfg, sampler=SamplerConfig(max_new_tokens=12))),
+    )
 
 
 async def test_token_exact_across_many_multiturn_episodes(sampler, renderer, tiny):

@@ -8,9 +8,10 @@ import time
 import anyio
 import pytest
 
-from agentrl.config import RolloutConfig, SamplerConfig
+from agentrl.config import Config, RolloutConfig, SamplerConfig
 from agentrl.rollout import JsonlSink, RolloutEngine
 from agentrl.rollout.sinks import read_groups
+from agentrl.run.settings import rollout_settings
 from agentrl.types import TrajectoryGroup
 from tests.procs import live_descendants
 
@@ -28,7 +29,11 @@ pytestmark = pytest.mark.anyio
 def _engine(env, sampler, renderer, tasks, **rollout):
     cfg = RolloutConfig(**{"group_size": 2, "concurrency": 8, "max_tokens": 300, **rollout})
     return RolloutEngine(
-        env, sampler, renderer, cfg, sampler_cfg=SamplerConfig(max_new_tokens=8), tasks=tasks
+        env,
+        sampler,
+        renderer,
+        rollout_settings(Config(rollout=cfg, sampler=SamplerConfig(max_new_tokens=8))),
+        tasks=tasks,
     )
 
 

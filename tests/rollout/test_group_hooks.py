@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from agentrl.config import RolloutConfig, SamplerConfig
+from agentrl.config import Config, RolloutConfig, SamplerConfig
 from agentrl.envs.base import AssistantTurn, Environment, Message, StepResult
 from agentrl.errors import ConfigError, UnknownNameError
 from agentrl.rollout import RolloutEngine
+from agentrl.run.settings import rollout_settings
 from agentrl.types import Batch
 
 pytestmark = pytest.mark.anyio
@@ -34,8 +36,7 @@ def _engine(sampler, renderer, tasks, hooks):
         HintOrLuckEnv(),
         sampler,
         renderer,
-        cfg,
-        sampler_cfg=SamplerConfig(max_new_tokens=4),
+        rollout_settings(Config(rollout=cfg, sampler=SamplerConfig(max_new_tokens=4))),
         tasks=tasks,
     )
 
@@ -65,7 +66,9 @@ async def test_replay_puts_a_stored_success_into_a_later_all_fail_group(sampler,
         {"id": "a", "question": "2 + 2?"},
     ]
     engine = _engine(sampler, renderer, tasks, ["replay"])
-    engine.config.concurrency = 1  # in order: the success is stored before the failure
+    engine.config = dataclasses.replace(
+        engine.config, concurrency=1
+    )  # in order: the success is stored before the failure
     first = await engine.run_task(tasks[0], 0)
     second = await engine.run_task(tasks[1], 1)
     assert first.rewards == [1.0] * 3 and "group_hooks" not in first.metadata

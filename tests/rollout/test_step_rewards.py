@@ -9,10 +9,10 @@ import torch
 from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.config import AlgorithmConfig
 from agentrl.envs.base import AssistantTurn, StepResult
 from agentrl.envs.grid_walk import GridWalkEnv
 from agentrl.learner.objective import Objective
+from agentrl.learner.settings import AlgorithmSettings
 from agentrl.rollout import EpisodeLimits, run_episode
 from agentrl.samplers import SamplingParams
 from agentrl.types import Batch, Trajectory, TrajectoryGroup
@@ -74,7 +74,7 @@ async def test_step_rewards_reach_the_learner_on_each_turns_last_token(sampler, 
 
     # token-level rewards (GAE, REINFORCE++): weighted process rewards on each turn's last
     # token, the outcome on the last trained token
-    objective = Objective(AlgorithmConfig(), attribution="soft", norm_length=64, step_weight=2.0)
+    objective = Objective(AlgorithmSettings(), attribution="soft", norm_length=64, step_weight=2.0)
     tok = objective.token_rewards(batch, batch.rewards)
     nonzero = {int(i): float(tok[0, i]) for i in torch.nonzero(tok[0]).flatten()}
     assert nonzero == {spans[0][1] - 1: 0.5, spans[1][1] - 1: 1.0, spans[2][1] - 1: 1.0}
@@ -85,7 +85,7 @@ async def test_step_rewards_reach_the_learner_on_each_turns_last_token(sampler, 
     assert (adv[0][mask[0] > 0] > 0).all() and (adv[1][mask[1] > 0] < 0).all()
     assert metrics["reward/process_sum_mean"] == pytest.approx(0.75)
     # step_weight 0 drops them
-    off = Objective(AlgorithmConfig(), attribution="soft", norm_length=64, step_weight=0.0)
+    off = Objective(AlgorithmSettings(), attribution="soft", norm_length=64, step_weight=0.0)
     assert torch.count_nonzero(off.token_rewards(batch, batch.rewards)[0]) == 1
 
     # agentrl inspect shows them

@@ -7,13 +7,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentrl.config import RolloutConfig, SamplerConfig, load_config
+from agentrl.config import Config, RolloutConfig, SamplerConfig, load_config
 from agentrl.errors import ConfigError, InfraError, PluginError
+from agentrl.rollout import RolloutEngine
+from agentrl.rollout.workflow import EpisodeContext, register_workflow
 from agentrl.run.events import GroupFinished
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.plotting import read_steps
-from agentrl.rollout import RolloutEngine
-from agentrl.rollout.workflow import EpisodeContext, register_workflow
+from agentrl.run.settings import rollout_settings
 from tests.rollout.scripted import ScriptedToolEnv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +24,11 @@ TASKS = [{"id": f"t{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} 
 def _engine(env, sampler, renderer, workflow: str, **rollout):
     cfg = RolloutConfig(**{"group_size": 2, "max_tokens": 300, **rollout}, workflow=workflow)
     return RolloutEngine(
-        env, sampler, renderer, cfg, sampler_cfg=SamplerConfig(max_new_tokens=6), tasks=TASKS
+        env,
+        sampler,
+        renderer,
+        rollout_settings(Config(rollout=cfg, sampler=SamplerConfig(max_new_tokens=6))),
+        tasks=TASKS,
     )
 
 

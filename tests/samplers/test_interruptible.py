@@ -10,6 +10,7 @@ import torch
 
 from agentrl.errors import ConfigError, SamplerError
 from agentrl.models import load_model
+from agentrl.run.settings import resolve
 from agentrl.samplers import SamplingParams, on_update_policy, sampler_options
 from agentrl.samplers.hf import HFSampler
 from agentrl.types import Trajectory, Turn
@@ -178,7 +179,7 @@ def test_hf_sampler_refuses_an_unknown_on_update():
     ],
 )
 def test_on_update_reaches_the_hf_sampler(overrides, policy):
-    assert sampler_options(_cfg(*overrides))["on_update"] == policy
+    assert sampler_options(resolve(_cfg(*overrides)).sampler)["on_update"] == policy
 
 
 @pytest.mark.parametrize(
@@ -195,34 +196,35 @@ def test_the_removed_drain_keys_name_their_replacement(override, replacement):
 
 
 def test_vllm_reprefills_and_refuses_keep():
-    assert on_update_policy(_cfg("sampler.backend=vllm")) == "reprefill"
-    opts = sampler_options(_cfg("sampler.backend=vllm", "sampler.on_update=drain"))
+    assert on_update_policy(resolve(_cfg("sampler.backend=vllm")).sampler) == "reprefill"
+    opts = sampler_options(resolve(_cfg("sampler.backend=vllm", "sampler.on_update=drain")).sampler)
     assert opts["on_update"] == "drain"
     with pytest.raises(
         ConfigError, match=r"sampler.on_update=keep cannot be honoured by sampler.backend=vllm"
     ):
-        sampler_options(_cfg("sampler.backend=vllm", "sampler.on_update=keep"))
+        sampler_options(resolve(_cfg("sampler.backend=vllm", "sampler.on_update=keep")).sampler)
 
 
 @pytest.mark.parametrize("policy", ["keep", "reprefill"])
 def test_openai_only_drains(policy):
-    assert on_update_policy(_openai_cfg()) == "drain"
+    assert on_update_policy(resolve(_openai_cfg()).sampler) == "drain"
     with pytest.raises(
         ConfigError,
         match=f"sampler.on_update={policy} cannot be honoured by sampler.backend=openai",
     ):
-        sampler_options(_openai_cfg(f"sampler.on_update={policy}"))
+        sampler_options(resolve(_openai_cfg(f"sampler.on_update={policy}")).sampler)
 
 
 def test_on_update_may_not_hide_in_backend_options():
     with pytest.raises(ConfigError, match=r"sampler.options.on_update repeats.*sampler.on_update"):
-        sampler_options(_cfg("sampler.options={on_update: keep}"))
+        sampler_options(resolve(_cfg("sampler.options={on_update: keep}")).sampler)
 
 
 async def test_episodes_record_the_reprefill_on_the_turns_it_interrupted():
     from agentrl.chat import ChatRenderer
-    from agentrl.config import RolloutConfig, SamplerConfig
+    from agentrl.config import Config, RolloutConfig, SamplerConfig
     from agentrl.rollout import RolloutEngine
+    from agentrl.run.settings import rollout_settings
     from tests.rollout.scripted import ScriptedToolEnv
 
     torch.set_num_threads(1)
@@ -232,8 +234,12 @@ async def test_episodes_record_the_reprefill_on_the_turns_it_interrupted():
         ScriptedToolEnv(tool_turns=2),
         sampler,
         ChatRenderer(tokenizer, tools=[]),
-        RolloutConfig(group_size=4, concurrency=8, max_turns=3, max_tokens=400),
-        sampler_cfg=SamplerConfig(max_new_tokens=40),
+        rollout_settings(
+            Config(
+                rollout=RolloutConfig(group_size=4, concurrency=8, max_turns=3, max_tokens=400),
+                sampler=SamplerConfig(max_new_tokens=40),
+            )
+        ),
     )
 
     async def update() -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from agentrl.models import cache_kwargs, load_model
+from agentrl.run.settings import resolve
 from agentrl.samplers import SamplingParams
 from agentrl.samplers.hf import HFSampler
 from agentrl.samplers.static_cache import batch_bucket, length_bucket
@@ -168,11 +169,11 @@ def test_the_options_reach_the_sampler_from_a_config() -> None:
         "sampler.options.cuda_graphs=off",
         "sampler.options.max_context=256",
     )
-    sampler = HFSampler.from_config(cfg)
+    sampler = HFSampler.from_settings(resolve(cfg).sampler)
     assert sampler.kv_cache == "static" and sampler.cuda_graphs is False
     assert sampler.context_length == 256
     with pytest.raises(ValueError, match="cuda_graphs=on needs kv_cache=static"):
-        HFSampler.from_config(_cfg("sampler.options.cuda_graphs=on"))
+        HFSampler.from_settings(resolve(_cfg("sampler.options.cuda_graphs=on")).sampler)
 
 
 def test_a_step_past_the_slots_capacity_is_refused(pair) -> None:

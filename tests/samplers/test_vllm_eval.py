@@ -11,10 +11,11 @@ pytest.importorskip("vllm", reason="needs .venv-vllm (make test-vllm)")
 import anyio  # noqa: E402
 import torch  # noqa: E402
 
+from agentrl.config import load_config  # noqa: E402
 from agentrl.run.checkpoint import save_run_checkpoint  # noqa: E402
 from agentrl.run.components import load_learner  # noqa: E402
-from agentrl.config import load_config  # noqa: E402
 from agentrl.run.evaluation import evaluate  # noqa: E402
+from agentrl.run.settings import resolve  # noqa: E402
 
 OVERRIDES = [
     "model.name=smollm2-135m-instruct",
@@ -32,7 +33,7 @@ OVERRIDES = [
 
 def test_eval_with_the_vllm_backend_loads_a_checkpoint(tmp_path):
     cfg = load_config(overrides=OVERRIDES)
-    learner = load_learner(cfg)
+    learner = load_learner(resolve(cfg).learner)
     with torch.no_grad():  # a visibly different policy than the base model's
         learner.model.get_output_embeddings().weight.mul_(0.5)
     learner.version = 3

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from agentrl.config import config_from_dict
-from agentrl.devices import check_placement, sharing_kind
+from agentrl.devices import sharing_kind
 from agentrl.errors import ConfigError
 from agentrl.models import tiny_llama
+from agentrl.run.settings import resolve
 from agentrl.weights.shared import SharedWeights, attach, share_weights
 
 
@@ -26,7 +27,7 @@ def test_cuda_ipc_for_a_cpu_learner_names_the_key_and_the_fix():
         sharing_kind("cuda_ipc", torch.device("cpu"))
     cfg = config_from_dict({"learner": {"device": "cpu", "weight_sharing": "cuda_ipc"}})
     with pytest.raises(ConfigError, match="weight_sharing"):
-        check_placement(cfg)  # at assembly, before a learner process starts
+        resolve(cfg)  # at assembly, before a learner process starts
 
 
 def test_the_shared_memory_fallback_round_trips_a_state_dict():

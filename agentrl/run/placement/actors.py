@@ -21,7 +21,6 @@ from typing import Any
 import anyio
 
 from agentrl.config import Config
-from agentrl.devices import resolve_device
 from agentrl.learner.distributed import set_collective_timeout
 from agentrl.models import load_tokenizer
 from agentrl.resources import ResourceScope
@@ -36,6 +35,7 @@ from agentrl.run.placement.learner_process import (
 )
 from agentrl.run.placement.router import ReplicaRouter
 from agentrl.run.process_settings import apply_process_settings
+from agentrl.run.settings import learner_settings, sampler_settings
 from agentrl.samplers.base import Generation, SamplingParams
 from agentrl.weights import WeightBus
 from agentrl.weights.broadcast import BroadcastPayload, BroadcastReceiver, BroadcastTransport
@@ -66,13 +66,10 @@ class SamplerShell:
     def __init__(self, cfg: Config, index: int) -> None:
         _process_settings(cfg, cfg.ray.samplers.num_cpus)
         self.index = index
-        self.sampler = build_sampler(cfg)
+        settings = sampler_settings(cfg)  # resolved in this actor, on its node
+        self.sampler = build_sampler(settings)
         self._incarnation = uuid.uuid4().hex  # new after every restart
-        self._device = (
-            str(resolve_device(cfg.sampler.device, "sampler.device"))
-            if cfg.sampler.backend == "hf"
-            else "cpu"
-        )
+        self._device = settings.device if settings.backend == "hf" else "cpu"
         self._receiver: Any = None
 
     async def describe(self) -> dict[str, Any]:
@@ -219,9 +216,10 @@ class LearnerShell:
         # ranks 1..n-1) join the group at `address` as this one starts, and follow each
         # request; the weights are gathered once per version, here
         self.peers = list(peers)
+        settings = learner_settings(cfg)  # resolved in this actor, on its node
         if self.peers:
-            join_learner_group(cfg, 0, address, local_rank=0)
-        self.learner = load_learner(cfg)
+            join_learner_group(settings, 0, address, local_rank=0)
+        self.learner = load_learner(settings)
         self._whole: dict[str, Any] | None = None
         if self.peers:
             self._whole = self.learner.gathered_sampler_weights()
@@ -333,8 +331,9 @@ class LearnerRankShell:
     def __init__(self, cfg: Config, rank: int, address: str, fault: Fault | None = None) -> None:
         _process_settings(cfg, cfg.ray.learner.num_cpus)
         self.rank = rank
-        join_learner_group(cfg, rank, address, local_rank=0)
-        self.learner = load_learner(cfg)
+        settings = learner_settings(cfg)  # resolved in this actor, on its node
+        join_learner_group(settings, rank, address, local_rank=0)
+        self.learner = load_learner(settings)
         self.learner.gathered_sampler_weights()  # rank 0 gathers the first version now
         set_collective_timeout(float(cfg.learner.collective_timeout_s))
         report_phases(self.learner, rank, fault=fault)  # a drill's fault, where it names this rank

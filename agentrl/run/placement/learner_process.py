@@ -1,6 +1,6 @@
 """The learner in its own process, behind the methods the orchestrator calls.
 
-    learner = LearnerProcess(cfg)                       # spawns, loads the model over there
+    learner = LearnerProcess(cfg, settings)             # spawns, loads the model over there
     metrics = learner.step(groups)                      # blocking; run it in a worker thread
     weights = learner.state_dict_for_sampler()          # shared-memory views, version N
     learner.close()
@@ -42,6 +42,7 @@ as its parent is gone (a lifeline pipe only the parent holds), so no orphan is l
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -61,12 +62,15 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.registry import plugin_modules
+from agentrl.config import Config
 from agentrl.cpu import learner_process_threads, release_freed_memory
-from agentrl.devices import limit_process_memory, sharing_kind
+from agentrl.devices import limit_process_memory
 from agentrl.errors import AgentRLError, ConfigError
 from agentrl.learner.learner import PHASES
+from agentrl.learner.settings import LearnerSettings
 from agentrl.run.components import load_learner
 from agentrl.run.process_settings import apply_process_settings
+from agentrl.run.settings import resolve
 from agentrl.weights.shared import (
     CudaSharedWeights,
     SharedWeights,
@@ -229,7 +233,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
     shared: SharedWeights | CudaSharedWeights | _NotShared | None = None
     rank = int(os.environ.get(RANK_ENV, "0"))
     try:
-        cfg, path, plugins, fault_fields = conn.recv()
+        cfg, settings, path, plugins, fault_fields = conn.recv()
         fault = Fault(*fault_fields) if fault_fields else None
         sys.path[:] = path + [p for p in sys.path if p not in path]
         import importlib
@@ -238,10 +242,14 @@ def _serve(conn: Connection, lifeline: int) -> None:
             importlib.import_module(module)
         apply_process_settings(cfg)
         learner_process_threads(cfg.orchestrator.cpu_threads, cfg.orchestrator.learner_cpu_threads)
-        limit_process_memory(cfg, ["learner"])  # learner.gpu_memory_fraction, if any
+        # learner.gpu_memory_fraction, if any
+        limit_process_memory(
+            {"learner": (settings.train.torch_device, settings.train.gpu_memory_fraction)}
+        )
         if cfg.learner.world_size > 1:
-            join_learner_group(cfg, rank, os.environ[ADDRESS_ENV])
-        learner = load_learner(cfg)
+            join_learner_group(settings, rank, os.environ[ADDRESS_ENV])
+            settings = rank_settings(cfg, settings)
+        learner = load_learner(settings)
         weights = learner.gathered_sampler_weights()  # all ranks gather; rank 0 keeps them
         if cfg.learner.world_size > 1:
             # ("phase", ...) messages before the request's reply; plain values: this module
@@ -252,7 +260,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
 
             set_collective_timeout(float(cfg.learner.collective_timeout_s))
         if rank == 0:
-            kind = sharing_kind(cfg.learner.weight_sharing, learner.device)
+            kind = settings.train.weight_sharing  # resolved with the settings
             shared = share_weights(weights, kind, shared_dtype(cfg, kind))
             sharded = learner.ranks.parallel == "fsdp"
             if kind == "shared_memory" and not sharded and adopt(learner.model, shared):
@@ -384,7 +392,12 @@ class LearnerProcess:
     broken; the last checkpoint is intact for ``--resume``).
     """
 
-    def __init__(self, cfg: Any, *, fault: Fault | None = None) -> None:
+    def __init__(
+        self, cfg: Config, settings: LearnerSettings | None = None, *, fault: Fault | None = None
+    ) -> None:
+        """`settings`: the run's resolved learner settings (default: resolved here); `fault`:
+        a drill's injected fault (tests, ``AGENTRL_LEARNER_FAULT`` read by the assembly)."""
+        settings = settings or resolve(cfg).learner
         self.world_size = int(cfg.learner.world_size)
         self.collective_timeout_s = float(cfg.learner.collective_timeout_s)
         # where each rank has been in the request under way (RankPhase, in order)
@@ -404,7 +417,9 @@ class LearnerProcess:
                 # a child that died at once is reported by wait_ready, with its exit status
                 # the fault as plain fields: this module is the child's __main__
                 fields = astuple(fault) if fault is not None else None
-                rank.conn.send((cfg, [p for p in sys.path if p], plugin_modules(), fields))
+                rank.conn.send(
+                    (cfg, settings, [p for p in sys.path if p], plugin_modules(), fields)
+                )
 
     @property
     def _proc(self) -> subprocess.Popen[bytes]:
@@ -649,24 +664,36 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def join_learner_group(cfg: Any, rank: int, address: str, *, local_rank: int | None = None) -> None:
+def join_learner_group(
+    settings: LearnerSettings, rank: int, address: str, *, local_rank: int | None = None
+) -> None:
     """Join the learner's torch.distributed group as `rank` (before the learner is built).
     On CUDA it computes on ``cuda:local_rank``: the rank itself for processes on one node
     (default), 0 in a Ray actor (Ray shows it only its own GPU)."""
     from agentrl.learner.distributed import init_rank_group
-    from agentrl.learner.precision import resolve_device
 
     os.environ["LOCAL_RANK"] = str(rank if local_rank is None else local_rank)
-    device = torch.device("cuda" if resolve_device(cfg.learner.device).type == "cuda" else "cpu")
+    device = torch.device(torch.device(settings.train.device).type)  # the kind: cuda or cpu
     # the ranks meet and load the model under the start timeout; once every rank is ready
     # the group's collectives wait learner.collective_timeout_s (set_collective_timeout)
     init_rank_group(
         rank,
-        int(cfg.learner.world_size),
+        settings.train.world_size,
         address,
         device=device,
-        timeout_s=max(START_TIMEOUT_S, float(cfg.learner.collective_timeout_s)),
+        timeout_s=max(START_TIMEOUT_S, settings.train.collective_timeout_s),
     )
+
+
+def rank_settings(cfg: Config, settings: LearnerSettings) -> LearnerSettings:
+    """A rank's own settings once it joined the group: ``learner.device`` auto / cuda names
+    the rank's own GPU (set by the group), as resolving it in this process would."""
+    if settings.train.device.startswith("cuda") and cfg.learner.device in ("auto", "cuda"):
+        device = f"cuda:{torch.cuda.current_device()}"
+        return dataclasses.replace(
+            settings, train=dataclasses.replace(settings.train, device=device)
+        )
+    return settings
 
 
 if __name__ == "__main__":
