@@ -480,8 +480,8 @@ class RewardConfig(_Section):
     model_batch_size: int = Field(16, ge=1)
     model_max_length: int = Field(2048, ge=16)
     judge: JudgeConfig | None = None
-    # the environment's step rewards other than the outcome (process rewards: StepResult.reward
-    # of earlier turns) reach the learner on the last token of their turn, times this weight;
+    # the environment's step rewards (StepResult.step_reward, never the outcome) reach the
+    # learner on the last token of their turn, times this weight;
     # sequence-level estimators add their weighted sum to the outcome. 0 ignores them
     step_weight: float = 1.0
     # process rewards from Python: fn(task, turn_text, turn_index) for every assistant turn,
