@@ -51,6 +51,7 @@ from agentrl.devices import to_device, to_host
 from agentrl.errors import CheckpointError, ConfigError
 from agentrl.learner import compiled, sharded_checkpoint
 from agentrl.learner.batching import BatchLayout, minibatch_rows
+from agentrl.learner.credit_record import StepCredit, step_credit
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.distributed import Ranks, Strategy, rank_micro_batches, whole_rows
 from agentrl.learner.forward import PolicyForward
@@ -247,6 +248,7 @@ class Learner:
         )
         self.version = 0
         self.step_count = 0
+        self.last_credit: StepCredit | None = None  # the last step's advantages per sample
         # the pi_old log-probs the loss used in the last step's first epoch (for inspection)
         self.last_old_logprobs: Tensor | None = None
         # called with each phase of a step as it starts (PHASES): a learner rank reports
@@ -418,6 +420,10 @@ class Learner:
         advantages, loss_mask, returns = objective.advantages(batch, adv_rewards, old_values)
         loss_mask, filter_metrics = objective.filter_truncated(batch, loss_mask)
         metrics.update(filter_metrics)
+        # what each sample trained with, for the trace (the run layer publishes it)
+        self.last_credit = step_credit(
+            alg.advantage, [t.traj_id for t in batch.trajectories], advantages, loss_mask
+        )
         trained_rows = torch.nonzero(loss_mask.sum(dim=1) > 0).flatten()
         used_old_lp = torch.zeros(B, T)
 

@@ -75,6 +75,16 @@ class BatchTrained(Event):
 
 
 @dataclass
+class AdvantagesAssigned(Event):
+    """The advantage each sample of a step trained with (the trace writer stores them in
+    ``advantages.jsonl``; the metrics log leaves them out)."""
+
+    step: int
+    estimator: str  # algorithm.advantage
+    advantages: dict[str, float | None]  # trajectory id -> advantage (None: not trained)
+
+
+@dataclass
 class WeightsPublished(Event):
     version: int
     seconds: float
@@ -205,6 +215,8 @@ class JsonlMetrics:
                 "run_dir": event.run_dir,
                 "resumed_from_step": event.resumed_from_step,
             }
+        elif isinstance(event, AdvantagesAssigned):
+            return  # per-sample numbers: the trace's (advantages.jsonl)
         else:
             row = event.to_dict()
         self._f.write(json.dumps(row, default=str) + "\n")
@@ -214,19 +226,34 @@ class JsonlMetrics:
         self._f.close()
 
 
+ADVANTAGES = "advantages.jsonl"  # next to the trace: one trained step a line
+
+
 class TraceWriter:
-    """Appends every finished group to ``trajectories.jsonl`` for ``agentrl inspect``."""
+    """Appends every finished group to ``trajectories.jsonl`` for ``agentrl inspect``, and
+    the advantages each trained step used to ``advantages.jsonl`` beside it (one line a
+    step: ``{"step", "estimator", "advantages": {trajectory id: advantage}}``)."""
 
     def __init__(self, path: Path) -> None:
         self._f = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 - lives with the run
+        self._adv_path = Path(path).with_name(ADVANTAGES)
+        self._adv: Any = None  # opened with the first trained step
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, GroupFinished):
             self._f.write(event.group.to_json() + "\n")
             self._f.flush()
+        elif isinstance(event, AdvantagesAssigned):
+            if self._adv is None:
+                self._adv = self._adv_path.open("a", encoding="utf-8")
+            row = {"step": event.step, "estimator": event.estimator, "advantages": event.advantages}
+            self._adv.write(json.dumps(row) + "\n")
+            self._adv.flush()
 
     def close(self) -> None:
         self._f.close()
+        if self._adv is not None:
+            self._adv.close()
 
 
 class TensorBoardWriter:
