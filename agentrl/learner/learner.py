@@ -412,12 +412,14 @@ class Learner:
         old_lp = prox_lp if (alg.off_policy != "none" and prox_lp is not None) else None
         if old_lp is None or loglinear:
             old_lp = batch.behavior_logprobs
-        adv_rewards = rewards  # [B], or [B, T] with the KL penalty folded in
+        kl_rewards: Tensor | None = None  # [B, T]: the outcome with the KL penalty folded in
         if alg.kl_in_reward and ref_lp is not None:
             kl_lp = prox_lp if prox_lp is not None else batch.behavior_logprobs
-            adv_rewards, kl_metrics = objective.kl_rewards(batch, rewards, kl_lp, ref_lp)
+            kl_rewards, kl_metrics = objective.kl_rewards(batch, rewards, kl_lp, ref_lp)
             metrics.update(kl_metrics)
-        advantages, loss_mask, returns = objective.advantages(batch, adv_rewards, old_values)
+        advantages, loss_mask, returns = objective.advantages(
+            batch, rewards, old_values, token_rewards=kl_rewards
+        )
         loss_mask, filter_metrics = objective.filter_truncated(batch, loss_mask)
         metrics.update(filter_metrics)
         # what each sample trained with, for the trace (the run layer publishes it)

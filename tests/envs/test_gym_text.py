@@ -16,10 +16,10 @@ from agentrl.config import config_from_dict
 from agentrl.envs import make_env
 from agentrl.envs.base import AssistantTurn
 from agentrl.errors import ConfigError, MissingExtra
+from agentrl.rollout.sinks import read_groups
 from agentrl.run.events import GroupFinished
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.plotting import read_steps
-from agentrl.rollout.sinks import read_groups
 from agentrl.samplers import Generation, Sampler, SamplingParams
 from agentrl.types import Trajectory
 
@@ -256,8 +256,9 @@ def test_a_game_with_intermediate_rewards_trains_on_exactly_its_return() -> None
     for turn in loser.turns:
         turn.step_reward = None
     batch = Batch.from_groups([TrajectoryGroup(task["id"], [traj, loser])])
-    objective = Objective(AlgorithmConfig(advantage="grpo"), attribution="soft", norm_length=64)
-    rewards, _ = objective.shaped_rewards(batch)
-    objective.advantages(batch, rewards, None)
-    trained = objective._step_inputs["rewards"]  # what the sequence estimator saw
-    assert trained.tolist() == pytest.approx([game_return, 0.0])
+    # Dr. GRPO's advantage is r - mean(r): with a group of the game and a 0, +-return / 2
+    objective = Objective(AlgorithmConfig(advantage="dr_grpo"), attribution="soft", norm_length=64)
+    outcomes, _ = objective.shaped_rewards(batch)
+    adv, mask, _ = objective.advantages(batch, outcomes, None)
+    trained = [float(adv[i][mask[i] > 0].mean()) for i in range(2)]
+    assert trained == pytest.approx([game_return / 2, -game_return / 2])

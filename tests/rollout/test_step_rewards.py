@@ -90,7 +90,7 @@ async def test_step_rewards_reach_the_learner_on_each_turns_last_token(sampler, 
     # sequence-level estimators see the return: outcome + weighted process rewards
     rewards, metrics = objective.shaped_rewards(batch)
     adv, mask, _ = objective.advantages(batch, rewards, None)
-    assert objective._step_inputs["rewards"].tolist() == [2.5, 0.0]
+    assert objective.sequence_returns(batch, rewards).tolist() == [2.5, 0.0]
     assert (adv[0][mask[0] > 0] > 0).all() and (adv[1][mask[1] > 0] < 0).all()
     assert metrics["reward/process_sum_mean"] == pytest.approx(0.75)
     # step_weight 0 drops them

@@ -78,7 +78,8 @@ def test_bad_folders_say_what_to_pass(tmp_path: Path) -> None:
 
 
 def test_advantages_are_the_recorded_ones_or_not_recorded(tmp_path: Path) -> None:
-    shutil.copytree(FIXTURE, tmp_path / "r")  # written before advantages were recorded
+    shutil.copytree(FIXTURE, tmp_path / "r")
+    (tmp_path / "r" / "advantages.jsonl").unlink()  # as written before they were recorded
     cat = Catalog(tmp_path / "r")
     cat.refresh()
     run = cat.get("r")

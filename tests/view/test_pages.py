@@ -131,6 +131,7 @@ def test_arpo_tree_opens_a_path(page: Page, fixture_server) -> None:
     branch.locator("text").click()
     expect(page).to_have_url(re.compile(r"/traj\?"))
     expect(page.locator("main")).to_contain_text("branch of")
+    expect(page.locator("#traj-advantage")).to_contain_text("advantage (tree_grpo)")
 
 
 def test_step_n_vs_step_m(page: Page, fixture_server) -> None:
@@ -229,8 +230,20 @@ def test_a_run_trained_with_rloo_shows_rloos_advantages(page: Page, tmp_path) ->
         server.stop()
 
 
-def test_an_old_run_says_its_advantages_were_not_recorded(page: Page, fixture_server) -> None:
-    page.goto(f"{fixture_server.url}traj?run={RUN}&id={IDS['parse_traj']}")
-    expect(page.locator("#traj-advantage")).to_contain_text("not recorded")
-    page.goto(f"{fixture_server.url}group?run={RUN}&id={IDS['tree_group']}")
-    expect(page.locator("a.sample dd.adv").first).to_have_text("not recorded")
+def test_an_old_run_says_its_advantages_were_not_recorded(page: Page, tmp_path) -> None:
+    import shutil
+
+    from agentrl.view import serve_in_thread
+
+    old = tmp_path / RUN
+    shutil.copytree(FIXTURE, old)
+    (old / "advantages.jsonl").unlink()  # as a run wrote it before advantages were recorded
+    server = serve_in_thread(old, 0, follow=False)
+    try:
+        page.goto(f"{server.url}traj?run={RUN}&id={IDS['parse_traj']}")
+        expect(page.locator("#traj-advantage")).to_contain_text("not recorded")
+        page.goto(f"{server.url}group?run={RUN}&id={IDS['tree_group']}")
+        expect(page.locator("a.sample dd.adv").first).to_have_text("not recorded")
+        expect(page.locator("svg#tree a.tree-node text").first).not_to_contain_text("A=")
+    finally:
+        server.stop()
