@@ -34,11 +34,11 @@ def step_credit(
     estimator: str, traj_ids: list[str], advantages: Tensor, loss_mask: Tensor
 ) -> StepCredit:
     """The :class:`StepCredit` of a step from its advantages ``[B, T]`` and the loss mask
-    the updates trained with (one host transfer)."""
-    mask = (loss_mask > 0).to(torch.float64).cpu()
-    adv = advantages.detach().to(torch.float64).cpu() * mask
+    the updates trained with (reduced where they are; two ``[B]`` vectors reach the host)."""
+    mask = (loss_mask > 0).to(device=advantages.device, dtype=torch.float64)
     counts = mask.sum(dim=1)
-    means = adv.sum(dim=1) / counts.clamp(min=1.0)
+    means = (advantages.detach().to(torch.float64) * mask).sum(dim=1) / counts.clamp(min=1.0)
+    means, counts = means.cpu(), counts.cpu()
     return StepCredit(
         estimator=estimator,
         advantages={

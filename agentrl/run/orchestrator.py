@@ -253,7 +253,7 @@ class Orchestrator:
                 for _ in groups:
                     self._permits.release()
                 metrics.update(self._rollout_metrics(groups))
-                credit = getattr(self.learner, "last_credit", None)  # fakes may lack it
+                credit = self.learner.last_credit
                 if credit is not None:
                     self.events.publish(
                         AdvantagesAssigned(
