@@ -702,9 +702,9 @@ class RewardConfig(_Section):
     judge: JudgeConfig | None = None
     """An LLM judge scoring each finished episode; null = none."""
     step_weight: float = 1.0
-    """The environment's step rewards other than the outcome (process rewards: StepResult.reward of
-    earlier turns) reach the learner on the last token of their turn, times this weight;
-    sequence-level estimators add their weighted sum to the outcome. 0 ignores them"""
+    """The environment's step rewards (StepResult.step_reward, never the outcome) reach the
+    learner on the last token of their turn, times this weight; sequence-level estimators add
+    their weighted sum to the outcome. 0 ignores them"""
     process: list[str | RewardFunctionConfig] = Field(default_factory=list)
     """Process rewards from Python: fn(task, turn_text, turn_index) for every assistant turn,
     weighted and added to that turn's process reward (module:function, as functions).

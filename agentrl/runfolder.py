@@ -88,6 +88,7 @@ def is_complete(path: str | Path) -> bool:
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 TRACE = "trajectories.jsonl"
+ADVANTAGES = "advantages.jsonl"  # beside the trace: the advantages each trained step used
 REPORT = "report.json"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"

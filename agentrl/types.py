@@ -99,8 +99,9 @@ class Turn:
     # tokens it re-prefilled under new weights while generating this turn (None: not counted)
     on_update: str | None = None
     reprefilled_tokens: int | None = None
-    # the environment's reward for this step (StepResult.reward; None: not scored here) and
-    # a key of the state the agent acted from (Environment.state_key(); None: not given)
+    # the environment's own reward for this step, never the outcome (StepResult.step_reward;
+    # None: not scored here) and a key of the state the agent acted from
+    # (Environment.state_key(); None: not given)
     step_reward: float | None = None
     state: str | None = None
     # the weighted sum of reward.process functions and reward.process_model on this turn
@@ -131,6 +132,8 @@ class Trajectory:
 
     segments: list[Segment] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
+    # the outcome (StepResult.outcome or Environment.reward(), composed by the reward
+    # section); step rewards are on the turns (Turn.step_reward), never summed in here
     reward: float = 0.0
     reward_info: dict[str, Any] = field(default_factory=dict)
     status: TrajectoryStatus = "ok"
@@ -211,17 +214,13 @@ class Trajectory:
 
     @property
     def process_rewards(self) -> list[float]:
-        """Per assistant turn, the environment's step reward that is not already the
-        outcome ``reward`` (0.0 where a turn was not scored), plus the turn's
-        ``process_reward`` (``reward.process`` functions, ``reward.process_model``).
-
-        When no final scoring replaced it, the outcome is the last step reward given
-        (``metadata["outcome_turn"]`` names that turn), so it is not counted twice."""
+        """Per assistant turn, the environment's step reward (0.0 where a turn was not
+        scored) plus the turn's ``process_reward`` (``reward.process`` functions,
+        ``reward.process_model``). The outcome ``reward`` is never among them."""
         n = len(self.turn_spans)
         out = [0.0] * n
-        outcome_turn = self.metadata.get("outcome_turn")
         for k, turn in enumerate(self.turns[:n]):
-            if turn.step_reward is not None and k != outcome_turn:
+            if turn.step_reward is not None:
                 out[k] = float(turn.step_reward)
             if turn.process_reward is not None:
                 out[k] += float(turn.process_reward)
@@ -247,6 +246,12 @@ class Trajectory:
         d = dict(d)
         d["segments"] = [Segment.from_dict(s) for s in d.get("segments", [])]
         d["turns"] = [Turn.from_dict(t) for t in d.get("turns", [])]
+        metadata = dict(d.get("metadata") or {})
+        outcome_turn = metadata.pop("outcome_turn", None)
+        if outcome_turn is not None:  # written before the split: that step reward was the outcome
+            d["metadata"] = metadata
+            if 0 <= outcome_turn < len(d["turns"]):
+                d["turns"][outcome_turn].step_reward = None
         return cls(**d)
 
     def to_json(self) -> str:
@@ -326,14 +331,14 @@ class Batch:
     loss_mask: Any  # FloatTensor [B, T]
     behavior_logprobs: Any  # FloatTensor [B, T]
     versions: Any  # LongTensor [B, T] (NO_VERSION outside model tokens)
-    rewards: Any  # FloatTensor [B]
+    rewards: Any  # FloatTensor [B]: outcomes (Trajectory.reward)
     group_index: Any  # LongTensor [B]
     valid: Any  # FloatTensor [B]
     response_lengths: Any  # LongTensor [B]
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
     advantages: Any = None  # FloatTensor [B] or [B, T], set by the learner
     # turns (K = most assistant turns of a row): the last token of each turn in input_ids
-    # (-1 past a row's turns), the environment's process rewards per turn
+    # (-1 past a row's turns), the step and process rewards per turn, never the outcome
     # (Trajectory.process_rewards, 0 past a row's turns), 1.0 on real turns, and the state
     # keys (Trajectory.turn_states)
     turn_ends: Any = None  # LongTensor [B, K]

@@ -119,15 +119,16 @@ DEMO = Path(__file__).parent.parent / "configs" / "demo.yaml"
 
 def test_set_null_unsets_a_key_so_the_demo_switches_to_gmpo_without_a_yaml_edit():
     from agentrl.learner.objective import check_algorithm
+    from agentrl.run.settings import objective_settings
 
     gmpo = ["algorithm.policy_loss=gmpo"]
     # the demo's clip range is for ppo: gmpo clips in log space and takes neither bound
     with pytest.raises(ConfigError, match=r"algorithm.eps_low is set but policy loss 'gmpo'"):
-        check_algorithm(load_config(DEMO, gmpo))
+        check_algorithm(objective_settings(load_config(DEMO, gmpo)))
     cfg = load_config(DEMO, [*gmpo, "algorithm.eps_low=null", "algorithm.eps_high=null"])
     assert {"eps_low", "eps_high"}.isdisjoint(cfg.algorithm.model_fields_set)
     assert cfg.algorithm.eps_low == 0.2  # the default applies again
-    assert check_algorithm(cfg).alg.policy_loss == "gmpo"
+    assert check_algorithm(objective_settings(cfg)).alg.policy_loss == "gmpo"
     assert cfg.source_of("algorithm.eps_low") == "--set algorithm.eps_low=null"
 
 

@@ -138,7 +138,7 @@ def _whiten(x: Tensor, v: Tensor, eps: float, mask: Tensor | None = None) -> Ten
 # REINFORCE++ (Hu 2025, eq. 8-9): A = (r - mean_batch(r)) / std_batch(r) -- no group baseline.
 # With per-token rewards r_t (eq. 5: the outcome on the last token minus beta * KL_t):
 # A_t = whiten_batch(G_t), G_t = sum_{s >= t} gamma^(s-t) r_s over the trained tokens.
-@register_advantage("reinforce_pp", token_rewards=True)
+@register_advantage("reinforce_pp", token_rewards=True, inputs=("mask", "gamma"))
 def reinforce_pp(
     rewards: Tensor,
     group_ids: Tensor | None = None,
@@ -167,7 +167,7 @@ def reinforce_pp(
 # REINFORCE++-baseline (Hu 2025, sec. 3.3): subtract the group mean, then whiten over the
 # batch's tokens (each row weighted by its trained tokens when mask= [B, T] is given, as
 # the learner does; per row without it)
-@register_advantage("reinforce_pp_baseline")
+@register_advantage("reinforce_pp_baseline", inputs=("mask",))
 def reinforce_pp_baseline(
     rewards: Tensor,
     group_ids: Tensor,
@@ -299,7 +299,7 @@ def whiten_tokens(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
 
 # GAE with outcome rewards on each row's last trained token, advantages whitened over the
 # batch's trained tokens as PPO implementations do (whiten_advantages=False keeps them raw).
-@register_advantage("gae", needs_critic=True)
+@register_advantage("gae", needs_critic=True, inputs=("mask", "gamma"))
 def gae(
     rewards: Tensor,
     group_ids: Tensor | None = None,

@@ -92,7 +92,7 @@ def gmpo_loss(
 
 # GVPO (Zhang et al. 2025, eq. 9): L = 1/2 sum_i [(R_i - mean_g R) - beta * (s_i - mean_g s)]^2,
 # s_i = sum_t log pi_theta(y_t) - log pi_ref(y_t), one value per sequence; no ratio, no advantages
-@register_policy_loss("gvpo", couples_group=True)
+@register_policy_loss("gvpo", couples_group=True, inputs=("ref_logprobs", "group_ids", "rewards"))
 def gvpo_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,

@@ -61,7 +61,7 @@ def anchor_groups(
 
 
 # GiGPO (Feng et al. 2025, eq. 3-7): A = A_E(tau) + omega * A_S(a_k), step groups by anchor state
-@register_advantage("gigpo")
+@register_advantage("gigpo", inputs=("turn_rewards", "turn_mask", "turn_states", "turn_index"))
 def gigpo(
     rewards: Tensor,
     group_ids: Tensor,

@@ -22,7 +22,7 @@ from agentrl.algos.registry import register_advantage
 
 
 # GRPO-lambda (Dai et al. 2025, arXiv 2505.18086, sec. 3): length reward for the top-lambda groups
-@register_advantage("grpo_lambda")
+@register_advantage("grpo_lambda", inputs=("response_lengths",))
 def grpo_lambda(
     rewards: Tensor,
     group_ids: Tensor,

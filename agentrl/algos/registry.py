@@ -14,18 +14,90 @@ returns advantages, ``[B]`` per sequence or ``[B, T]`` per token. One registered
 are the value loss's targets. Options (``algorithm.options`` in a config) reach a function
 through the keyword parameters it names (or its ``**kwargs``): see :func:`keyword_parameters`.
 
+Inputs are typed: an estimator declares the fields of :class:`AdvantageInputs` it reads
+(``@register_advantage(name, inputs=("turn_rewards", "turn_mask"))``), a policy loss those
+of :class:`LossInputs`; the learner builds exactly the declared ones and passes each as the
+keyword of its name. A new input is one field here. Without ``inputs=``, the declaration
+is the function's keyword parameters that are fields (read once, at registration).
+
 Unknown names raise :class:`agentrl.errors.UnknownNameError` with close-name suggestions.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from agentrl.registry import Registry
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an advantage estimator may read beyond ``rewards``, ``group_ids`` and ``valid``
+    (B rows, T tokens, K = most assistant turns of a row)."""
+
+    mask: Any = field(metadata={"doc": "the loss mask [B, T] (1 on trained tokens)"})
+    gamma: float = field(metadata={"doc": "algorithm.gamma"})
+    tree_ids: Any = field(metadata={"doc": "each row's branch tree (its root row) [B]"})
+    turn_index: Any = field(
+        metadata={"doc": "the assistant turn of each trained token [B, T] (-1 elsewhere)"}
+    )
+    turn_ends: Any = field(
+        metadata={"doc": "the last token of each turn [B, K] (-1 past a row's turns)"}
+    )
+    turn_rewards: Any = field(
+        metadata={
+            "doc": "step and process rewards per turn times reward.step_weight [B, K] (never the "
+            "outcome; an estimator reading them gets the outcome alone as its rewards)"
+        }
+    )
+    turn_mask: Any = field(metadata={"doc": "1.0 on a row's real turns [B, K]"})
+    turn_states: Any = field(
+        metadata={"doc": "per row, the state key each turn acted from (list of lists)"}
+    )
+    response_lengths: Any = field(metadata={"doc": "tokens after the prompt [B]"})
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What a policy loss may read beyond its log-probs, advantages and mask (each sliced to
+    the micro-batch's rows)."""
+
+    ref_logprobs: Any = field(
+        metadata={"doc": "the reference policy's log-probs [B, T] (loads a reference model)"}
+    )
+    group_ids: Any = field(metadata={"doc": "each row's group [B]"})
+    rewards: Any = field(
+        metadata={"doc": "each row's return [B] (outcome plus weighted step rewards)"}
+    )
+    lengths: Any = field(metadata={"doc": "trained tokens per row [B]"})
+
+
+def input_docs(kind: type) -> dict[str, str]:
+    """Field name -> what it holds, of :class:`AdvantageInputs` or :class:`LossInputs`."""
+    return {f.name: f.metadata["doc"] for f in fields(kind)}
+
+
+def declared_inputs(
+    fn: Callable[..., Any], inputs: Sequence[str] | None, kind: type, label: str
+) -> tuple[str, ...]:
+    """The fields of `kind` that `fn` reads: `inputs` checked against them, or (None) the
+    keyword parameters of `fn` that are fields."""
+    known = [f.name for f in fields(kind)]
+    if inputs is None:
+        named = keyword_parameters(fn)[0]
+        return tuple(k for k in known if k in named)
+    unknown = [k for k in inputs if k not in known]
+    if unknown:
+        raise ValueError(
+            f"{label}: inputs {unknown} are not fields of {kind.__name__}; declare some of: "
+            + ", ".join(known)
+        )
+    return tuple(inputs)
 
 
 class AdvantageRegistry(Registry[Callable[..., Any]]):
@@ -35,6 +107,7 @@ class AdvantageRegistry(Registry[Callable[..., Any]]):
         super().__init__("advantage")
         self._needs_critic: dict[str, bool] = {}
         self._token_rewards: dict[str, bool] = {}
+        self._inputs: dict[str, tuple[str, ...]] = {}
 
     def register(
         self,
@@ -43,16 +116,26 @@ class AdvantageRegistry(Registry[Callable[..., Any]]):
         override: bool = False,
         needs_critic: bool = False,
         token_rewards: bool = False,
+        inputs: Sequence[str] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         add = super().register(name, override=override)
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            declared = declared_inputs(fn, inputs, AdvantageInputs, f"advantage '{name}'")
             add(fn)
             self._needs_critic[name] = needs_critic
             self._token_rewards[name] = token_rewards or needs_critic
+            self._inputs[name] = declared
             return fn
 
         return deco
+
+    def inputs(self, name: str) -> tuple[str, ...]:
+        """The :class:`AdvantageInputs` fields the estimator `name` reads."""
+        fn = self.get(name)
+        if name not in self._inputs:  # put in the table without register(): its parameters
+            self._inputs[name] = declared_inputs(fn, None, AdvantageInputs, name)
+        return self._inputs[name]
 
     def takes_token_rewards(self, name: str) -> bool:
         """Whether `name` also takes per-token rewards ``[B, T]`` (with ``mask=`` and
@@ -73,18 +156,33 @@ class PolicyLossRegistry(Registry[Callable[..., Any]]):
     def __init__(self) -> None:
         super().__init__("policy_loss")
         self._couples_group: dict[str, bool] = {}
+        self._inputs: dict[str, tuple[str, ...]] = {}
 
     def register(
-        self, name: str, *, override: bool = False, couples_group: bool = False
+        self,
+        name: str,
+        *,
+        override: bool = False,
+        couples_group: bool = False,
+        inputs: Sequence[str] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         add = super().register(name, override=override)
 
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+            declared = declared_inputs(fn, inputs, LossInputs, f"policy loss '{name}'")
             add(fn)
             self._couples_group[name] = couples_group
+            self._inputs[name] = declared
             return fn
 
         return deco
+
+    def inputs(self, name: str) -> tuple[str, ...]:
+        """The :class:`LossInputs` fields the policy loss `name` reads."""
+        fn = self.get(name)
+        if name not in self._inputs:
+            self._inputs[name] = declared_inputs(fn, None, LossInputs, name)
+        return self._inputs[name]
 
     def couples_group(self, name: str) -> bool:
         self.get(name)
@@ -127,7 +225,12 @@ OFF_POLICY_MASKS: Registry[Callable[..., Any]] = Registry("off_policy_mask")
 
 
 def register_advantage(
-    name: str, *, override: bool = False, needs_critic: bool = False, token_rewards: bool = False
+    name: str,
+    *,
+    override: bool = False,
+    needs_critic: bool = False,
+    token_rewards: bool = False,
+    inputs: Sequence[str] | None = None,
 ) -> Callable[[F], F]:
     """Register ``fn(rewards [B], group_ids [B], *, valid=None, **options) -> advantages``.
 
@@ -135,14 +238,24 @@ def register_advantage(
     and ``lam=`` and returns ``(advantages [B, T], returns [B, T])``.
     ``token_rewards=True`` (implied by ``needs_critic``): ``fn`` also accepts per-token
     rewards ``[B, T]`` with ``mask=`` and ``gamma=`` (``algorithm.kl_in_reward`` needs it).
+    ``inputs``: the :class:`AdvantageInputs` fields ``fn`` reads, each passed as a keyword
+    (None: its keyword parameters that are fields).
     """
     return ADVANTAGES.register(  # type: ignore[return-value]
-        name, override=override, needs_critic=needs_critic, token_rewards=token_rewards
+        name,
+        override=override,
+        needs_critic=needs_critic,
+        token_rewards=token_rewards,
+        inputs=inputs,
     )
 
 
 def register_policy_loss(
-    name: str, *, override: bool = False, couples_group: bool = False
+    name: str,
+    *,
+    override: bool = False,
+    couples_group: bool = False,
+    inputs: Sequence[str] | None = None,
 ) -> Callable[[F], F]:
     """Register ``fn(logprobs, old_logprobs, advantages [B,T], mask, **kw) -> (loss [B,T], metrics)``.
 
@@ -152,10 +265,11 @@ def register_policy_loss(
     ``lengths`` ``[B]``). ``couples_group=True``: the loss mixes the rows of a group, so
     the learner never splits a group across minibatches or micro-batches. The returned
     per-token loss is then importance-weighted (off-policy correction) and aggregated by
-    :func:`agentrl.algos.policy_loss`.
+    :func:`agentrl.algos.policy_loss`. ``inputs``: the :class:`LossInputs` fields it reads
+    (None: its keyword parameters that are fields).
     """
     return POLICY_LOSSES.register(  # type: ignore[return-value]
-        name, override=override, couples_group=couples_group
+        name, override=override, couples_group=couples_group, inputs=inputs
     )
 
 

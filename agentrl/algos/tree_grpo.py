@@ -40,7 +40,7 @@ def tree_roots(parent: Tensor) -> Tensor:
 
 
 # Tree-GRPO (arXiv 2509.21240): A = A_intra-tree + A_inter-tree
-@register_advantage("tree_grpo")
+@register_advantage("tree_grpo", inputs=("tree_ids",))
 def tree_grpo(
     rewards: Tensor,
     group_ids: Tensor,

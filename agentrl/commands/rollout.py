@@ -250,9 +250,7 @@ def show_trajectory(console: Console, group: TrajectoryGroup, traj: Trajectory) 
         steps = ", ".join(
             "-" if t.step_reward is None else f"{t.step_reward:g}" for t in traj.turns
         )
-        outcome = traj.metadata.get("outcome_turn")
-        note = f" (turn {outcome}'s is the outcome)" if outcome is not None else ""
-        console.print(f"step rewards by turn: [{steps}]{note}")
+        console.print(f"step rewards by turn: [{steps}] (outcome {traj.reward:g})")
     if traj.reward_info:
         console.print(f"reward info: {traj.reward_info}")
     if group.is_tree:

@@ -54,14 +54,40 @@ class AssistantTurn:
 
 @dataclass
 class StepResult:
-    """The environment's answer to one assistant turn."""
+    """The environment's answer to one assistant turn.
+
+    Two reward fields, never inferred from each other (DESIGN.md §14): ``step_reward`` is
+    this step's own reward (trained with weight ``reward.step_weight``), ``outcome`` the
+    episode's outcome, given on the step that ends it (``done=True``). A game's return is
+    the outcome plus the step rewards before it: report each reward once."""
 
     observations: list[Message] = field(default_factory=list)  # e.g. role "tool" messages
-    # this step's reward (None = not scored here): the last one given is the outcome unless
-    # reward() scores the episode; earlier ones are process rewards (reward.step_weight)
-    reward: float | None = None
+    step_reward: float | None = None  # None: this step is not scored
+    outcome: float | None = None  # only with done=True; None: the episode has no outcome
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)  # tool_calls, parse_errors, ...
+
+    def __post_init__(self) -> None:
+        if self.outcome is not None and not self.done:
+            raise ValueError(
+                f"StepResult(outcome={self.outcome}) on a step that does not end the episode: "
+                "an outcome comes with done=True; report this step's own reward as step_reward"
+            )
+
+    @property
+    def reward(self) -> float | None:
+        """Removed: the old single field mixed the outcome and step rewards."""
+        raise AttributeError(_REWARD_SPLIT)
+
+    @reward.setter
+    def reward(self, value: float | None) -> None:
+        raise AttributeError(_REWARD_SPLIT)
+
+
+_REWARD_SPLIT = (
+    "StepResult.reward was split in two: set step_reward= for this step's own reward and "
+    "outcome= (with done=True) for the episode's outcome"
+)
 
 
 class EnvOptions(BaseModel):
@@ -124,7 +150,9 @@ class Environment(EnvBase):
         """React to one assistant turn."""
 
     async def reward(self, trajectory: Any) -> tuple[float, dict[str, Any]] | None:
-        """Optional final scoring of a whole trajectory; None keeps the step rewards."""
+        """Optional final scoring: the episode's outcome and its info, replacing the last
+        step's ``StepResult.outcome``; None keeps that (0.0 when no step gave one). Step
+        rewards are never part of it."""
         return None
 
     def state_key(self) -> Hashable | None:
@@ -238,7 +266,7 @@ class ToolEnvironment(Environment):
             # scorers may parse expressions (sympy): keep them off the event loop
             reward, info = await anyio.to_thread.run_sync(self.verifier.score, turn.text, self.task)
             self.final = (float(reward), info)
-            return StepResult(reward=float(reward), done=True, info=info)
+            return StepResult(outcome=float(reward), done=True, info=info)
         results = await run_tool_calls(prepared, self.ctx)
         return StepResult(
             observations=[r.message for r in results],

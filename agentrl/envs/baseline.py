@@ -92,7 +92,7 @@ async def measure(
                 history[i].append({"role": "assistant", "content": text})
                 calls[i] += len(result.info.get("tool_calls", []))
                 if result.done:
-                    rewards[i] = float(result.reward or 0.0)
+                    rewards[i] = float(result.outcome or 0.0)
                 else:
                     history[i].extend(result.observations)
     finally:

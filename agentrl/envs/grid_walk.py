@@ -100,12 +100,12 @@ class GridWalkEnv(Environment):
             else:
                 note = "That is the wall; you did not move."
         if self.pos == self.goal:
-            return StepResult(reward=1.0, done=True, info={"moves": match is not None})
+            return StepResult(outcome=1.0, done=True, info={"moves": match is not None})
         process = self.config.step_penalty + self.config.progress_reward * (
             before - self._distance()
         )
         return StepResult(
             observations=[{"role": "user", "content": f"{note} {self._where()} Your move?"}],
-            reward=process if process else None,
+            step_reward=process if process else None,
             done=False,
         )

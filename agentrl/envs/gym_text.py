@@ -14,9 +14,12 @@ turn is the action, and what the game answers becomes the next user message. Tas
 seeds: task ``i`` of a split resets a fresh game with seed ``seed + i`` (the eval split
 uses other seeds), so the group of one task plays the same game.
 
-Rewards: the trajectory's reward is the episode's return (the sum of the per-step
-rewards GEM gives; TextArena's final reward from ``close()``), and ``reward_info`` keeps
-``step_rewards``, one per model turn, for the step-rewards work (#34) to train on.
+Rewards, each reported once (DESIGN.md §14): the reward of the step that ends the game is
+the episode's outcome (TextArena's final reward from ``close()``, GEM's last step reward);
+the rewards of the steps before it are step rewards. With ``reward.step_weight: 1`` (the
+default) a sequence estimator trains on the game's return, their sum; an episode cut short
+by ``rollout.max_turns`` has no outcome and keeps its step rewards. ``reward_info`` keeps
+``step_rewards``, the game's reward of every model turn.
 
 The libraries are synchronous: every call into a game runs in a worker thread, off the
 event loop. A game that raises is the episode's infrastructure failure (the rollout turns
@@ -128,19 +131,18 @@ class GymTextEnv(Environment):
         self.step_rewards.append(0.0 if reward is None else float(reward))
         if done:
             self.done = True
-            # the return; step_rewards: the per-turn rewards for the step-rewards issue (#34)
             info = {**info, "step_rewards": list(self.step_rewards)}
-            self.final = (float(sum(self.step_rewards)), info)
-            return StepResult(reward=self.final[0], done=True, info=info)
+            self.final = (self.step_rewards[-1], info)  # the last step's reward: the outcome
+            return StepResult(outcome=self.final[0], done=True, info=info)
         if not text.strip():
             text = "(no observation)"  # an empty user turn would end the episode as stuck
-        return StepResult(observations=[{"role": "user", "content": text}], reward=reward)
+        return StepResult(observations=[{"role": "user", "content": text}], step_reward=reward)
 
     async def reward(self, trajectory: Any) -> tuple[float, dict[str, Any]] | None:
         if self.final is not None:
             return self.final
-        if self.step_rewards:  # cut short (max_turns): what it earned so far
-            return float(sum(self.step_rewards)), {"step_rewards": list(self.step_rewards)}
+        if self.step_rewards:  # cut short (max_turns): no outcome; the step rewards stand
+            return 0.0, {"step_rewards": list(self.step_rewards)}
         return None
 
     async def close(self) -> None:

@@ -45,6 +45,7 @@ from agentrl.errors import ConfigError
 from agentrl.learner import compiled
 from agentrl.learner.batching import BatchLayout, minibatch_rows
 from agentrl.learner.core import CoreSettings, TrainerCore
+from agentrl.learner.credit_record import StepCredit, step_credit
 from agentrl.learner.critic import ValueHead, ValueModel
 from agentrl.learner.distributed import Ranks, rank_micro_batches, whole_rows
 from agentrl.learner.forward import PolicyForward
@@ -263,6 +264,7 @@ class Learner:
         )
         self.version = 0
         self.step_count = 0
+        self.last_credit: StepCredit | None = None  # the last step's advantages per sample
         # the pi_old log-probs the loss used in the last step's first epoch (for inspection)
         self.last_old_logprobs: Tensor | None = None
         # called with each phase of a step as it starts (PHASES): a learner rank reports
@@ -359,14 +361,20 @@ class Learner:
         old_lp = prox_lp if (alg.off_policy != "none" and prox_lp is not None) else None
         if old_lp is None or start.loglinear:
             old_lp = batch.behavior_logprobs
-        adv_rewards = rewards  # [B], or [B, T] with the KL penalty folded in
+        kl_rewards: Tensor | None = None  # [B, T]: the outcome with the KL penalty folded in
         if alg.kl_in_reward and ref_lp is not None:
             kl_lp = prox_lp if prox_lp is not None else batch.behavior_logprobs
-            adv_rewards, kl_metrics = objective.kl_rewards(batch, rewards, kl_lp, ref_lp)
+            kl_rewards, kl_metrics = objective.kl_rewards(batch, rewards, kl_lp, ref_lp)
             metrics.update(kl_metrics)
-        advantages, loss_mask, returns = objective.advantages(batch, adv_rewards, old_values)
+        advantages, loss_mask, returns = objective.advantages(
+            batch, rewards, old_values, token_rewards=kl_rewards
+        )
         loss_mask, filter_metrics = objective.filter_truncated(batch, loss_mask)
         metrics.update(filter_metrics)
+        # what each sample trained with, for the trace (the run layer publishes it)
+        self.last_credit = step_credit(
+            alg.advantage, [t.traj_id for t in batch.trajectories], advantages, loss_mask
+        )
 
         # 4. the update loop
         inputs = _UpdateInputs(

@@ -14,6 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from agentrl.learner.credit_record import StepCredit
+
 
 @runtime_checkable
 class LearnerLike(Protocol):
@@ -21,6 +23,8 @@ class LearnerLike(Protocol):
 
     version: int  # the policy version its current weights are (0 before the first step)
     step_count: int  # training steps taken
+    # the advantages each sample of the last step trained with (None before the first step)
+    last_credit: StepCredit | None
 
     def wait_ready(self) -> None:
         """Block until it can train (a child process has loaded its model); raises if it

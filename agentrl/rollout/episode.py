@@ -87,7 +87,6 @@ class Snapshot:
     steps: list[AssistantTurn]
     observations: list[list[Message]]
     num_tool_calls: int
-    last_step_reward: float | None
     initial_entropy: float | None
 
     @property
@@ -107,7 +106,7 @@ class EpisodeState:
     steps: list[AssistantTurn] = field(default_factory=list)  # replay log of env.step inputs
     observations: list[list[Message]] = field(default_factory=list)  # what env.step answered
     num_tool_calls: int = 0
-    last_step_reward: float | None = None
+    outcome: float | None = None  # StepResult.outcome of the step that ended the episode
     initial_entropy: float | None = None  # mean entropy of the first k tokens (nats)
     after_tool: bool = False  # the last segment is an observation that holds tool results
     seed: int | None = None
@@ -120,7 +119,6 @@ class EpisodeState:
             steps=list(self.steps),
             observations=list(self.observations),
             num_tool_calls=self.num_tool_calls,
-            last_step_reward=self.last_step_reward,
             initial_entropy=self.initial_entropy,
         )
 
@@ -238,7 +236,6 @@ class EpisodeRunner:
             steps=list(snap.steps),
             observations=list(snap.observations),
             num_tool_calls=snap.num_tool_calls,
-            last_step_reward=snap.last_step_reward,
             initial_entropy=snap.initial_entropy,
             after_tool=False,  # the branch point was decided by the parent: no re-decision
         )
@@ -346,9 +343,10 @@ class EpisodeRunner:
                 records = _tool_records(result.info)
                 turn.tool_calls = records
                 turn.parse_errors = [str(e) for e in result.info.get("parse_errors", []) or []]
-                if result.reward is not None:
-                    state.last_step_reward = float(result.reward)
-                    turn.step_reward = state.last_step_reward
+                if result.step_reward is not None:
+                    turn.step_reward = float(result.step_reward)
+                if result.outcome is not None:
+                    state.outcome = float(result.outcome)
                 infra = [r for r in records if r.infra_error]
                 if infra:
                     raise InfraError(
@@ -393,6 +391,8 @@ class EpisodeRunner:
         state.traj.metadata["exact_tokens"] = bool(result.exact_tokens)
 
     async def score(self, state: EpisodeState) -> None:
+        """The outcome: ``env.reward()`` when it scores, else the ending step's
+        ``StepResult.outcome`` (0.0 without one). Step rewards stay on their turns."""
         traj = state.traj
         scored = await self._env_call("reward", lambda: state.env.reward(traj))
         if scored is not None:
@@ -400,10 +400,7 @@ class EpisodeRunner:
             traj.reward = float(traj.reward)
             traj.reward_info = dict(info)
         else:
-            traj.reward = state.last_step_reward if state.last_step_reward is not None else 0.0
-            scored_turns = [t.index for t in traj.turns if t.step_reward is not None]
-            if scored_turns:  # that step's reward is the outcome: not a process reward too
-                traj.metadata["outcome_turn"] = scored_turns[-1]
+            traj.reward = state.outcome if state.outcome is not None else 0.0
         if self.rewards is not None:  # reward.functions / model / judge (agentrl.rewards)
             await self.rewards.apply(state.task, state.messages, traj)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
-from agentrl.runfolder import JsonlFile
+from agentrl.runfolder import ADVANTAGES, JsonlFile
 
 log = logging.getLogger("agentrl.run.events")
 
@@ -72,6 +72,16 @@ class BatchTrained(Event):
     # resumed run trained every sample once
     task_indices: list[int] = field(default_factory=list)
     group_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AdvantagesAssigned(Event):
+    """The advantage each sample of a step trained with (the trace writer stores them in
+    ``advantages.jsonl``; the metrics log leaves them out)."""
+
+    step: int
+    estimator: str  # algorithm.advantage
+    advantages: dict[str, float | None]  # trajectory id -> advantage (None: not trained)
 
 
 @dataclass
@@ -205,6 +215,8 @@ class JsonlMetrics:
                 "run_dir": event.run_dir,
                 "resumed_from_step": event.resumed_from_step,
             }
+        elif isinstance(event, AdvantagesAssigned):
+            return  # per-sample numbers: the trace's (advantages.jsonl)
         else:
             row = event.to_dict()
         self._f.write(row)
@@ -214,17 +226,28 @@ class JsonlMetrics:
 
 
 class TraceWriter:
-    """Appends every finished group to ``trajectories.jsonl`` for ``agentrl inspect``."""
+    """Appends every finished group to ``trajectories.jsonl`` for ``agentrl inspect``, and
+    the advantages each trained step used to ``advantages.jsonl`` beside it (one line a
+    step: ``{"step", "estimator", "advantages": {trajectory id: advantage}}``)."""
 
     def __init__(self, path: Path) -> None:
         self._f = JsonlFile(path)
+        self._adv_path = Path(path).with_name(ADVANTAGES)
+        self._adv: JsonlFile | None = None  # opened with the first trained step
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, GroupFinished):
             self._f.write_line(event.group.to_json())
+        elif isinstance(event, AdvantagesAssigned):
+            if self._adv is None:
+                self._adv = JsonlFile(self._adv_path)
+            row = {"step": event.step, "estimator": event.estimator, "advantages": event.advantages}
+            self._adv.write(row)
 
     def close(self) -> None:
         self._f.close()
+        if self._adv is not None:
+            self._adv.close()
 
 
 class TensorBoardWriter:

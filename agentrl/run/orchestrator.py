@@ -28,6 +28,7 @@ from agentrl.run.buffer import Buffer
 from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
 from agentrl.run.evaluation import Evaluator
 from agentrl.run.events import (
+    AdvantagesAssigned,
     BatchTrained,
     CheckpointSaved,
     EventBus,
@@ -255,6 +256,15 @@ class Orchestrator:
                 for _ in groups:
                     self._permits.release()
                 metrics.update(self._rollout_metrics(groups))
+                credit = self.learner.last_credit
+                if credit is not None:
+                    self.events.publish(
+                        AdvantagesAssigned(
+                            step=self.step,
+                            estimator=credit.estimator,
+                            advantages=credit.advantages,
+                        )
+                    )
                 if self._eval_due():
                     metrics.update(await self.evaluator.run())
                 self.events.publish(

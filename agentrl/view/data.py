@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import DatasetError
-from agentrl.runfolder import CONFIG, METRICS, TRACE
+from agentrl.runfolder import ADVANTAGES, CONFIG, METRICS, TRACE
 
 
 class JsonlTail:
@@ -78,7 +78,23 @@ class TrajSummary:
     stop_reason: str
     versions: tuple[int, int] | None  # (oldest, newest) weight version of its tokens
     parent_id: str | None
+    # the advantage the learner trained it with, as recorded (advantages.jsonl), and the
+    # estimator that made it; None: not recorded (a run written before they were, or a
+    # sample not trained yet)
     advantage: float | None = None
+    estimator: str | None = None
+
+    @property
+    def advantage_text(self) -> str:
+        if self.estimator is None:
+            return "not recorded"
+        if self.advantage is None:
+            return "not trained"  # an infra error, a filtered truncation: no trained token
+        return f"{self.advantage:+.3f}"
+
+    @property
+    def advantage_label(self) -> str:
+        return f"advantage ({self.estimator})" if self.estimator else "advantage"
 
 
 @dataclass
@@ -108,17 +124,6 @@ class GroupSummary:
     def reward_mean(self) -> float:
         valid = [t.reward for t in self.trajectories if t.status != "infra_error"]
         return sum(valid) / len(valid) if valid else 0.0
-
-
-def group_advantages(rewards: list[float], valid: list[bool]) -> list[float | None]:
-    """GRPO's group-relative advantage ``(r - mean) / (std + eps)`` over the valid samples
-    (the trace stores rewards, not advantages; infra errors get none)."""
-    vals = [r for r, ok in zip(rewards, valid, strict=True) if ok]
-    if not vals:
-        return [None] * len(rewards)
-    mean = sum(vals) / len(vals)
-    std = math.sqrt(sum((r - mean) ** 2 for r in vals) / len(vals))
-    return [(r - mean) / (std + 1e-6) if ok else None for r, ok in zip(rewards, valid, strict=True)]
 
 
 def summarize(number: int, offset: int, size: int, raw: dict[str, Any], step: int) -> GroupSummary:
@@ -152,11 +157,6 @@ def summarize(number: int, offset: int, size: int, raw: dict[str, Any], step: in
                 parent_id=t.get("parent_id"),
             )
         )
-    advs = group_advantages(
-        [t.reward for t in g.trajectories], [t.status != "infra_error" for t in g.trajectories]
-    )
-    for t, a in zip(g.trajectories, advs, strict=True):
-        t.advantage = a
     g.is_tree = any(t.parent_id for t in g.trajectories)
     return g
 
@@ -225,6 +225,8 @@ class Run:
         self.trace = path / TRACE
         self._metrics_tail = JsonlTail(path / METRICS)
         self._trace_tail = JsonlTail(self.trace)
+        self._adv_tail = JsonlTail(path / ADVANTAGES)
+        self.credit: dict[str, tuple[str, float | None]] = {}  # traj id -> (estimator, adv)
         self.lock = threading.RLock()  # held while reading new lines and while a page renders
         self.events: list[dict[str, Any]] = []
         self._by_step: dict[int, dict[str, float]] = {}  # every event's numbers, per step
@@ -263,10 +265,28 @@ class Run:
                 self.by_group[g.group_id] = g
                 for i, t in enumerate(g.trajectories):
                     self.by_traj[t.traj_id] = (g, i)
-            changed = bool(new_events or new_groups)
+                    if t.traj_id in self.credit:
+                        t.estimator, t.advantage = self.credit[t.traj_id]
+            new_credit = self._adv_tail.read_new()
+            for _, line in new_credit:
+                self._add_credit(_loads(line))
+            changed = bool(new_events or new_groups or new_credit)
             if changed:
                 self.version += 1
             return changed
+
+    def _add_credit(self, row: dict[str, Any] | None) -> None:
+        """One trained step's recorded advantages onto the samples they belong to."""
+        if not row or not isinstance(row.get("advantages"), dict):
+            return
+        estimator = str(row.get("estimator") or "?")
+        for tid, value in row["advantages"].items():
+            adv = float(value) if _is_number(value) else None
+            self.credit[tid] = (estimator, adv)
+            found = self.by_traj.get(tid)
+            if found is not None:
+                g, i = found
+                g.trajectories[i].estimator, g.trajectories[i].advantage = estimator, adv
 
     def _add_event(self, row: dict[str, Any]) -> None:
         kind = row.get("event")

@@ -126,3 +126,44 @@ def test_keyword_parameters_are_what_options_can_reach():
     assert algos.keyword_parameters(anything) == ([], True)
     named, takes_any = algos.keyword_parameters(algos.ADVANTAGES.get("grpo"))
     assert {"eps", "norm_by_std"} <= set(named) and not takes_any
+
+
+def test_estimators_declare_typed_inputs_and_get_exactly_those():
+    """A declared input is a field of AdvantageInputs (a typo names the fields); the
+    learner hands an estimator the fields it declared and no others, whatever its
+    signature catches."""
+    from agentrl.config import AlgorithmConfig
+    from agentrl.learner.objective import Objective
+    from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup, Turn
+
+    with pytest.raises(ValueError, match=r"'turn_rewardz'.*declare some of: mask, gamma"):
+        algos.register_advantage("test_typo_input", inputs=("turn_rewardz",))(lambda r, g: r)
+    assert "test_typo_input" not in algos.ADVANTAGES.names()
+
+    seen: dict[str, object] = {}
+
+    @algos.register_advantage("test_declared_inputs", inputs=("turn_rewards", "turn_states"))
+    def declared(rewards, group_ids, **kwargs):
+        seen.update(rewards=rewards, **kwargs)
+        return rewards - rewards.mean()
+
+    assert algos.ADVANTAGES.inputs("test_declared_inputs") == ("turn_rewards", "turn_states")
+    trajs = []
+    for i, (outcome, step) in enumerate([(1.0, 0.5), (0.0, None)]):
+        t = Trajectory(
+            segments=[Segment("prompt", [1, 2]), Segment("model", [3, 4], [-1.0] * 2, [0] * 2)],
+            turns=[Turn(index=0, step_reward=step, state="s0")],
+            reward=outcome,
+            traj_id=f"t{i}",
+        )
+        trajs.append(t)
+    batch = Batch.from_groups([TrajectoryGroup("task", trajs)])
+    objective = Objective(
+        AlgorithmConfig(advantage="test_declared_inputs"), attribution="soft", norm_length=8
+    )
+    objective.advantages(batch, batch.rewards, None)
+    assert sorted(seen) == ["rewards", "turn_rewards", "turn_states", "valid"]
+    # it reads the turns itself: its rewards are the outcomes, the step reward comes apart
+    assert seen["rewards"].tolist() == [1.0, 0.0]
+    assert seen["turn_rewards"].tolist() == [[0.5], [0.0]]
+    assert seen["turn_states"] == [["s0"], ["s0"]]

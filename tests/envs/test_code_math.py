@@ -144,7 +144,7 @@ async def test_full_episode_scripted_turns() -> None:
         assert not r4.done and "time" in r4.observations[0]["content"].lower()
 
         final = await env.step(AssistantTurn(f"The sum is \\boxed{{{task['answer']}}}.", []))
-        assert final.done and final.reward == 1.0 and final.info["correct"]
+        assert final.done and final.outcome == 1.0 and final.info["correct"]
         assert await env.reward(None) == (1.0, final.info)
     finally:
         await env.close()
@@ -158,7 +158,7 @@ async def test_wrong_final_answer_scores_zero() -> None:
     try:
         await env.reset(task)
         final = await env.step(AssistantTurn("\\boxed{-1}", []))
-        assert final.done and final.reward == 0.0
+        assert final.done and final.outcome == 0.0
     finally:
         await env.close()
 

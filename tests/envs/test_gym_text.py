@@ -20,6 +20,8 @@ from agentrl.rollout.sinks import read_groups
 from agentrl.run.events import GroupFinished
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.plotting import read_steps
+from agentrl.samplers import Generation, Sampler, SamplingParams
+from agentrl.types import Trajectory
 
 GAMES = [
     ("textarena", "GuessTheNumber-v0"),
@@ -72,7 +74,8 @@ def test_a_game_runs_agentrl_rollout_and_trains_two_steps(
         steps = traj.reward_info.get("step_rewards")
         if steps is not None:
             assert len(steps) == len(traj.turns)
-            assert traj.reward == pytest.approx(sum(steps))
+            # the outcome and the step rewards before it: the game's return, once
+            assert traj.reward + sum(traj.process_rewards) == pytest.approx(sum(steps))
 
     orch = Orchestrator(config_from_dict(_config(name, env_id)), tmp_path / "run")
     orch.build()
@@ -108,8 +111,9 @@ def test_the_adapter_maps_reset_and_step_onto_turns() -> None:
     assert "Guess The Number" in first[1]["content"]
     assert all(r.observations[0]["role"] == "user" for r in results[:-1])
     assert "target number is higher" in results[0].observations[0]["content"]
-    assert results[-1].done and info["step_rewards"] == [r.reward for r in results]
-    assert reward == sum(info["step_rewards"])
+    paid = [r.step_reward for r in results[:-1]] + [results[-1].outcome]
+    assert results[-1].done and info["step_rewards"] == paid
+    assert reward == results[-1].outcome and results[-1].step_reward is None
 
     first, results, (reward, info) = anyio.run(
         play, "textarena", "TowerOfHanoi-v0", ["[A C]", "[A B]", "[C B]", "[A C]", "[B A]"]
@@ -118,7 +122,7 @@ def test_the_adapter_maps_reset_and_step_onto_turns() -> None:
     observation = results[0].observations[0]["content"]
     assert "You moved disk 1 from A to C" in observation
     assert "You are playing Tower of Hanoi" not in observation  # the new text only
-    assert not results[-1].done and reward == 0.0  # cut short: what it earned so far
+    assert not results[-1].done and reward == 0.0  # cut short: no outcome
 
 
 def test_a_game_that_raises_is_an_infra_error_of_its_episodes(tmp_path: Path) -> None:
@@ -173,3 +177,88 @@ def test_envs_list_shows_the_adapters_and_their_extras(monkeypatch: pytest.Monke
     table = CliRunner().invoke(app, ["envs", "list"], env={"COLUMNS": "250"})
     assert "pip install 'agentrl[gem]'" in table.output
     assert "textarena (installed)" in table.output
+
+
+class _Moves(Sampler):
+    """Plays fixed moves (a player that knows the game), as the tiny model's token ids."""
+
+    backend = "moves"
+
+    def __init__(self, tokenizer: Any, moves: list[str]) -> None:
+        self._tokenizer, self.moves = tokenizer, list(moves)
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    @property
+    def context_length(self) -> int | None:
+        return None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokenizer)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    async def generate(self, prompt_ids: Any, params: SamplingParams) -> Generation:
+        ids = self._tokenizer.encode(self.moves.pop(0), add_special_tokens=False)
+        ids.append(self._tokenizer.eos_token_id)
+        return Generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+
+    async def update_weights(self, weights: Any, version: int) -> None:
+        raise NotImplementedError
+
+
+def test_a_game_with_intermediate_rewards_trains_on_exactly_its_return() -> None:
+    """GEM's Mastermind pays each new black peg as it is found: the learner's sequence
+    reward is the game's return (the sum of what the game paid), each payment counted once."""
+    from agentrl.chat import ChatRenderer
+    from agentrl.config import AlgorithmConfig
+    from agentrl.learner.objective import Objective
+    from agentrl.models import load_tokenizer
+    from agentrl.rollout import EpisodeLimits, run_episode
+    from agentrl.types import Batch, TrajectoryGroup
+
+    game = {"code_length": 3, "num_numbers": 6, "max_turns": 6}
+    env = make_env("gem", id="game:Mastermind-v0-easy", options=game)
+    task = next(iter(env.tasks()))
+    probe = env.spawn()
+    anyio.run(probe.reset, task)
+    code = list(probe.game.game_code)  # the secret of this task's seed
+    anyio.run(probe.close)
+    other = [d for d in range(1, 7) if d not in code]
+    moves = [  # one black peg, then two, then the code: paid 1/3 each time
+        f"\\boxed{{{code[0]} {other[0]} {other[1]}}}",
+        f"\\boxed{{{code[0]} {code[1]} {other[0]}}}",
+        f"\\boxed{{{' '.join(map(str, code))}}}",
+    ]
+    tok = load_tokenizer("tiny-llama")
+    traj = anyio.run(
+        lambda: run_episode(
+            task,
+            env,
+            _Moves(tok, moves),
+            ChatRenderer(tok, tools=[]),
+            SamplingParams(max_new_tokens=32),
+            EpisodeLimits(max_turns=6, max_tokens=4000),
+        )
+    )
+    assert traj.status == "ok", traj.error
+    paid = traj.reward_info["step_rewards"]
+    assert paid == pytest.approx([1 / 3, 1 / 3, 1 / 3])  # intermediate rewards, then the end
+    game_return = sum(paid)
+
+    loser = Trajectory.from_dict(traj.to_dict())
+    loser.traj_id, loser.reward = "loser", 0.0
+    for turn in loser.turns:
+        turn.step_reward = None
+    batch = Batch.from_groups([TrajectoryGroup(task["id"], [traj, loser])])
+    # Dr. GRPO's advantage is r - mean(r): with a group of the game and a 0, +-return / 2
+    objective = Objective(AlgorithmConfig(advantage="dr_grpo"), attribution="soft", norm_length=64)
+    outcomes, _ = objective.shaped_rewards(batch)
+    adv, mask, _ = objective.advantages(batch, outcomes, None)
+    trained = [float(adv[i][mask[i] > 0].mean()) for i in range(2)]
+    assert trained == pytest.approx([game_return / 2, -game_return / 2])

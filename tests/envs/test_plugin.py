@@ -79,10 +79,10 @@ async def test_plugin_episode_with_real_python(installed_plugin: Path) -> None:
             f'"print(sum(int(d) for d in \\"{n}\\"))"}}}}\n</tool_call>'
         )
         result = await env.step(AssistantTurn(text=call, token_ids=[]))
-        assert not result.done and result.reward is None
+        assert not result.done and result.step_reward is None and result.outcome is None
         assert result.observations[0]["role"] == "tool"
         assert result.observations[0]["content"].strip() == task["answer"]
         final = await env.step(AssistantTurn(text=f"\\boxed{{{task['answer']}}}", token_ids=[]))
-        assert final.done and final.reward == 1.0
+        assert final.done and final.outcome == 1.0
     finally:
         await env.close()

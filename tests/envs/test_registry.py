@@ -92,7 +92,7 @@ def test_module_class_path_on_sys_path(tmp_path: Path, monkeypatch: pytest.Monke
         "class Tiny(Environment):\n"
         "    '''A tiny environment.'''\n"
         "    async def reset(self, task): return [{'role': 'user', 'content': 'hi'}]\n"
-        "    async def step(self, turn): return StepResult(done=True, reward=1.0)\n"
+        "    async def step(self, turn): return StepResult(done=True, outcome=1.0)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     env = make_env("tiny_env_mod:Tiny", flavour="x")

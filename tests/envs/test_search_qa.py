@@ -129,14 +129,14 @@ async def test_reward_exact_match_and_f1() -> None:
     try:
         await env.reset(task)
         result = await env.step(AssistantTurn("\\boxed{europe.}", []))
-        assert result.done and result.reward == 1.0 and result.info["f1"] == 1.0
+        assert result.done and result.outcome == 1.0 and result.info["f1"] == 1.0
     finally:
         await env.close()
     env = env.spawn()
     try:
         await env.reset(task)
         result = await env.step(AssistantTurn("\\boxed{Western Europe}", []))
-        assert result.done and result.reward == 0.0
+        assert result.done and result.outcome == 0.0
         assert result.info["f1"] == pytest.approx(2 / 3)
     finally:
         await env.close()

@@ -101,7 +101,7 @@ async def test_search_tag_episode_results_and_malformed_tags() -> None:
         result = await env.step(AssistantTurn(f"<search>capital of {task['country']}", []))
         assert not result.done and "not closed" in result.observations[0]["content"]
         result = await env.step(AssistantTurn(f"<answer>{task['answer']}</answer>", []))
-        assert result.done and result.reward == 1.0
+        assert result.done and result.outcome == 1.0
     finally:
         await env.close()
 

@@ -89,6 +89,6 @@ async def test_calls_bad_calls_and_context_lifecycle() -> None:
     await env.reset({"id": "t2", "question": "again", "answer": "42"})  # a new episode
     assert env.ctx is not first_ctx
     final = await env.step(AssistantTurn("Answer: 42", []))
-    assert final.done and final.reward == 1.0 and await env.reward(None) == (1.0, final.info)
+    assert final.done and final.outcome == 1.0 and await env.reward(None) == (1.0, final.info)
     await env.close()
     assert env.ctx is None

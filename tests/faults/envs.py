@@ -100,7 +100,7 @@ class ForcedToolEnv(ToolEnvironment):
                 info={"tool_calls": [r.record for r in results], "parse_errors": []},
             )
         even = bool(turn.token_ids) and turn.token_ids[0] % 2 == 0
-        return StepResult(reward=1.0 if even else 0.0, done=True)
+        return StepResult(outcome=1.0 if even else 0.0, done=True)
 
 
 def serve_search(port: int) -> None:

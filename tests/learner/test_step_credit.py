@@ -31,11 +31,10 @@ def _with_turns(groups, seed=0):
                 Turn(
                     index=k,
                     state="start" if k == 0 else f"cell{rng.randrange(2)}",
-                    step_reward=rng.choice([0.0, 0.2]) if k < n - 1 else t.reward,
+                    step_reward=rng.choice([0.0, 0.2]) if k < n - 1 else None,
                 )
                 for k in range(n)
             ]
-            t.metadata["outcome_turn"] = n - 1
     return groups
 
 

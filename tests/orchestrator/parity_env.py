@@ -27,7 +27,7 @@ class ParityEnv(Environment):
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         even = bool(turn.token_ids) and turn.token_ids[0] % 2 == 0
-        return StepResult(reward=1.0 if even else 0.0, done=True, info={"extracted": str(even)})
+        return StepResult(outcome=1.0 if even else 0.0, done=True, info={"extracted": str(even)})
 
 
 class ConstantEnv(ParityEnv):
@@ -36,7 +36,7 @@ class ConstantEnv(ParityEnv):
     name = "constant"
 
     async def step(self, turn: AssistantTurn) -> StepResult:
-        return StepResult(reward=0.0, done=True, info={"extracted": "0"})
+        return StepResult(outcome=0.0, done=True, info={"extracted": "0"})
 
 
 class HeldParityEnv(ParityEnv):

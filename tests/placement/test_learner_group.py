@@ -346,10 +346,10 @@ def test_two_ranks_under_ray_match_one_process(tmp_path: Path) -> None:
             .remote(cfg, peers, address)
         )
         for step in range(1, 4):
-            theirs, version, _ = ray.get(rank0.step.remote(groups))
+            theirs, version, _, credit = ray.get(rank0.step.remote(groups))
             with one_torch_thread():
                 mine = single.step(groups)
-            assert version == step
+            assert version == step and credit.estimator == single.last_credit.estimator
             assert theirs["loss/total"] == pytest.approx(mine["loss/total"], rel=1e-4, abs=1e-6)
         saved = Path(ray.get(rank0.save_checkpoint.remote(str(tmp_path / "ckpt"))))
         with pytest.raises(ray.exceptions.RayTaskError) as failed:

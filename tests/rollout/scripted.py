@@ -96,7 +96,7 @@ class ScriptedToolEnv(Environment):
         self.turn += 1
         if self.turn > self.tool_turns:
             reward = float(len(turn.token_ids) % 2)
-            return StepResult(reward=reward, done=True, info={"final_len": len(turn.token_ids)})
+            return StepResult(outcome=reward, done=True, info={"final_len": len(turn.token_ids)})
         if self.tool_delay_s:
             await anyio.sleep(self.tool_delay_s)  # allow-sleep: a tool whose work is a delay
         records, obs = [], []
@@ -211,7 +211,7 @@ class SandboxPythonEnv(ScriptedToolEnv):
 
         self.turn += 1
         if self.turn > self.tool_turns:
-            return StepResult(reward=1.0, done=True)
+            return StepResult(outcome=1.0, done=True)
         if self.task.get("die") and self.turn == 2:
             await self.sandbox.close()  # the platform loses the sandbox mid-episode
         code = f"x = {self.turn} if {self.turn} == 1 else x + 1\\nprint(x)"

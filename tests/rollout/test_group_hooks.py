@@ -27,7 +27,7 @@ class HintOrLuckEnv(Environment):
         return [{"role": "user", "content": task["question"]}]
 
     async def step(self, turn: AssistantTurn) -> StepResult:
-        return StepResult(reward=1.0 if self.win else 0.0, done=True)
+        return StepResult(outcome=1.0 if self.win else 0.0, done=True)
 
 
 def _engine(sampler, renderer, tasks, hooks):

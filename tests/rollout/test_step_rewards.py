@@ -23,8 +23,8 @@ pytestmark = pytest.mark.anyio
 
 
 class ProgressEnv(ScriptedToolEnv):
-    """A tool result each turn with a process reward of 0.25 * turn, and the turn as the
-    state key; the last turn's reward (the outcome) is 1.0."""
+    """A tool result each turn with a step reward of 0.25 * turn, and the turn as the
+    state key; the last turn ends the episode with the outcome 1.0."""
 
     name = "progress"
 
@@ -33,7 +33,10 @@ class ProgressEnv(ScriptedToolEnv):
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         result = await super().step(turn)
-        result.reward = 1.0 if result.done else 0.25 * self.turn
+        if result.done:
+            result.outcome = 1.0
+        else:
+            result.step_reward = 0.25 * self.turn
         return result
 
 
@@ -54,18 +57,24 @@ async def _episode(sampler, renderer) -> Trajectory:
 async def test_step_rewards_reach_the_learner_on_each_turns_last_token(sampler, renderer, tmp_path):
     traj = await _episode(sampler, renderer)
     assert traj.status == "ok", traj.error
-    assert [t.step_reward for t in traj.turns] == [0.25, 0.5, 1.0]
+    assert [t.step_reward for t in traj.turns] == [0.25, 0.5, None]
     assert [t.state for t in traj.turns] == ["('turn', 0)", "('turn', 1)", "('turn', 2)"]
-    assert traj.reward == 1.0 and traj.metadata["outcome_turn"] == 2
-    assert traj.process_rewards == [0.25, 0.5, 0.0]  # the outcome is not counted twice
+    assert traj.reward == 1.0 and "outcome_turn" not in traj.metadata
+    assert traj.process_rewards == [0.25, 0.5, 0.0]  # the outcome is not a step reward
 
     # the trace round-trips, and old traces (without the fields) still load
     again = Trajectory.from_json(traj.to_json())
     assert again.process_rewards == traj.process_rewards and again.turn_states == traj.turn_states
     old = traj.to_dict()
     for t in old["turns"]:
-        t.pop("step_reward"), t.pop("state")
+        t.pop("step_reward", None), t.pop("state")
     assert Trajectory.from_dict(old).process_rewards == [0.0, 0.0, 0.0]
+    # traces written before the split named the turn whose step reward was the outcome
+    before = traj.to_dict()
+    before["turns"][2]["step_reward"], before["metadata"]["outcome_turn"] = 1.0, 2
+    migrated = Trajectory.from_dict(before)
+    assert migrated.process_rewards == [0.25, 0.5, 0.0] and migrated.reward == 1.0
+    assert "outcome_turn" not in migrated.metadata
 
     batch = Batch.from_groups([TrajectoryGroup("t0", [traj, _copy(traj, 0.0)])])
     spans = traj.turn_spans
@@ -81,7 +90,7 @@ async def test_step_rewards_reach_the_learner_on_each_turns_last_token(sampler, 
     # sequence-level estimators see the return: outcome + weighted process rewards
     rewards, metrics = objective.shaped_rewards(batch)
     adv, mask, _ = objective.advantages(batch, rewards, None)
-    assert objective._step_inputs["rewards"].tolist() == [2.5, 0.0]
+    assert objective.sequence_returns(batch, rewards).tolist() == [2.5, 0.0]
     assert (adv[0][mask[0] > 0] > 0).all() and (adv[1][mask[1] > 0] < 0).all()
     assert metrics["reward/process_sum_mean"] == pytest.approx(0.75)
     # step_weight 0 drops them
@@ -94,7 +103,7 @@ async def test_step_rewards_reach_the_learner_on_each_turns_last_token(sampler, 
     out = CliRunner().invoke(app, ["inspect", str(path)], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
     assert "step reward 0.25" in out.output and "state ('turn', 1)" in out.output
-    assert "step rewards by turn: [0.25, 0.5, 1]" in out.output
+    assert "step rewards by turn: [0.25, 0.5, -] (outcome 1)" in out.output
 
 
 def _copy(traj: Trajectory, reward: float) -> Trajectory:
@@ -102,7 +111,6 @@ def _copy(traj: Trajectory, reward: float) -> Trajectory:
     other.traj_id, other.reward = "other", reward
     for turn in other.turns:
         turn.step_reward = None
-    other.metadata.pop("outcome_turn")
     return other
 
 
@@ -122,8 +130,9 @@ async def test_grid_walk_gives_recurring_state_keys(sampler, renderer):
     await walker.reset({"id": "x", "start": [0, 0], "goal": [0, 2]})
     assert walker.state_key() == "0,0"
     first = await walker.step(AssistantTurn("I go right.", [1]))
-    assert first.reward == pytest.approx(0.1) and not first.done and walker.state_key() == "0,1"
+    assert first.step_reward == pytest.approx(0.1) and first.outcome is None
+    assert not first.done and walker.state_key() == "0,1"
     wall = await walker.step(AssistantTurn("up", [1]))
-    assert wall.reward is None and "wall" in wall.observations[0]["content"]
+    assert wall.step_reward is None and "wall" in wall.observations[0]["content"]
     done = await walker.step(AssistantTurn("RIGHT", [1]))
-    assert done.done and done.reward == 1.0
+    assert done.done and done.outcome == 1.0 and done.step_reward is None

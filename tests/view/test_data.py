@@ -16,7 +16,7 @@ from agentrl.cli import app as cli
 from agentrl.errors import DatasetError
 from agentrl.view import create_app
 from agentrl.view.catalog import Catalog
-from agentrl.view.data import Filters, JsonlTail, group_advantages
+from agentrl.view.data import Filters, JsonlTail
 from tests.view.conftest import FIXTURE
 
 
@@ -77,10 +77,26 @@ def test_bad_folders_say_what_to_pass(tmp_path: Path) -> None:
         Catalog(tmp_path)
 
 
-def test_advantages_leave_out_infra_errors() -> None:
-    adv = group_advantages([1.0, 0.0, 5.0], [True, True, False])
-    assert adv[2] is None and adv[0] == pytest.approx(-adv[1]) and adv[0] > 0.99
-    assert group_advantages([0.0, 0.0], [True, True]) == [0.0, 0.0]
+def test_advantages_are_the_recorded_ones_or_not_recorded(tmp_path: Path) -> None:
+    shutil.copytree(FIXTURE, tmp_path / "r")
+    (tmp_path / "r" / "advantages.jsonl").unlink()  # as written before they were recorded
+    cat = Catalog(tmp_path / "r")
+    cat.refresh()
+    run = cat.get("r")
+    trajs = [t for g in run.groups for t in g.trajectories]
+    assert {t.advantage_text for t in trajs} == {"not recorded"}  # never recomputed
+    a, b = trajs[0].traj_id, trajs[1].traj_id
+    with (tmp_path / "r" / "advantages.jsonl").open("w") as f:  # as TraceWriter writes it
+        f.write(json.dumps({"step": 1, "estimator": "rloo", "advantages": {a: 0.25, b: None}}))
+        f.write("\n")
+    assert cat.refresh()
+    assert (trajs[0].advantage, trajs[0].estimator) == (0.25, "rloo")
+    assert trajs[0].advantage_text == "+0.250" and trajs[0].advantage_label == "advantage (rloo)"
+    assert trajs[1].advantage_text == "not trained" and trajs[2].advantage_text == "not recorded"
+    # a folder read from scratch attaches advantages to groups read after them
+    again = Catalog(tmp_path / "r")
+    again.refresh()
+    assert again.get("r").by_traj[a][0].trajectories[0].advantage == 0.25
 
 
 def test_a_folder_of_runs_overlays_their_curves(tmp_path: Path) -> None:

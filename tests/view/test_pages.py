@@ -131,6 +131,7 @@ def test_arpo_tree_opens_a_path(page: Page, fixture_server) -> None:
     branch.locator("text").click()
     expect(page).to_have_url(re.compile(r"/traj\?"))
     expect(page.locator("main")).to_contain_text("branch of")
+    expect(page.locator("#traj-advantage")).to_contain_text("advantage (tree_grpo)")
 
 
 def test_step_n_vs_step_m(page: Page, fixture_server) -> None:
@@ -167,3 +168,82 @@ def test_the_guard_catches_foreign_requests_and_console_errors(browser, fixture_
     page.wait_for_function("() => true")
     context.close()
     assert "boom" in guard.errors and guard.foreign == ["http://example.com/x"]
+
+
+def test_a_run_trained_with_rloo_shows_rloos_advantages(page: Page, tmp_path) -> None:
+    """A real run (the learner in its own process) records the advantages it trained with;
+    the view shows those, labelled rloo: each equals r_i minus the mean of the others."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from agentrl.view import serve_in_thread
+    from tests.orchestrator.test_train import BASE
+
+    overrides = [
+        *BASE,
+        "algorithm.advantage=rloo",
+        "orchestrator.max_steps=1",
+        "orchestrator.max_staleness=0",
+        "orchestrator.learner_worker=process",
+    ]
+    (tmp_path / "c.yaml").write_text("{}\n")
+    out = tmp_path / "rloo_run"
+    root = Path(__file__).resolve().parents[2]
+    # `agentrl train` in its own process: playwright's event loop holds this thread
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", str(tmp_path / "c.yaml")]
+        + [arg for o in overrides for arg in ("--set", o)]
+        + ["--run-dir", str(out), "--no-summary"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    recorded = [json.loads(line) for line in (out / "advantages.jsonl").open()]
+    assert [r["step"] for r in recorded] == [1] and recorded[0]["estimator"] == "rloo"
+    groups = [json.loads(line) for line in (out / "trajectories.jsonl").open()]
+    trained = [g for g in groups if g["trajectories"][0]["traj_id"] in recorded[0]["advantages"]]
+    assert len(trained) == 2
+    # the group with the most spread rewards: its advantages are far from zero
+    group = max(trained, key=lambda g: len({t["reward"] for t in g["trajectories"]}))
+    rewards = [t["reward"] for t in group["trajectories"]]
+    k = len(rewards)
+    expected = [r - (sum(rewards) - r) / (k - 1) for r in rewards]
+
+    server = serve_in_thread(out, 0, follow=False)
+    try:
+        page.goto(f"{server.url}group?run=rloo_run&id={group['group_id']}")
+        cells = page.locator("a.sample dd.adv")
+        expect(cells).to_have_count(k)
+        for i, want in enumerate(expected):
+            expect(cells.nth(i)).to_have_text(f"{want:+.3f} rloo")
+        traj = group["trajectories"][0]["traj_id"]
+        page.goto(f"{server.url}traj?run=rloo_run&id={traj}")
+        expect(page.locator("#traj-advantage")).to_contain_text("advantage (rloo)")
+        expect(page.locator("#traj-advantage b")).to_have_text(f"{expected[0]:+.3f}")
+        shot(page, "rloo_advantages")
+    finally:
+        server.stop()
+
+
+def test_an_old_run_says_its_advantages_were_not_recorded(page: Page, tmp_path) -> None:
+    import shutil
+
+    from agentrl.view import serve_in_thread
+
+    old = tmp_path / RUN
+    shutil.copytree(FIXTURE, old)
+    (old / "advantages.jsonl").unlink()  # as a run wrote it before advantages were recorded
+    server = serve_in_thread(old, 0, follow=False)
+    try:
+        page.goto(f"{server.url}traj?run={RUN}&id={IDS['parse_traj']}")
+        expect(page.locator("#traj-advantage")).to_contain_text("not recorded")
+        page.goto(f"{server.url}group?run={RUN}&id={IDS['tree_group']}")
+        expect(page.locator("a.sample dd.adv").first).to_have_text("not recorded")
+        expect(page.locator("svg#tree a.tree-node text").first).not_to_contain_text("A=")
+    finally:
+        server.stop()

@@ -247,14 +247,14 @@ class LearnerShell:
         for client in self.replicas:
             self.bus.register(client)
 
-    def step(self, groups: list[Any]) -> tuple[dict[str, float], int, int]:
+    def step(self, groups: list[Any]) -> tuple[dict[str, float], int, int, Any]:
         follow = [p.step.remote(groups) for p in self.peers]
         with self._led(follow, "training a step"):
             metrics = self.learner.step(groups)
             if self.peers:
                 self._whole = self.learner.gathered_sampler_weights()
         _followed(follow, "training a step")
-        return metrics, self.learner.version, self.learner.step_count
+        return metrics, self.learner.version, self.learner.step_count, self.learner.last_credit
 
     @contextlib.contextmanager
     def _led(self, follow: list[Any], doing: str) -> Iterator[None]:

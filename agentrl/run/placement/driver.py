@@ -55,6 +55,7 @@ class RemoteLearner:
         info = ray.get(handle.describe.remote())
         self.version: int = info["version"]
         self.step_count = 0
+        self.last_credit: Any = None  # the learner actor's StepCredit of the last step
         self.node = info["node"]
         self._closed = False
 
@@ -65,7 +66,7 @@ class RemoteLearner:
             raise learner_death(e, doing) from None
 
     def step(self, groups: Any) -> dict[str, float]:
-        metrics, self.version, self.step_count = self._get(
+        metrics, self.version, self.step_count, self.last_credit = self._get(
             self.handle.step.remote(list(groups)), f"training step {self.step_count + 1}"
         )
         return metrics

@@ -66,6 +66,7 @@ from agentrl.config import Config
 from agentrl.cpu import learner_process_threads, release_freed_memory
 from agentrl.devices import limit_process_memory
 from agentrl.errors import AgentRLError, ConfigError
+from agentrl.learner.credit_record import StepCredit
 from agentrl.learner.learner import PHASES
 from agentrl.learner.settings import LearnerSettings
 from agentrl.run.components import load_learner
@@ -303,7 +304,8 @@ def _serve(conn: Connection, lifeline: int) -> None:
                 result = None
             else:
                 raise ValueError(f"unknown learner request {op!r}")
-            conn.send(("ok", (result, learner.version, learner.step_count)))
+            credit = learner.last_credit if op == "step" else None  # travels with the step
+            conn.send(("ok", (result, learner.version, learner.step_count, credit)))
         except BaseException as e:
             _reply_error(conn, e)
 
@@ -411,6 +413,7 @@ class LearnerProcess:
         self._stopped = False  # close() ran
         self.version = 0
         self.step_count = 0
+        self.last_credit: StepCredit | None = None  # sent back with each step's reply
         self._weights: dict[str, Tensor] = {}
         for rank in self._ranks:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -574,7 +577,9 @@ class LearnerProcess:
                 exc.add_note(f"(raised in {where})\n{tb}")
                 raise exc
             raise LearnerError(f"{doing} failed in {where}:\n{tb}")
-        result, self.version, self.step_count = replies[0][1][1]
+        result, self.version, self.step_count, credit = replies[0][1][1]
+        if op == "step":
+            self.last_credit = credit
         return result
 
     def _timeout_message(self, rank: int, doing: str) -> str:
