@@ -77,7 +77,10 @@ def test_a_new_section_appears_in_the_reference_on_its_own():
         in (text)
     )
     # and a key without a description is caught by the test above
-    assert {k.key for k in collect(_Grown)} - {k.key for k in KEYS} == {"telemetry", "telemetry.port"}
+    assert {k.key for k in collect(_Grown)} - {k.key for k in KEYS} == {
+        "telemetry",
+        "telemetry.port",
+    }
 
 
 def test_agentrl_config_docs_writes_the_page_and_check_names_the_command(tmp_path):
@@ -101,11 +104,12 @@ def test_the_options_mappings_name_every_option_the_code_takes():
     fails here until its key's docstring names it."""
     import inspect
 
-    from agentrl.algos.registry import ADVANTAGES, POLICY_LOSSES
+    from agentrl.algos.registry import ADVANTAGES, POLICY_LOSSES, keyword_parameters
     from agentrl.config import load_config
-    from agentrl.learner.objective import _ADVANTAGE_INPUTS, _LOSS_INPUTS, keyword_parameters
+    from agentrl.learner.objective import _RESERVED
     from agentrl.preference.losses import PREFERENCE_LOSSES
     from agentrl.rollout.hooks import GROUP_HOOKS
+    from agentrl.run.settings import sampler_settings
     from agentrl.samplers import backend_class
 
     # set by the run itself (resume's version) or from first-class sampler keys
@@ -114,7 +118,8 @@ def test_the_options_mappings_name_every_option_the_code_takes():
     sampler_doc = _meaning("sampler.options")
     for backend in ("hf", "vllm", "openai"):
         cls = backend_class(backend)
-        filled = cls.options_from_config(load_config(overrides=[f"sampler.backend={backend}"]))
+        cfg = load_config(overrides=[f"sampler.backend={backend}"])
+        filled = cls.options_from_settings(sampler_settings(cfg))
         params = inspect.signature(cls.__init__).parameters.items()
         own = [n for n, p in params if p.kind is p.KEYWORD_ONLY and n not in filled]
         missing = [n for n in own if n not in internal and n not in sampler_doc]
@@ -123,7 +128,7 @@ def test_the_options_mappings_name_every_option_the_code_takes():
     for registry in (ADVANTAGES, POLICY_LOSSES):
         for name in registry.names():
             named = keyword_parameters(registry.get(name))[0]
-            own = [p for p in named if p not in _ADVANTAGE_INPUTS | _LOSS_INPUTS]
+            own = [p for p in named if p not in _RESERVED]  # the learner's own keywords
             assert all(p in algorithm_doc for p in own), f"algorithm.options: {name} takes {own}"
     preference_doc = _meaning("preference.options")
     for name in PREFERENCE_LOSSES.names():

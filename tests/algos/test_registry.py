@@ -132,8 +132,8 @@ def test_estimators_declare_typed_inputs_and_get_exactly_those():
     """A declared input is a field of AdvantageInputs (a typo names the fields); the
     learner hands an estimator the fields it declared and no others, whatever its
     signature catches."""
-    from agentrl.config import AlgorithmConfig
     from agentrl.learner.objective import Objective
+    from agentrl.learner.settings import AlgorithmSettings
     from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup, Turn
 
     with pytest.raises(ValueError, match=r"'turn_rewardz'.*declare some of: mask, gamma"):
@@ -159,7 +159,7 @@ def test_estimators_declare_typed_inputs_and_get_exactly_those():
         trajs.append(t)
     batch = Batch.from_groups([TrajectoryGroup("task", trajs)])
     objective = Objective(
-        AlgorithmConfig(advantage="test_declared_inputs"), attribution="soft", norm_length=8
+        AlgorithmSettings(advantage="test_declared_inputs"), attribution="soft", norm_length=8
     )
     objective.advantages(batch, batch.rewards, None)
     assert sorted(seen) == ["rewards", "turn_rewards", "turn_states", "valid"]

@@ -216,8 +216,8 @@ def test_a_game_with_intermediate_rewards_trains_on_exactly_its_return() -> None
     """GEM's Mastermind pays each new black peg as it is found: the learner's sequence
     reward is the game's return (the sum of what the game paid), each payment counted once."""
     from agentrl.chat import ChatRenderer
-    from agentrl.config import AlgorithmConfig
     from agentrl.learner.objective import Objective
+    from agentrl.learner.settings import AlgorithmSettings
     from agentrl.models import load_tokenizer
     from agentrl.rollout import EpisodeLimits, run_episode
     from agentrl.types import Batch, TrajectoryGroup
@@ -257,7 +257,9 @@ def test_a_game_with_intermediate_rewards_trains_on_exactly_its_return() -> None
         turn.step_reward = None
     batch = Batch.from_groups([TrajectoryGroup(task["id"], [traj, loser])])
     # Dr. GRPO's advantage is r - mean(r): with a group of the game and a 0, +-return / 2
-    objective = Objective(AlgorithmConfig(advantage="dr_grpo"), attribution="soft", norm_length=64)
+    objective = Objective(
+        AlgorithmSettings(advantage="dr_grpo"), attribution="soft", norm_length=64
+    )
     outcomes, _ = objective.shaped_rewards(batch)
     adv, mask, _ = objective.advantages(batch, outcomes, None)
     trained = [float(adv[i][mask[i] > 0].mean()) for i in range(2)]
