@@ -54,12 +54,28 @@ def _train(learner: Learner, batches: list[list[TrajectoryGroup]]) -> list[dict[
 
 
 def _assert_same_training(
-    eager: list[dict[str, float]], compiled_: list[dict[str, float]], tol: float
+    eager: list[dict[str, float]], compiled_: list[dict[str, float]], tol: float = 1e-4
 ) -> None:
+    """Per step, the same losses and gradient norm up to float32 reordering (any CPU kind)."""
     for a, b in zip(eager, compiled_, strict=True):
         for key in STEP_KEYS:
             if key in a or key in b:
                 assert b[key] == pytest.approx(a[key], rel=tol, abs=tol), key
+
+
+def _assert_same_weights(a: torch.Tensor, b: torch.Tensor, w0: torch.Tensor) -> None:
+    """Two runs' flat weights `a`, `b` agree, measured against how far training moved them
+    from `w0`.
+
+    Not element for element to 1e-6: Adam moves every element by about lr whatever its
+    gradient's size, so an element whose gradient is float32 rounding noise can land
+    elsewhere on another CPU kind (AVX2 vs AVX-512 kernels). Nearly every element agrees
+    to 1e-5, and the difference is a thousandth of the training update."""
+    moved = (b - w0).norm()
+    assert moved > 0
+    assert (a - b).norm() <= 1e-3 * moved, f"{(a - b).norm():.3g} vs update {moved:.3g}"
+    off = int(((a - b).abs() > 1e-5 + 1e-4 * b.abs()).sum())
+    assert off <= 1e-4 * b.numel(), f"{off} of {b.numel()} weights differ"
 
 
 def test_compiled_layers_train_like_eager_without_recompiling_per_length(
@@ -85,8 +101,8 @@ def test_compiled_layers_train_like_eager_without_recompiling_per_length(
     assert [type(b).__name__ for b in blocks] == ["LlamaDecoderLayer"] * 2
     assert all(b._compiled_call_impl is not None for b in blocks)
 
-    _assert_same_training(_train(eager, batches[:2]), _train(learner, batches[:2]), tol=1e-5)
-    torch.testing.assert_close(_flat(learner.model), _flat(eager.model), rtol=1e-5, atol=1e-6)
+    _assert_same_training(_train(eager, batches[:2]), _train(learner, batches[:2]))
+    _assert_same_weights(_flat(learner.model), _flat(eager.model), _flat(fresh_model()))
     graphs = counters["stats"]["unique_graphs"]
     assert 0 < graphs <= 4  # train / no-grad, one row / several: not one per length
     learner.step(batches[2])  # new lengths and row counts
@@ -131,7 +147,7 @@ def test_compiled_layers_with_lora_checkpointing_and_a_reference_model(
     the KL reference is the policy with its adapters off (the same, compiled, layers)."""
     from agentrl.learner.lora import AdaptersOff, apply_lora
 
-    def run(mode: str) -> tuple[Learner, list[dict[str, float]]]:
+    def run(mode: str) -> tuple[Learner, list[dict[str, float]], torch.Tensor]:
         cfg = make_cfg(
             learner={"fused_logprobs": "off", "compile": mode, "packing": True},
             model={"lora": {"r": 4}, "gradient_checkpointing": True},
@@ -140,15 +156,16 @@ def test_compiled_layers_with_lora_checkpointing_and_a_reference_model(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)  # the same adapter initialisation in both runs
             model = apply_lora(fresh_model(), cfg.model.lora, gradient_checkpointing=True)
+        start = _flat(model).clone()
         learner = Learner(model, None, cfg, ref_model=AdaptersOff(model))
-        return learner, _train(learner, batches[:2])
+        return learner, _train(learner, batches[:2]), start
 
-    eager, eager_metrics = run("off")
-    learner, metrics = run("on")
+    eager, eager_metrics, start = run("off")
+    learner, metrics, _ = run("on")
     assert learner.compiled_layers == {"policy": 2}
     assert metrics[-1]["loss/kl"] > 0  # the adapters moved the policy off its base
-    _assert_same_training(eager_metrics, metrics, tol=1e-5)
-    torch.testing.assert_close(_flat(learner.model), _flat(eager.model), rtol=1e-5, atol=1e-6)
+    _assert_same_training(eager_metrics, metrics)
+    _assert_same_weights(_flat(learner.model), _flat(eager.model), start)
 
 
 def test_bad_settings_are_one_line_errors(caplog: pytest.LogCaptureFixture) -> None:
@@ -210,5 +227,5 @@ def test_inductor_compiled_layers_train_like_eager(
     cfg = {"fused_logprobs": "off"}
     eager = Learner(fresh_model(), None, make_cfg(learner={**cfg, "compile": "off"}))
     learner = Learner(fresh_model(), None, make_cfg(learner={**cfg, "compile": "on"}))
-    _assert_same_training(_train(eager, batches), _train(learner, batches), tol=1e-4)
-    torch.testing.assert_close(_flat(learner.model), _flat(eager.model), rtol=1e-4, atol=1e-4)
+    _assert_same_training(_train(eager, batches), _train(learner, batches))
+    _assert_same_weights(_flat(learner.model), _flat(eager.model), _flat(fresh_model()))
