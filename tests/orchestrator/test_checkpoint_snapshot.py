@@ -15,6 +15,7 @@ import anyio
 from agentrl.config import load_config
 from agentrl.run.events import BatchTrained, CheckpointSaved, GroupDropped
 from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 from tests.orchestrator.test_train import BASE
 
 # async, so rollouts keep finishing (and being buffered) while a checkpoint is taken
@@ -95,6 +96,9 @@ def test_every_checkpoint_accounts_for_each_group_once_and_resumes_without_loss(
     # resume the copy of checkpoint COPY_AT: what it trains continues the first run's record
     second = Ledger()
     orch = _train(tmp_path / "copy", second, COPY_AT + MORE, resume=True)
+    # the step count, the version and the metrics log go on from the checkpoint
+    assert orch.learner.version == COPY_AT + MORE
+    assert [s["step"] for s in read_steps(tmp_path / "copy")] == list(range(1, COPY_AT + MORE + 1))
     assert orch.step == COPY_AT + MORE and sorted(second.trained) == list(
         range(COPY_AT + 1, COPY_AT + MORE + 1)
     )
