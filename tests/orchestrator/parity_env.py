@@ -56,7 +56,6 @@ class HeldParityEnv(ParityEnv):
         return await super().reset(task)
 
 
-
 class LaggingParityEnv(ParityEnv):
     """ParityEnv where every 4th task's episodes end only once the task ``options.lag``
     places later has started (or after ``options.max_wait_s``, for the last tasks of a
