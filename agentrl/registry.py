@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -72,12 +73,12 @@ def load_object(target: str, what: str = "environment") -> Any:
         module = (
             _import_file(Path(module_name))
             if module_name.endswith(".py")
-            else importlib.import_module(module_name)
+            else _import_module(module_name)
         )
     except ImportError as e:
         raise PluginError(
             f"cannot import module {module_name!r} for {what} {target!r}: {e}. "
-            "Check the module is on PYTHONPATH or installed"
+            f"Check the module is installed, on PYTHONPATH or under {os.getcwd()}"
         ) from e
     obj: Any = module
     for part in attr.split("."):
@@ -89,6 +90,28 @@ def load_object(target: str, what: str = "environment") -> Any:
                 f"module {module_name!r} has no attribute {attr!r}{suggest(attr, names)}"
             ) from None
     return obj
+
+
+def _import_module(name: str) -> Any:
+    """Import `name`, also from the working directory, as ``python -m`` would: the
+    ``agentrl`` console script's path starts at its own folder, so a user's ``my_envs/``
+    next to the config would not be found. Tried last, so it never shadows an installed
+    module."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        cwd = os.getcwd()
+        on_path = {os.path.abspath(p or ".") for p in sys.path}
+        if e.name != name.split(".")[0] or cwd in on_path:
+            raise
+        sys.path.append(cwd)
+        importlib.invalidate_caches()
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as again:
+            if again.name == e.name:  # not there either: leave the path as it was
+                sys.path.remove(cwd)
+            raise
 
 
 def _import_file(path: Path) -> Any:

@@ -60,7 +60,8 @@ class GroupFinished(Event):
 @dataclass
 class GroupDropped(Event):
     task_id: str
-    reason: str  # stale | all_equal | infra
+    reason: str  # the buffer counter: dropped_stale, dropped_all_equal, dropped_infra, ...
+    task_index: int = -1  # its place in the task stream (an audit accounts for every one)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -151,7 +152,7 @@ class Orchestrator:
                 finally:
                     with anyio.CancelScope(shield=True):
                         if self._stop_reason == "interrupted" and self.step > self._saved_step:
-                            await anyio.to_thread.run_sync(self.save_checkpoint)
+                            await self.save_checkpoint()
         except BaseException as e:
             if error is None:  # the run finished but closing one of its parts failed
                 error = e
@@ -201,21 +202,28 @@ class Orchestrator:
         taken = self.tasks.take()  # in flight (re-issued after a resume) until buffered
         assert taken is not None  # the training stream is endless
         index, task = taken
-        try:
-            group = await self.rollout.run_task(task, index=index)
-            self._rollout_tokens += sum(t.num_model_tokens for t in group.trajectories)
-            self._finished.append(summarize_group(group))
-            self.events.publish(GroupFinished(group=group, step=self.step))
-            admission = await self.buffer.put(group)
-        finally:
-            self.tasks.settle(index)
+        group = await self.rollout.run_task(task, index=index)
+        self._rollout_tokens += sum(t.num_model_tokens for t in group.trajectories)
+        self._finished.append(summarize_group(group))
+        self.events.publish(GroupFinished(group=group, step=self.step))
+        admission = await self.buffer.put(group)
+        # settled in the same event-loop turn as the buffer's append (no await between):
+        # a snapshot sees it buffered or in flight. A cancelled or failed rollout stays in
+        # flight, so a checkpoint after Ctrl-C re-issues its task instead of losing it
+        self.tasks.settle(index)
         if not admission:
-            self.events.publish(GroupDropped(task_id=group.task_id, reason=admission.reason))
+            self._dropped(group, admission.reason or "dropped")
             self._replace(1)
 
     def _evicted(self, groups: list[TrajectoryGroup]) -> None:
         """The buffer evicted admitted groups that went stale."""
+        for group in groups:
+            self._dropped(group, "dropped_stale_in_buffer")
         self._replace(len(groups))
+
+    def _dropped(self, group: TrajectoryGroup, reason: str) -> None:
+        index = int(group.metadata.get("task_index", -1))
+        self.events.publish(GroupDropped(task_id=group.task_id, reason=reason, task_index=index))
 
     def _replace(self, n: int) -> None:
         """`n` groups will not be trained (dropped or evicted): their permits go back so
@@ -236,8 +244,7 @@ class Orchestrator:
                 log.warning("time limit of %.0f s reached after step %d", limit, self.step)
                 self._stop_reason = "time_limit"
                 if self.step > self._saved_step:
-                    await anyio.to_thread.run_sync(self.save_checkpoint)
-                    self._saved_step = self.step
+                    await self.save_checkpoint()
                 return
             t_wait = time.time()
             groups = await self.buffer.get_batch(
@@ -278,8 +285,7 @@ class Orchestrator:
                 )
                 every = cfg.orchestrator.checkpoint_every
                 if (every and self.step % every == 0) or self.step == cfg.orchestrator.max_steps:
-                    await anyio.to_thread.run_sync(self.save_checkpoint)
-                    self._saved_step = self.step
+                    await self.save_checkpoint()
 
     def _eval_due(self) -> bool:
         every = self.cfg.orchestrator.eval_every
@@ -338,20 +344,33 @@ class Orchestrator:
 
     # --- checkpoints ---------------------------------------------------------------
 
-    def save_checkpoint(self) -> Path:
-        """Atomic: the checkpoint folder appears whole (or not at all), then `latest` moves.
+    def snapshot(self) -> dict[str, Any]:
+        """The loop's state (step, version, task cursor, buffered groups) at this instant.
 
-        RNG states travel in the learner's part of the checkpoint."""
-        t0 = time.time()
-        state = {
+        Call it on the event loop: no rollout runs between its reads, so a group is either
+        buffered or still in flight (re-issued on resume), never both or neither. The
+        groups are deep copies (``to_dict``), so the write may happen elsewhere."""
+        return {
             "step": self.step,
             "version": self.learner.version,
             "cursor": self.tasks.state_dict(),
             "buffer": self.buffer.state_dict(),
         }
-        final = save_run_checkpoint(self.run_dir, self.step, state, self.learner.save_checkpoint)
+
+    async def save_checkpoint(self) -> Path:
+        """Snapshot the loop on the event loop, then write it (and the learner's part, idle
+        between steps) in a worker thread while the rollouts go on.
+
+        Atomic: the checkpoint folder appears whole (or not at all), then `latest` moves.
+        RNG states travel in the learner's part of the checkpoint."""
+        t0 = time.time()
+        state = self.snapshot()
+        final = await anyio.to_thread.run_sync(
+            save_run_checkpoint, self.run_dir, state["step"], state, self.learner.save_checkpoint
+        )
+        self._saved_step = state["step"]
         self.events.publish(
-            CheckpointSaved(step=self.step, path=str(final), seconds=time.time() - t0)
+            CheckpointSaved(step=state["step"], path=str(final), seconds=time.time() - t0)
         )
         return final
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.envs import AssistantTurn, list_envs, make_env, resolve
+from agentrl.errors import PluginError
 
 README = Path(__file__).resolve().parents[2] / "agentrl" / "envs" / "README.md"
 
@@ -86,3 +87,27 @@ async def test_plugin_episode_with_real_python(installed_plugin: Path) -> None:
         assert final.done and final.outcome == 1.0
     finally:
         await env.close()
+
+
+def test_module_class_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README's `env: {name: my_envs.digit_sum:DigitSumEnv}` with my_envs/ next to the config:
+    the `agentrl` console script does not put the working directory on sys.path, the
+    loader looks there (after everything installed) as ``python -m`` would."""
+    (tmp_path / "my_envs").mkdir()
+    (tmp_path / "my_envs" / "__init__.py").write_text("")
+    (tmp_path / "my_envs" / "digit_sum.py").write_text(readme_example())
+    here = {str(tmp_path), "", "."}
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in here])
+    monkeypatch.chdir(tmp_path)
+    try:
+        env = make_env("my_envs.digit_sum:DigitSumEnv", digits=12, size=2)
+        assert len(list(env.tasks())) == 2
+        assert sys.path[-1] == str(tmp_path)  # last: an installed module wins over a folder
+        with pytest.raises(PluginError, match=f"not_here.*under {re.escape(str(tmp_path))}"):
+            make_env("not_here.envs:Env")
+        assert sys.path.count(str(tmp_path)) == 1
+    finally:
+        for name in [m for m in sys.modules if m == "my_envs" or m.startswith("my_envs.")]:
+            del sys.modules[name]

@@ -19,6 +19,7 @@ from agentrl.errors import ConfigError, UnknownNameError
 from agentrl.learner import Learner, LearnerLike, ValueModel
 from agentrl.run.settings import resolve
 from agentrl.types import Batch, Segment, Trajectory, TrajectoryGroup
+from tests.close import assert_trained_alike
 from tests.learner.conftest import hf_logprobs, make_cfg, make_groups, make_traj
 
 CORE_METRICS = (
@@ -204,7 +205,8 @@ def test_infra_rows_contribute_no_gradient(
     # and the masked run equals a run without the infra rows at all
     clean = Learner(fresh_model(), None, resolve(make_cfg(algorithm={"advantage": "grpo"})).learner)
     clean.step(groups)
-    torch.testing.assert_close(w1, _flat(clean.model), atol=1e-6, rtol=0)
+    # another batch shape, another kernel order: alike as training goes, not bit for bit
+    assert_trained_alike(w1, _flat(clean.model), _flat(fresh_model()))
 
 
 def test_micro_batching_equals_one_big_batch(

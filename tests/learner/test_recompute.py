@@ -90,6 +90,7 @@ def test_a_learner_step_matches_the_plain_learner(fresh_model, groups) -> None:
     """learner.recompute_mlp through the Learner: the same loss and updated weights as
     without it (up to float rounding)."""
     from agentrl.learner import Learner
+    from tests.close import assert_trained_alike, flat
     from tests.learner.conftest import make_cfg
 
     plain = Learner(fresh_model(), None, resolve(make_cfg()).learner)
@@ -103,7 +104,4 @@ def test_a_learner_step_matches_the_plain_learner(fresh_model, groups) -> None:
     for _ in range(2):
         a, b = plain.step(groups), patched.step(groups)
         assert b["loss/total"] == pytest.approx(a["loss/total"], rel=1e-4, abs=1e-6)
-    for (name, p), q in zip(
-        plain.model.named_parameters(), patched.model.parameters(), strict=True
-    ):
-        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=name)
+    assert_trained_alike(flat(patched.model), flat(plain.model), flat(fresh_model()))

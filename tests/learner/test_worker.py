@@ -32,6 +32,13 @@ def worker() -> Iterator[LearnerProcess]:
         yield proc
 
 
+@pytest.fixture(scope="module")
+def serving() -> Iterator[LearnerProcess]:
+    """One child for the tests that only need it alive and serving (a start is ~9 s)."""
+    with closing(LearnerProcess(make_cfg(**CFG))) as proc:
+        yield proc
+
+
 def _shm_files() -> set[str]:
     shm = Path("/dev/shm")
     return {p.name for p in shm.glob("agentrl-learner-*")} if shm.is_dir() else set()
@@ -64,27 +71,29 @@ def test_steps_match_the_in_process_learner(
 
 
 def test_checkpoint_round_trip(
-    worker: LearnerProcess, groups: list[TrajectoryGroup], tmp_path: Path
+    serving: LearnerProcess, groups: list[TrajectoryGroup], tmp_path: Path
 ) -> None:
-    worker.step(groups)
-    saved = worker.save_checkpoint(tmp_path / "ckpt")
+    serving.step(groups)
+    at = serving.version
+    saved = serving.save_checkpoint(tmp_path / "ckpt")
     assert (saved / "model.safetensors").is_file()
-    after_one = {k: v.clone() for k, v in worker.state_dict_for_sampler().items()}
-    worker.step(groups)
-    assert worker.version == 2
-    worker.load_checkpoint(saved)
-    assert worker.version == 1
-    for k, v in worker.state_dict_for_sampler().items():
+    after_one = {k: v.clone() for k, v in serving.state_dict_for_sampler().items()}
+    serving.step(groups)
+    assert serving.version == at + 1
+    serving.load_checkpoint(saved)
+    assert serving.version == at
+    for k, v in serving.state_dict_for_sampler().items():
         assert torch.equal(v, after_one[k]), k  # the shared views were refreshed
 
 
 def test_errors_in_a_request_are_raised_here_and_the_worker_goes_on(
-    worker: LearnerProcess, groups: list[TrajectoryGroup]
+    serving: LearnerProcess, groups: list[TrajectoryGroup]
 ) -> None:
+    at = serving.version
     with pytest.raises(ValueError, match="at least one TrajectoryGroup") as info:
-        worker.step([])
+        serving.step([])
     assert any("learner process" in note for note in info.value.__notes__)
-    assert worker.step(groups)["version"] == 1  # still serving
+    assert serving.step(groups)["version"] == at + 1  # still serving
 
 
 def test_a_dead_worker_is_reported_not_waited_on(
@@ -116,11 +125,12 @@ def test_close_ends_the_child_and_leaves_no_shared_memory(groups) -> None:
         proc.step(groups)
 
 
-def test_the_child_ignores_ctrl_c(worker: LearnerProcess, groups) -> None:
+def test_the_child_ignores_ctrl_c(serving: LearnerProcess, groups) -> None:
     # Ctrl-C reaches the whole process group; the orchestrator decides when the child stops
-    worker.wait_ready()
-    os.kill(worker._proc.pid, signal.SIGINT)
-    assert worker.step(groups)["version"] == 1
+    serving.wait_ready()
+    at = serving.version
+    os.kill(serving._proc.pid, signal.SIGINT)
+    assert serving.step(groups)["version"] == at + 1
 
 
 def test_algorithms_registered_by_an_importable_module_are_seen_in_the_child(groups) -> None:

@@ -54,3 +54,33 @@ class HeldParityEnv(ParityEnv):
         if hold_from is not None and int(task["id"].rsplit("-", 1)[1]) >= int(hold_from):
             await anyio.Event().wait()  # held until the process is killed
         return await super().reset(task)
+
+
+class LaggingParityEnv(ParityEnv):
+    """ParityEnv where every 4th task's episodes end only once the task ``options.lag``
+    places later has started (or after ``options.max_wait_s``, for the last tasks of a
+    run): more than a batch of groups apart, so a group is in flight while steps are
+    trained and checkpointed, however fast or loaded the machine is."""
+
+    name = "lagging_parity"
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._started: dict[int, anyio.Event] = {}  # task index -> its first reset
+
+    def spawn(self) -> LaggingParityEnv:
+        env = super().spawn()
+        assert isinstance(env, LaggingParityEnv)
+        env._started = self._started  # every episode's copy sees the same starts
+        return env
+
+    def _event(self, index: int) -> anyio.Event:
+        return self._started.setdefault(index, anyio.Event())
+
+    async def reset(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        index = int(task["id"].rsplit("-", 1)[1])
+        self._event(index).set()
+        if index % 4 == 1:
+            with anyio.move_on_after(float(self.options.get("max_wait_s", 2.0))):
+                await self._event(index + int(self.options.get("lag", 7))).wait()
+        return await super().reset(task)

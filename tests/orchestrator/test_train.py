@@ -256,6 +256,7 @@ def test_no_rollouts_beyond_what_the_steps_train(tmp_path, staleness):
     assert "reward_mean" in steps[0]
 
 
+@pytest.mark.slow  # two runs with a learner process; test_checkpoint_snapshot.py resumes too
 def test_checkpoint_and_resume_continues_the_step_count(tmp_path):
     _run(tmp_path, "orchestrator.max_steps=2", "orchestrator.checkpoint_every=1")
     ckpt = latest_checkpoint(tmp_path / "run")
@@ -404,7 +405,13 @@ def test_config_error_names_the_field(tmp_path):
 def test_eval_reports_pass_and_maj_at_k(tmp_path):
     from agentrl.run.evaluation import evaluate
 
-    _run(tmp_path, "orchestrator.max_steps=1", "orchestrator.checkpoint_every=1")
+    # a learner thread: a child process's start is most of a short run, and beside the point
+    _run(
+        tmp_path,
+        "orchestrator.max_steps=1",
+        "orchestrator.checkpoint_every=1",
+        "orchestrator.learner_worker=thread",
+    )
     cfg = load_config(overrides=BASE)
     result = anyio.run(evaluate, cfg, tmp_path / "run", 3, 4)
     assert result["version"] == 1 and result["tasks"] == 3

@@ -31,7 +31,14 @@ from tests.orchestrator.test_train import _run, _weights_changed
     ids=["reinforce_pp_kl_in_reward", "decoupled_loglinear_icepop"],
 )
 def test_corrections_train(tmp_path, algo):
-    orch = _run(tmp_path, "orchestrator.max_steps=2", "orchestrator.max_staleness=1", *algo)
+    # a learner thread: the process path has its own tests (test_train.py, tests/faults)
+    orch = _run(
+        tmp_path,
+        "orchestrator.max_steps=2",
+        "orchestrator.max_staleness=1",
+        "orchestrator.learner_worker=thread",
+        *algo,
+    )
     steps = read_steps(tmp_path / "run")
     assert [s["step"] for s in steps] == [1, 2]
     assert orch.learner.version == 2

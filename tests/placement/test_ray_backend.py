@@ -53,6 +53,7 @@ def _groups(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "trajectories.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a minute or more of Ray actors (a local instance per run): make test-slow
 def test_three_steps_on_ray_are_token_exact_with_local_metrics(tmp_path):
     sync = ["orchestrator.max_steps=3", "orchestrator.max_staleness=0"]
     local = _orchestrator(tmp_path / "local", *sync)
@@ -88,6 +89,7 @@ def test_three_steps_on_ray_are_token_exact_with_local_metrics(tmp_path):
     )
 
 
+@pytest.mark.slow  # a minute or more of Ray actors (a local instance per run): make test-slow
 def test_two_nodes_samplers_and_rollout_workers_apart(tmp_path):
     from ray.cluster_utils import Cluster
 
@@ -200,6 +202,7 @@ def test_killed_rollout_worker_and_sampler_actors_lose_episodes_not_the_run(tmp_
     assert sum(s.get("infra_errors", 0) for s in steps) <= lost
 
 
+@pytest.mark.slow  # a minute or more of Ray actors (a local instance per run): make test-slow
 def test_a_dead_learner_actor_ends_the_run_in_one_line_with_a_checkpoint(tmp_path):
     from agentrl.errors import user_error
 
