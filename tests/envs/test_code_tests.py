@@ -218,3 +218,34 @@ async def test_a_sandbox_that_cannot_grade_is_an_infra_error() -> None:
             await grader.grade(sandbox, task, task["solution"])
     finally:
         await sandbox.close()
+
+
+# --- agentrl grade ---------------------------------------------------------------------------------
+
+
+@needs_bwrap
+def test_grade_command_prints_the_training_reward(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    task = next(t for t in humaneval_tasks() if t["id"] == "HumanEval/30")
+    body = tmp_path / "body.py"
+    body.write_text(task["solution"][len(task["prompt"]) :])
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text("def get_positive(l):\n    return l\n")
+    runner = CliRunner()
+    base = ["grade", "code_tests", "--task", "HumanEval/30", "-o", "source=humaneval"]
+    result = runner.invoke(app, [*base, "--answer", str(body)])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["reward"] == 1.0 and out["info"]["answer_form"] == "completion"
+    result = runner.invoke(app, [*base, "--answer", str(wrong), "-o", "reward=fraction"])
+    out = json.loads(result.output)
+    assert out["reward"] == 0.0 and out["info"]["reward_mode"] == "fraction"
+    assert "assert candidate" in out["info"]["tests"][0]["error"]
+
+    result = runner.invoke(app, ["grade", "code_tests", "--task", "nope", "--answer", str(body)])
+    assert result.exit_code != 0 and "ids look like easy-train-0-0" in result.output
+    result = runner.invoke(app, ["grade", "grid_walk", "--task", "x", "--answer", str(body)])
+    assert result.exit_code != 0 and "does not grade answers" in result.output

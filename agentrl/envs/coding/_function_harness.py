@@ -183,7 +183,9 @@ class _Answer:
             name, message = rest
             cls = getattr(builtins, name, None) if name else None
             if isinstance(cls, type) and issubclass(cls, Exception):
-                raise cls(f"(raised by the answer) {message}")
+                if message.startswith(name + ": "):
+                    message = message[len(name) + 2 :]
+                raise cls(f"{message} (raised by the answer)")
             raise RuntimeError(f"the answer raised {message}")
         raise AnswerFailed(f"the answer returned a value that cannot be sent: {rest[0]}")
 
