@@ -75,6 +75,8 @@ class CodeTestsOptions(EnvOptions):
     dataset_path: str | None = Field(None, description="a JSONL of tasks (source: file)")
     size: int = Field(1000, ge=1, description="tasks per split (source: easy)")
     reward: Literal["all_pass", "fraction"] = "all_pass"
+    # humaneval: one test per assert of its check() instead of check() whole (for fraction)
+    split_asserts: bool = False
     test_timeout_s: float = Field(10.0, gt=0, description="one hidden test, answer start included")
     grade_memory_mb: int = Field(512, ge=64, description="memory of a grading sandbox process")
     grade_concurrency: int = Field(8, ge=1, description="grading sandboxes alive at once")
@@ -227,7 +229,7 @@ class CodeTestsEnv(ToolEnvironment):
 
     def tasks(self, split: str = "train", seed: int = 0) -> Iterator[dict[str, Any]]:
         if self.config.source == "humaneval":  # one set: train and eval both see all 164
-            yield from humaneval_tasks()
+            yield from humaneval_tasks(split_asserts=self.config.split_asserts)
         elif self.config.source == "file":
             assert self.config.dataset_path is not None
             yield from load_tasks_file(self.config.dataset_path)

