@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agentrl.envs.coding.function_tests import FunctionGrader
+from agentrl.envs.coding.harness import _find_report
 from agentrl.errors import InfraError
 from tests.sandbox.conftest import needs_bwrap
 
@@ -168,6 +169,34 @@ class Liar(int):
 def f(x):
     return Liar(0)
 """,
+    "steal_and_forge_the_report": r"""
+import json, os, re
+if os.fork() == 0:  # outlives its test; reads the kernel's stdout through the sandbox's init
+    os.setsid()
+    try:
+        stream = os.open("/proc/1/fd/1", os.O_RDONLY)
+    except OSError:
+        os._exit(0)
+    seen = b""
+    while True:
+        chunk = os.read(stream, 1 << 16)
+        if not chunk:
+            os._exit(0)
+        seen += chunk
+        m = re.search(rb"([0-9a-f]{32}) ([0-9a-f]{64}) (\{.*\})
+", seen)
+        if m:
+            nonce, mac, body = m.groups()
+            report = json.loads(body)
+            for test in report.get("tests", []):
+                test.update(passed=True, error=None)
+            forged = nonce + b" " + mac + b" " + json.dumps(report).encode() + b"
+"
+            with open("/proc/1/fd/1", "wb") as out:
+                out.write(forged)
+            os._exit(0)
+"""
+    + WRONG,
     "kill_the_harness": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + WRONG,
     "kill_every_process": """
 import os, signal
@@ -240,3 +269,19 @@ async def test_the_reader_finishes_its_search_and_fails_the_assertions(graded) -
     reward, info = await graded(ADVERSARIES["read_hidden_tests_from_disk"])
     assert reward == 0.0
     assert all(t["error"].startswith("AssertionError") for t in info["tests"]), info
+
+
+def test_a_report_line_needs_the_runs_key() -> None:
+    """What the thief above can do at best: re-send a stolen line with a changed body."""
+    import hashlib
+    import hmac
+    import json
+
+    nonce, key = "ab" * 16, "cd" * 32
+    body = json.dumps({"tests": [{"passed": False}]})
+    mac = hmac.new(bytes.fromhex(key), body.encode(), hashlib.sha256).hexdigest()
+    genuine = f"{nonce} {mac} {body}"
+    forged = f"{nonce} {mac} " + json.dumps({"tests": [{"passed": True}]})
+    assert _find_report(f"{genuine}\n{forged}\n", nonce, key) == json.loads(body)
+    assert _find_report(f"{forged}\n", nonce, key) is None  # stolen genuine line: no verdict
+    assert _find_report(f"{genuine}\n", nonce, "ef" * 32) is None

@@ -17,8 +17,12 @@ What makes the report trustworthy (docs/coding_agents.md, "Graders that resist h
   directory, user site or ``PYTHON*`` variables on the path, so a planted
   ``sitecustomize.py`` or ``conftest.py`` is never imported); verdicts are decided in the
   harness, not in the answer's process.
-- The report is the last stdout line that starts with a nonce made per run on the host and
-  known only to the harness; the answer's output never reaches the harness's stdout.
+- The report is a stdout line that starts with a nonce made per run on the host and
+  carries an HMAC of its body under a key made per run and known only to the host and
+  the harness. The answer's output never goes to that stream. The sandbox's init also
+  holds it (``/proc/1/fd/1``); opening that is refused today (the pipe belongs to the
+  host's uid), and were it not, a reader could steal the line (no report: 0) but could
+  not write one that verifies.
 
 Outcomes: a report -> returned; no report (the answer killed the harness, exhausted the
 sandbox, or ran out the clock) -> :class:`HarnessLost`, which graders score 0; the sandbox
@@ -28,6 +32,8 @@ could not start, or the harness says it failed before any answer code ran ->
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import secrets
 from dataclasses import dataclass
@@ -37,15 +43,16 @@ from agentrl.errors import SandboxError
 
 # Runs first in the sandbox: non-dumpable, then the report channel. PR_SET_DUMPABLE = 4.
 PRELUDE = """\
-import ctypes as _ctypes, json as _json, os as _os
+import ctypes as _ctypes, hashlib as _hashlib, hmac as _hmac, json as _json, os as _os
 if _ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
     raise SystemExit("grading harness: prctl(PR_SET_DUMPABLE, 0) failed")
 del _ctypes
 
 
 def _report(obj):
-    line = NONCE + " " + _json.dumps(obj) + "\\n"
-    data = line.encode()
+    body = _json.dumps(obj)
+    mac = _hmac.new(bytes.fromhex(_KEY), body.encode(), _hashlib.sha256).hexdigest()
+    data = (NONCE + " " + mac + " " + body + "\\n").encode()
     while data:
         data = data[_os.write(1, data):]
 
@@ -60,9 +67,9 @@ class HarnessLost:
     detail: str  # the tail of the harness's stderr, for reward_info
 
 
-def harness_code(source: str, config: dict[str, Any], nonce: str) -> str:
-    """The code sent to the sandbox: the prelude, the run's config and nonce, the harness."""
-    header = f"NONCE = {nonce!r}\nCONFIG = _json.loads({json.dumps(config)!r})\n"
+def harness_code(source: str, config: dict[str, Any], nonce: str, key: str) -> str:
+    """The code sent to the sandbox: the prelude, the run's config, nonce and key, the harness."""
+    header = f"NONCE = {nonce!r}\n_KEY = {key!r}\nCONFIG = _json.loads({json.dumps(config)!r})\n"
     return PRELUDE + header + source
 
 
@@ -74,11 +81,11 @@ async def run_harness(
     Raises SandboxError when the sandbox fails or the harness reports a failure of its own
     (``{"harness_error": ...}`` before any answer code ran).
     """
-    nonce = secrets.token_hex(16)
-    res = await sandbox.run(harness_code(source, config, nonce), timeout=timeout_s)
+    nonce, key = secrets.token_hex(16), secrets.token_hex(32)
+    res = await sandbox.run(harness_code(source, config, nonce, key), timeout=timeout_s)
     if res.status == "sandbox_error":
         raise SandboxError(f"the grading sandbox failed: {_tail(res.stderr)}")
-    report = _find_report(res.stdout or "", nonce)
+    report = _find_report(res.stdout or "", nonce, key)
     if report is None:
         return HarnessLost(status=res.status, detail=_tail(res.stderr))
     if report.get("harness_error"):
@@ -86,15 +93,22 @@ async def run_harness(
     return report
 
 
-def _find_report(stdout: str, nonce: str) -> dict[str, Any] | None:
+def _find_report(stdout: str, nonce: str, key: str) -> dict[str, Any] | None:
+    """The last line ``NONCE MAC BODY`` whose MAC (HMAC-SHA256 with the run's key) holds."""
     prefix = nonce + " "
     for line in reversed(stdout.splitlines()):
-        if line.startswith(prefix):
-            try:
-                report = json.loads(line[len(prefix) :])
-            except json.JSONDecodeError:
-                return None
-            return report if isinstance(report, dict) else None
+        if not line.startswith(prefix):
+            continue
+        mac, _, body = line[len(prefix) :].partition(" ")
+        expected = hmac.new(bytes.fromhex(key), body.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(mac, expected):
+            continue  # a forged line: something read the nonce off the stream
+        try:
+            report = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(report, dict):
+            return report
     return None
 
 
