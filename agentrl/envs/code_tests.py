@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agentrl.envs.base import EnvOptions, StepResult, ToolEnvironment
+from agentrl.envs.base import AssistantTurn, EnvOptions, StepResult, ToolEnvironment
 from agentrl.envs.code_math import call_text
 from agentrl.envs.coding.function_tests import FunctionGrader, defines
 from agentrl.envs.coding.tasks import easy_tasks, humaneval_tasks, load_tasks_file
@@ -195,7 +195,7 @@ class CodeTestsEnv(ToolEnvironment):
                 return code
         return self.candidates[-1] if self.candidates else None
 
-    async def step(self, turn: Any) -> StepResult:
+    async def step(self, turn: AssistantTurn) -> StepResult:
         if self.task is None or self.ctx is None:
             raise EnvError(f"{type(self).__name__}.step called before reset")
         self._collect(turn.text)
