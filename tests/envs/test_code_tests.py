@@ -148,7 +148,7 @@ async def test_episode_tries_code_then_is_graded_on_the_last_definition() -> Non
         )
         assert second.observations[0]["content"].strip() == "2"
         final = await env.step(AssistantTurn("DONE", []))
-        assert final.done and final.reward is None  # scored in reward(), not by the step
+        assert final.done  # scored in reward() below, not by the step
         reward, info = await env.reward(None)
         assert reward == 1.0 and [t["passed"] for t in info["tests"]] == [True, True]
 
