@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
 
-.PHONY: setup test test-all test-integration test-slow test-vllm wheel-check gpu-check gpu-bundle gpu-rehearsal demo demo-search lint format bench clean
+.PHONY: setup test test-all test-integration test-slow test-vllm wheel-check gpu-check gpu-bundle gpu-rehearsal demo demo-search demo-code lint format bench clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,11 @@ demo: setup
 # ARPO: SmolLM2-135M learns to search (configs/arpo_search_qa.yaml; GRPO twin: search_demo.yaml)
 demo-search: setup
 	$(VENV)/bin/agentrl train configs/arpo_search_qa.yaml
+
+# code_tests: SmolLM2-135M writes functions graded by hidden tests; held-out pass rate
+# before -> after in runs/demo_code/demo_code.json (scripts/demo_code.py, configs/demo_code.yaml)
+demo-code: setup
+	$(PY) scripts/demo_code.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

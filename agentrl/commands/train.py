@@ -147,13 +147,16 @@ def plot(
 
 def eval_(
     config: Annotated[Path, typer.Argument(help="YAML config")],
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", help="a run dir or checkpoint dir")],
+    checkpoint: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--checkpoint", help="a run dir or checkpoint dir (none: the base model)"),
+    ] = None,
     set_: SetOpt = None,
     n_tasks: Annotated[int, typer.Option("-n", help="held-out tasks")] = 32,
     samples: Annotated[int, typer.Option("-k", help="samples per task (pass@k, maj@k)")] = 4,
     out: Annotated[Optional[Path], typer.Option(help="write results JSON here")] = None,  # noqa: UP045
 ) -> None:
-    """Evaluate a checkpoint on held-out tasks: pass@k and maj@k."""
+    """Evaluate a checkpoint (or the base model) on held-out tasks: pass@k and maj@k."""
     import anyio
 
     from agentrl.config import load_config

@@ -161,14 +161,21 @@ class _Answer:
                     start_new_session=True,
                 )
             except OSError as e:
+                for fd in (req_r, resp_w, self.req_w, self.resp_r):
+                    os.close(fd)
                 raise _SpawnFailed(f"cannot start the answer's process: {e}") from None
         os.close(req_r)
         os.close(resp_w)
-        tag, *rest = self._recv()
-        if tag == "import_error":
-            raise AnswerFailed(f"the answer failed to load: {rest[0]}")
-        if tag != "ready":
-            raise AnswerFailed(f"the answer's process sent {tag!r} instead of starting")
+        try:
+            tag, *rest = self._recv()
+            if tag == "import_error":
+                raise AnswerFailed(f"the answer failed to load: {rest[0]}")
+            if tag != "ready":
+                raise AnswerFailed(f"the answer's process sent {tag!r} instead of starting")
+        except BaseException as e:
+            e.answer_output = self.output_tail()
+            self.close()  # the caller never gets this object to close
+            raise
 
     def __call__(self, *args, **kwargs):
         try:
@@ -302,6 +309,8 @@ def _run_test(index, test, root):
         result["passed"] = True
     except AnswerFailed as e:
         result["error"] = str(e)[:500]
+        if getattr(e, "answer_output", None) is not None:
+            result["answer_output"] = e.answer_output
     except _SpawnFailed:
         if index == 0:  # nothing of the answer ran yet: the sandbox cannot grade
             raise

@@ -109,13 +109,14 @@ class FunctionGrader:
     async def grade(
         self, sandbox: Sandbox, task: dict[str, Any], answer: str | None
     ) -> tuple[float, dict[str, Any]]:
-        """(reward, info): info has ``tests`` (name, passed, error), ``passed``, ``total``."""
+        """(reward, info): info has ``tests`` (name, passed, error), ``passed``, ``total``
+        and ``answer`` (the code graded)."""
         tests = list(task["tests"])
         info: dict[str, Any] = {"total": len(tests), "passed": 0, "reward_mode": self.reward_mode}
         if not answer or not answer.strip():
             return 0.0, {**info, "error": "no answer: the reply holds no code"}
         module, form = answer_module(task, answer)
-        info["answer_form"] = form
+        info.update(answer=answer, answer_form=form)  # answer: traces show what was graded
         config = {
             "answer": module,
             "entry_point": task["entry_point"],
