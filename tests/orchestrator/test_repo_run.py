@@ -8,9 +8,9 @@ from pathlib import Path
 import anyio
 
 from agentrl.config import load_config
+from agentrl.rollout.sinks import read_groups
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.plotting import read_steps
-from agentrl.rollout.sinks import read_groups
 from tests.orchestrator.test_train import BASE
 from tests.sandbox.conftest import needs_bwrap
 
