@@ -199,3 +199,22 @@ def test_grade_command_scores_a_diff(tmp_path: Path) -> None:
         .output
     )
     assert report["reward"] == 0.0
+
+
+@needs_bwrap
+@pytest.mark.anyio
+@pytest.mark.skipif(not hardlink_safe(65534), reason="a hardlink farm needs root")
+async def test_a_hardlink_fork_copies_up_on_edit_and_keeps_the_base() -> None:
+    env = make_env("repo", fork="hardlink", test_timeout_s=5).spawn()
+    task = _bank_fee_task()
+    await env.reset(task)
+    assert env.workspace.mode == "hardlink"
+    base = next(v for k, v in env._prepared.items() if k.endswith(task["id"])).path
+    appended = await env.step(call("shell", command="echo '# x' >> bank/account.py"))
+    assert "Permission denied" in appended.observations[0]["content"]  # shared: read-only
+    fixed = apply_diff(task["files"], task["reference_fix"]).files["bank/account.py"]
+    await env.step(call("edit", path="bank/account.py", old="", new=fixed))  # write + rename
+    reward, info = await env.reward(None)
+    await env.close()
+    assert reward == 1.0, info
+    assert Path(base, "bank/account.py").read_text() == task["files"]["bank/account.py"]
