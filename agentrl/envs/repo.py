@@ -20,6 +20,7 @@ test's result in ``reward_info``. A sandbox that cannot grade is an infrastructu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from typing import Any, ClassVar, Literal
@@ -46,6 +47,25 @@ edit replaces an exact piece of text in a file. Call a tool like this:
 Hidden tests check your fix; test files you change are restored first. When the bug is \
 fixed, reply DONE without a tool call."""
 
+# One worked episode, given as earlier turns (small models copy the format of examples).
+_EXAMPLE_PROMPT = (
+    "The repository `demo` is in /repo. A user reports that `double` in `demo/util.py` "
+    "gives wrong results; the project's tests for it (test_double) fail. Find the bug and "
+    "fix the code.\n\nFiles in /repo:\ndemo/__init__.py\ndemo/util.py"
+)
+FEWSHOT: tuple[tuple[str, dict[str, str], str], ...] = (
+    ("view", {"path": "demo/util.py"}, "    1  def double(x):\n    2      return x + 2"),
+    (
+        "edit",
+        {"path": "demo/util.py", "old": "return x + 2", "new": "return x * 2"},
+        "edited demo/util.py",
+    ),
+)
+
+
+def tool_call_text(name: str, arguments: dict[str, str]) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
 
 class RepoOptions(EnvOptions):
     source: Literal["generated", "file"] = Field(
@@ -65,6 +85,9 @@ class RepoOptions(EnvOptions):
     workspace_dir: str | None = Field(None, description="where workspaces live (default /tmp)")
     max_output_chars: int = Field(3000, ge=200, description="a tool's output shown")
     system_prompt: str | None = None
+    fewshot: Literal["messages", "none"] = Field(
+        "none", description="a worked episode (view, edit, DONE) as earlier turns"
+    )
     tool_parser: str = "hermes"
 
     @model_validator(mode="after")
@@ -128,7 +151,17 @@ class RepoEnv(ToolEnvironment):
         base = prepared_for(self._prepared, task, root, sandbox_uid=65534)
         self.workspace = base.fork(self.config.fork)
         self.handle.host_path = self.workspace.path
-        return messages
+        if self.config.fewshot == "none":
+            return messages
+        system, user = messages
+        turns: list[dict[str, Any]] = [{"role": "user", "content": _EXAMPLE_PROMPT}]
+        for name, arguments, output in FEWSHOT:
+            turns += [
+                {"role": "assistant", "content": tool_call_text(name, arguments)},
+                {"role": "tool", "name": name, "content": output},
+            ]
+        turns.append({"role": "assistant", "content": "DONE"})
+        return [system, *turns, user]
 
     async def step(self, turn: Any) -> StepResult:
         if self.task is None or self.ctx is None:
