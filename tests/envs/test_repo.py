@@ -86,6 +86,8 @@ async def test_hidden_tests_fail_before_and_pass_after_the_reference_fix(index: 
         before, info_before = await grader.grade(sb, task, "")
         after, info_after = await grader.grade(sb, task, task["reference_fix"])
     assert before == 0.0 and info_before["passed"] < info_before["total"]
+    failed = [t for t in info_before["tests"] if not t["passed"]]
+    assert all(" at: " in t["error"] for t in failed), failed  # the failing line is named
     assert after == 1.0, info_after
     assert info_after["passed"] == info_after["total"] == len(task["tests"])
 
@@ -218,3 +220,16 @@ async def test_a_hardlink_fork_copies_up_on_edit_and_keeps_the_base() -> None:
     await env.close()
     assert reward == 1.0, info
     assert Path(base, "bank/account.py").read_text() == task["files"]["bank/account.py"]
+
+
+def test_prepared_workspaces_are_bounded_and_forks_outlive_their_base(tmp_path: Path) -> None:
+    from agentrl.envs.coding.workspace import prepared_for
+
+    cache: dict = {}
+    tasks = [{"id": f"t{i}", "files": {"m.py": f"x = {i}\n"}} for i in range(3)]
+    first = prepared_for(cache, tasks[0], str(tmp_path), 65534, keep=2)
+    fork = first.fork("hardlink" if hardlink_safe(65534) else "copy")
+    for task in tasks[1:]:
+        prepared_for(cache, task, str(tmp_path), 65534, keep=2)
+    assert len(cache) == 2 and not os.path.exists(first.path)
+    assert Path(fork.path, "m.py").read_text() == "x = 0\n"

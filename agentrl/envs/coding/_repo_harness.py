@@ -265,6 +265,19 @@ def _importer(answer):
     return _import
 
 
+def _failing_line(e, test):
+    """`` at: <the test's line>``: which assertion failed (an AssertionError says nothing)."""
+    line, tb = None, e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == test["file"]:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    lines = CONFIG["test_sources"][test["file"]].splitlines()
+    if line is None or not 0 < line <= len(lines):
+        return ""
+    return " at: " + lines[line - 1].strip()[:200]
+
+
 def _on_alarm(signum, frame):
     raise AnswerFailed("the test ran out of time")
 
@@ -294,7 +307,7 @@ def _run_test(index, test, root, repo):
             raise
         result["error"] = "the answer's process could not start (earlier tests' processes?)"
     except Exception as e:
-        result["error"] = f"{type(e).__name__}: {e}"[:500]
+        result["error"] = (f"{type(e).__name__}: {e}" + _failing_line(e, test))[:500]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         if answer is not None:

@@ -166,10 +166,13 @@ def workspace_root(parent: str | None = None) -> str:
 
 
 def prepared_for(
-    cache: dict[str, Any], task: dict[str, Any], root: str, sandbox_uid: int
+    cache: dict[str, Any], task: dict[str, Any], root: str, sandbox_uid: int, keep: int = 256
 ) -> PreparedWorkspace:
-    """The task's prepared workspace from ``cache`` (written on first use)."""
+    """The task's prepared workspace from ``cache`` (written on first use; beyond ``keep``
+    the oldest is removed: live forks do not need their base, hardlinked files included)."""
     key = f"{root}:{task['id']}"
     if key not in cache:
+        while len(cache) >= keep:
+            cache.pop(next(iter(cache))).remove()
         cache[key] = PreparedWorkspace.write(task["files"], root, sandbox_uid)
     return cache[key]
