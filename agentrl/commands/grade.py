@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
             "--answer",
             exists=True,
             dir_okay=False,
-            help="the answer (code_tests: a module or a function body)",
+            help="the answer (code_tests: a module or a function body; repo: a unified diff)",
         ),
         option: list[str] = typer.Option(
             [], "--option", "-o", help="an environment option KEY=VALUE (as env.options)"

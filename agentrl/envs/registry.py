@@ -30,6 +30,7 @@ ENTRY_POINT_GROUP = "agentrl.envs"
 BUILTINS: dict[str, str] = {
     "code_math": "agentrl.envs.code_math:CodeMathEnv",
     "code_tests": "agentrl.envs.code_tests:CodeTestsEnv",
+    "repo": "agentrl.envs.repo:RepoEnv",
     "search_qa": "agentrl.envs.search_qa:SearchQAEnv",
     "agent": "agentrl.envs.agent:AgentEnv",
     "dataset": "agentrl.envs.dataset:DatasetEnv",

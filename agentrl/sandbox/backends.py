@@ -162,6 +162,9 @@ class BwrapBackend(Backend):
             argv += ["--ro-bind", path, path]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--perms", "1777", "--size", str(limits.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        for spec in limits.rw_binds:  # after /tmp's tmpfs, so a bind inside /tmp stays visible
+            host, _, inside = spec.partition(":")
+            argv += ["--bind", host, inside or host]
         argv += ["--remount-ro", "/", "--chdir", "/tmp", "--info-fd", str(info_fd), "--"]
         argv += python_args
         cgroup = None

@@ -96,6 +96,8 @@ class DockerBackend(Backend):
         return self._client
 
     def problem(self, limits: SandboxLimits) -> str | None:
+        if limits.rw_binds:
+            return "rw_binds (a host workspace) is bwrap-only; the docker backend has no binds"
         try:
             import docker  # noqa: F401
         except ImportError:

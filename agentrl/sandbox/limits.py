@@ -40,6 +40,9 @@ class SandboxLimits(BaseModel):
     network: bool = Field(False, description="share the host network (bwrap/docker)")
     python: str = Field("/usr/bin/python3", description="interpreter inside the sandbox")
     ro_binds: tuple[str, ...] = Field((), description="extra host paths visible read-only")
+    rw_binds: tuple[str, ...] = Field(
+        (), description="host paths visible read-write (bwrap), 'HOST' or 'HOST:INSIDE'"
+    )
     label: str = Field("", max_length=64, description="shown in the kernel's command line")
     sandbox_uid: int = Field(65534, ge=1, description="unprivileged uid the code runs as")
     # pool

@@ -1,0 +1,128 @@
+"""Grade a repository diff by hidden tests in a fresh sandbox (the ``repo`` reward).
+
+    grader = RepoGrader(reward="all_pass", test_timeout_s=10)
+    async with grader.sandbox() as sb:
+        reward, info = await grader.grade(sb, task, diff_text)
+
+A task is a dict (``agentrl.envs.coding.repo_tasks``): ``files`` (the ORIGINAL repository,
+``{path: text}``, tests excluded), ``hidden_tests`` (``{path: source}``), ``tests`` (the
+ids ``path::function`` that must pass) and ``packages`` (its top-level modules).
+
+Grading: the diff is applied to the original files with :func:`repo_diff.apply_diff`
+(changes to test files, ``conftest.py``, ``sitecustomize.py`` and ``.pth`` files are
+discarded and listed in ``info["discarded"]``); the result goes to the harness
+(``_repo_harness.py``) in a fresh sandbox that never saw the agent's workspace. A diff
+that does not apply, a failing, crashing or stalling repository scores 0; a sandbox that
+cannot grade raises :class:`~agentrl.errors.SandboxError` (the episode is masked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl.envs.coding.harness import HarnessLost, run_harness
+from agentrl.envs.coding.repo_diff import DiffError, apply_diff
+from agentrl.sandbox import Sandbox, create_sandbox
+
+HARNESS_SOURCE = Path(__file__).with_name("_repo_harness.py").read_text(encoding="utf-8")
+
+RewardMode = Literal["all_pass", "fraction"]
+_START_GRACE_S = 20.0  # the sandbox and the harness starting, on a loaded machine
+
+
+def repo_size_mb(task: dict[str, Any]) -> int:
+    """Megabytes the repository takes as text (the grading /tmp is sized from it)."""
+    return sum(len(t.encode()) for t in task["files"].values()) // (1024 * 1024) + 1
+
+
+class RepoGrader:
+    """Hidden-test grading of a repository diff; one instance serves every episode."""
+
+    def __init__(
+        self,
+        reward: RewardMode = "all_pass",
+        test_timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        max_message_bytes: int = 8 * 1024 * 1024,
+        concurrency: int = 8,
+    ) -> None:
+        if reward not in ("all_pass", "fraction"):
+            raise ValueError(f"reward must be 'all_pass' or 'fraction' (got {reward!r})")
+        self.reward_mode = reward
+        self.test_timeout_s = float(test_timeout_s)
+        self.memory_mb = int(memory_mb)
+        self.max_message_bytes = int(max_message_bytes)
+        self.concurrency = int(concurrency)
+
+    def sandbox_limits(self, tmp_mb: int = 64) -> dict[str, Any]:
+        """Limits of the grading sandbox (each grading run takes a fresh interpreter)."""
+        return {
+            "memory_mb": self.memory_mb,
+            "timeout_s": self.test_timeout_s,
+            "cpu_s": 4 * self.test_timeout_s,
+            "tmp_mb": tmp_mb,
+            "max_output_bytes": 4 * 1024 * 1024,  # the report line
+            "max_sessions": self.concurrency,
+            "pool_size": min(2, self.concurrency),
+            "acquire_timeout_s": 600.0,
+            "label": "repo-grader",
+        }
+
+    @asynccontextmanager
+    async def sandbox(self, backend: str = "auto", tmp_mb: int = 64) -> AsyncIterator[Sandbox]:
+        """A grading sandbox of its own (training shares one per run instead)."""
+        sb = create_sandbox(backend=backend, **self.sandbox_limits(tmp_mb))
+        try:
+            yield sb
+        finally:
+            await sb.close()
+
+    async def grade(
+        self, sandbox: Sandbox, task: dict[str, Any], diff: str | None
+    ) -> tuple[float, dict[str, Any]]:
+        """(reward, info): info has ``tests`` (id, passed, error), ``passed``, ``total``,
+        ``changed`` and ``discarded`` (the diff's files applied and not)."""
+        tests = [_split_id(t) for t in task["tests"]]
+        info: dict[str, Any] = {"total": len(tests), "passed": 0, "reward_mode": self.reward_mode}
+        hidden = set(task["hidden_tests"])
+        try:
+            applied = apply_diff(task["files"], diff or "", hidden)
+        except DiffError as e:
+            return 0.0, {**info, "error": f"the diff does not apply: {e}"}
+        info.update(changed=applied.changed, discarded=applied.discarded)
+        if not applied.changed:
+            info["note"] = "the diff changes no non-test file"
+        config = {
+            "files": applied.files,
+            "tests": tests,
+            "test_sources": {f: task["hidden_tests"][f] for f in {t["file"] for t in tests}},
+            "packages": list(task["packages"]),
+            "test_timeout_s": self.test_timeout_s,
+            "max_message_bytes": self.max_message_bytes,
+        }
+        budget = len(tests) * (self.test_timeout_s + 2.0) + _START_GRACE_S
+        report = await run_harness(sandbox, HARNESS_SOURCE, config, timeout_s=budget)
+        if isinstance(report, HarnessLost):
+            return 0.0, {
+                **info,
+                "error": f"grading ended without a verdict ({report.status}): the repository "
+                f"broke the run; {report.detail}",
+            }
+        results = report.get("tests")
+        if not isinstance(results, list) or len(results) != len(tests):
+            return 0.0, {**info, "error": "the grading report is incomplete"}
+        passed = sum(1 for r in results if r.get("passed") is True)
+        info.update(tests=results, passed=passed)
+        if self.reward_mode == "fraction":
+            return (passed / len(tests) if tests else 0.0), info
+        return (1.0 if tests and passed == len(tests) else 0.0), info
+
+
+def _split_id(test_id: str) -> dict[str, str]:
+    file, sep, name = str(test_id).partition("::")
+    if not sep or not file or not name:
+        raise ValueError(f"test id {test_id!r} is not 'path/to/test_file.py::test_function'")
+    return {"id": str(test_id), "file": file, "name": name}
