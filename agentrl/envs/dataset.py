@@ -32,6 +32,7 @@ from __future__ import annotations
 import glob as globlib
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,13 +77,34 @@ def _builder(files: list[Path], fmt: str, where: str) -> str:
     return builders.pop()  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class DataSettings:
+    """``data``, resolved by the run layer (:func:`agentrl.run.settings.data_settings`)."""
+
+    path: str | dict[str, str] | None = None
+    format: str = "auto"
+    split: str = "train"
+    eval_split: str | None = None
+    prompt: str | None = None
+    messages: str | None = None
+    answer: str | None = "answer"
+    id: str | None = None
+    columns: tuple[str, ...] | None = None
+    shuffle: bool = True
+    streaming: bool = False
+    shuffle_buffer: int = 10_000
+    max_rows: int | None = None
+    # data.answer was set by the user (a missing default 'answer' column is then an error)
+    answer_explicit: bool = False
+
+
 class DatasetSource:
-    """The rows of ``data.path`` (a :class:`agentrl.config.DataConfig`) as task streams.
+    """The rows of ``data.path`` (:class:`DataSettings`) as task streams.
 
     Loading and the column check happen in the constructor, so a wrong column fails the
     run before any model loads."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: DataSettings) -> None:
         if cfg.path is None:
             raise ConfigError("data.path is not set: name the dataset file or folder")
         self.cfg = cfg
@@ -193,7 +215,7 @@ class DatasetSource:
                     f"columns: {', '.join(columns)}. Set data.prompt=<column> or "
                     "data.messages=<chat column>"
                 )
-        if cfg.answer is not None and ("answer" in cfg.model_fields_set or "answer" in columns):
+        if cfg.answer is not None and (cfg.answer_explicit or "answer" in columns):
             need("answer", cfg.answer)
         if cfg.id is not None:
             need("id", cfg.id)
@@ -290,8 +312,8 @@ def _last_user(messages: list[dict[str, Any]]) -> str:
     return str(users[-1]["content"]) if users else ""
 
 
-def attach_dataset(env: Environment, cfg: Any, split: str = "train") -> DatasetSource:
-    """Make ``data`` (a :class:`agentrl.config.DataConfig`) the task source of `env` (the
+def attach_dataset(env: Environment, cfg: DataSettings, split: str = "train") -> DatasetSource:
+    """Make ``data`` (:class:`DataSettings`) the task source of `env` (the
     run's prototype environment; episodes are its spawns and never read tasks)."""
     source = DatasetSource(cfg)
     if split == "eval" and cfg.eval_split is None:

@@ -18,6 +18,7 @@ context). A bad row is a :class:`~agentrl.errors.DatasetError` naming its line a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.dataset import read_jsonl
+from agentrl.envs.dataset import DataSettings, read_jsonl
 from agentrl.errors import DatasetError
 from agentrl.training.sft import encode_transcript
 
@@ -177,18 +178,16 @@ def read_jsonl_rows(path: str | Path) -> list[Row]:
     return rows
 
 
-def read_dataset_rows(data_cfg: Any, split: str | None = None) -> list[Row]:
+def read_dataset_rows(data_cfg: DataSettings, split: str | None = None) -> list[Row]:
     """Rows of ``data.path`` (any local file or folder ``datasets`` reads, see
-    :class:`agentrl.config.DataConfig`); ``data.max_rows`` applies."""
+    :class:`~agentrl.envs.dataset.DataSettings`); ``data.max_rows`` applies."""
     from agentrl.envs.dataset import DatasetSource
 
     source = None
     for column in ("chosen", "completion"):  # the source checks that this column exists
         try:
             source = DatasetSource(
-                data_cfg.model_copy(
-                    update={"messages": column, "prompt": None, "answer": None, "id": None}
-                )
+                dataclasses.replace(data_cfg, messages=column, prompt=None, answer=None, id=None)
             )
             break
         except DatasetError as e:
@@ -210,14 +209,14 @@ def read_dataset_rows(data_cfg: Any, split: str | None = None) -> list[Row]:
     return rows
 
 
-def read_rows(data: str | Path | None, data_cfg: Any) -> list[Row]:
+def read_rows(data: str | Path | None, data_cfg: DataSettings) -> list[Row]:
     """A JSONL file `data` (any other file or folder goes through ``datasets``), else the
     config's ``data.path``."""
     if data is not None:
         path = Path(data)
         if path.suffix.lower() == ".jsonl" and path.is_file():
             return read_jsonl_rows(path)  # read here: errors name the line
-        data_cfg = data_cfg.model_copy(update={"path": str(path)})
+        data_cfg = dataclasses.replace(data_cfg, path=str(path))
     if data_cfg.path is None:
         raise DatasetError(
             "no preference data: pass a JSONL file, or set data.path to a dataset file or folder"
