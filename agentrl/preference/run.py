@@ -27,8 +27,6 @@ from typing import Any
 
 import torch
 
-from agentrl.chat import ChatRenderer
-from agentrl.envs import make_env
 from agentrl.errors import CheckpointError, ConfigError, DatasetError
 from agentrl.learner import compiled
 from agentrl.learner.settings import TrainSettings
@@ -40,11 +38,12 @@ from agentrl.preference.data import (
     iter_completions,
     read_rows,
 )
-from agentrl.preference.settings import PreferenceSettings, ToolSource
+from agentrl.preference.settings import PreferenceSettings
 from agentrl.preference.trainer import Example, PreferenceTrainer
 from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
 from agentrl.run.export import write_model_folder
 from agentrl.runfolder import CONFIG, METRICS, REPORT, MetricsFile
+from agentrl.training.sft import renderer_factory
 
 DATA_RECORD = "preference_data.json"
 REFERENCE_CACHE = "reference_logps.pt"
@@ -64,27 +63,6 @@ class PreferenceReport:
     reference_cached: bool = False  # read from the run instead of computed
     seconds: float = 0.0
     examples_per_s: float = 0.0
-
-
-def renderer_factory(
-    tools: ToolSource | None, template: str | None, tokenizer: Any, rows_need_env: bool
-) -> Callable:
-    """A renderer per tool list, as ``agentrl sft`` builds them: a row's own tools, else
-    the config's environment's (`tools`, when the config names one); `template`:
-    ``model.chat_template``."""
-    env_tools = None
-    if rows_need_env and tools is not None:
-        env_tools = make_env(tools.name, **tools.options).tool_schemas()
-    cache: dict[str, Any] = {}
-
-    def renderer_for(tools: list[Any] | None) -> Any:
-        tools = tools if tools is not None else env_tools
-        key = json.dumps(tools, sort_keys=True)
-        if key not in cache:
-            cache[key] = ChatRenderer(tokenizer, tools=tools, template=template)
-        return cache[key]
-
-    return renderer_for
 
 
 def save_trainer(trainer: PreferenceTrainer, folder: Path, step: int) -> None:

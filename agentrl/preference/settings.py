@@ -15,14 +15,7 @@ from typing import Any
 
 from agentrl.envs.dataset import DataSettings
 from agentrl.learner.settings import PolicyModelSettings, TrainSettings
-
-
-@dataclass(frozen=True)
-class ToolSource:
-    """``env``: the environment whose tools a row without its own tools is rendered with."""
-
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
+from agentrl.training.settings import ToolSource
 
 
 @dataclass(frozen=True)

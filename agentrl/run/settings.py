@@ -38,7 +38,7 @@ from agentrl.learner.settings import (
     TrainSettings,
 )
 from agentrl.models import load_dtype
-from agentrl.preference.settings import PreferenceSettings, ToolSource
+from agentrl.preference.settings import PreferenceSettings
 from agentrl.rewards.settings import JudgeSettings, RewardFunctionSettings, RewardSettings
 from agentrl.rollout.settings import (
     BranchingSettings,
@@ -48,6 +48,7 @@ from agentrl.rollout.settings import (
 )
 from agentrl.samplers import on_update_policy
 from agentrl.samplers.settings import SamplerSettings
+from agentrl.training.settings import SFT_LR, SFTSettings, ToolSource
 
 if TYPE_CHECKING:
     from agentrl.gateway.service import GatewaySettings
@@ -352,3 +353,38 @@ def preference_settings_of_run(run_dir: str | Path) -> PreferenceSettings:
     if not path.is_file():
         raise CheckpointError(f"--resume: {run_dir} has no {CONFIG} (not a dpo run)")
     return preference_settings(load_config(path))
+
+
+def mode_lr(cfg: Config, lr: float | None, default: float) -> float:
+    """A mode's learning rate: the flag, else ``learner.lr`` when the user set it, else the
+    mode's own `default` (RL's 1e-6 is too small for SFT and reward models)."""
+    if lr is not None:
+        return lr
+    return cfg.learner.lr if "lr" in cfg.learner.model_fields_set else default
+
+
+def sft_settings(
+    cfg: Config,
+    *,
+    model_name: str | None = None,
+    lr: float | None = None,
+    device: str | None = None,
+    epochs: int = 1,
+    batch_size: int = 8,
+    max_length: int = 2048,
+    eval_fraction: float = 0.0,
+    seed: int = 0,
+) -> SFTSettings:
+    """``agentrl sft``: ``model.*`` and ``learner.*``, its flags overriding (`model_name`:
+    ``model.name``, `lr`: ``learner.lr``, else SFT's 1e-5; `device`: ``learner.device``)."""
+    return SFTSettings(
+        model=policy_model_settings(cfg, model_name),
+        train=train_settings(cfg, lr=mode_lr(cfg, lr, SFT_LR), device=device),
+        chat_template=cfg.model.chat_template,
+        tools=tool_source(cfg),
+        epochs=epochs,
+        batch_size=batch_size,
+        max_length=max_length,
+        eval_fraction=eval_fraction,
+        seed=seed,
+    )
