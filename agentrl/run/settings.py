@@ -39,7 +39,13 @@ from agentrl.learner.settings import (
 )
 from agentrl.models import load_dtype
 from agentrl.preference.settings import PreferenceSettings
-from agentrl.rewards.settings import JudgeSettings, RewardFunctionSettings, RewardSettings
+from agentrl.rewards.settings import (
+    RM_LR,
+    JudgeSettings,
+    RewardFunctionSettings,
+    RewardModelTrainingSettings,
+    RewardSettings,
+)
 from agentrl.rollout.settings import (
     BranchingSettings,
     GroupHookSettings,
@@ -386,5 +392,30 @@ def sft_settings(
         batch_size=batch_size,
         max_length=max_length,
         eval_fraction=eval_fraction,
+        seed=seed,
+    )
+
+
+def reward_model_training_settings(
+    cfg: Config,
+    *,
+    model: str | None = None,
+    lr: float | None = None,
+    device: str | None = None,
+    epochs: int = 1,
+    batch_size: int = 8,
+    eval_fraction: float = 0.1,
+    max_length: int = 1024,
+    seed: int = 0,
+) -> RewardModelTrainingSettings:
+    """``agentrl rm train``: the base model (`model`, else ``model.name``) and ``learner.*``,
+    its flags overriding (`lr`: ``learner.lr``, else 5e-5; `device`: ``learner.device``)."""
+    return RewardModelTrainingSettings(
+        model=model or cfg.model.name,
+        train=train_settings(cfg, lr=mode_lr(cfg, lr, RM_LR), device=device),
+        epochs=epochs,
+        batch_size=batch_size,
+        eval_fraction=eval_fraction,
+        max_length=max_length,
         seed=seed,
     )
