@@ -57,12 +57,12 @@ from agentrl.preference.settings import PreferenceSettings
 Example = PreferencePair | UnpairedExample
 
 
-def loss_options(pref_cfg: PreferenceSettings) -> dict[str, Any]:
+def loss_options(settings: PreferenceSettings) -> dict[str, Any]:
     """``preference.beta`` and ``preference.options`` as the loss's keyword options."""
-    options = dict(pref_cfg.options)
-    if pref_cfg.beta is not None:
-        options["beta"] = pref_cfg.beta
-    check_options(pref_cfg.loss, options)
+    options = dict(settings.options)
+    if settings.beta is not None:
+        options["beta"] = settings.beta
+    check_options(settings.loss, options)
     return options
 
 

@@ -14,9 +14,9 @@ and tools are the RL run's when ``--config`` names it.
 
 It trains on the trainer core (:mod:`agentrl.learner.core`) and reads the sections RL reads:
 ``model.*`` (name, LoRA, chat template), ``learner.*`` (lr, betas, weight decay, clipping,
-schedule, micro-batch size, device, precision, compile). The function's arguments (the CLI
-flags) override them; ``lr`` is SFT's own 1e-5 unless the config or a flag sets
-``learner.lr``.
+schedule, micro-batch size, device, precision, compile), resolved by the run layer
+(:func:`agentrl.run.settings.sft_settings`) with the CLI flags as overrides; ``lr`` is SFT's
+own 1e-5 unless the config or a flag sets ``learner.lr``.
 """
 
 from __future__ import annotations
