@@ -196,6 +196,7 @@ def child_agentrl(args: argparse.Namespace, pairs: list[dict]) -> dict[str, Any]
     from agentrl.models import load_model
     from agentrl.preference.data import Completion, PreferencePair
     from agentrl.preference.trainer import PreferenceTrainer
+    from agentrl.run.settings import preference_settings
 
     cfg = load_config(
         None,
@@ -210,7 +211,7 @@ def child_agentrl(args: argparse.Namespace, pairs: list[dict]) -> dict[str, Any]
     )
     device = resolve_device("cpu", "learner.device")
     model, tok = load_model(cfg.model.name, dtype="float32", device=device, seed=cfg.model.seed)
-    trainer = PreferenceTrainer(model, cfg, device, tok.pad_token_id or 0)
+    trainer = PreferenceTrainer(model, preference_settings(cfg), device, tok.pad_token_id or 0)
 
     def completion(prompt: list[int], answer: list[int]) -> Completion:
         return Completion(prompt + answer, [0] * len(prompt) + [1] * len(answer))

@@ -49,6 +49,7 @@ from agentrl.preference.rollouts import pairs_from_groups
 from agentrl.preference.trainer import PreferenceTrainer
 from agentrl.run.components import build_engine
 from agentrl.run.runtime import assemble
+from agentrl.run.settings import preference_settings
 from agentrl.weights import WeightBus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,7 +163,7 @@ async def main(args: argparse.Namespace, out: Path) -> dict:
         model, tok = await anyio.to_thread.run_sync(
             lambda: load_model(cfg.model.name, dtype="float32", device=device, seed=cfg.model.seed)
         )
-        trainer = PreferenceTrainer(model, cfg, device, tok.pad_token_id or 0)
+        trainer = PreferenceTrainer(model, preference_settings(cfg), device, tok.pad_token_id or 0)
         t0 = time.perf_counter()
         ref_train = await anyio.to_thread.run_sync(trainer.reference_logps, train_pairs, bs)
         ref_eval = await anyio.to_thread.run_sync(trainer.reference_logps, held_out, bs)

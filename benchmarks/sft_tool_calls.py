@@ -114,6 +114,7 @@ def tool_call_rate(model_name: str, env, samples: int, seed: int) -> tuple[float
 def main() -> None:
     from agentrl.config import load_config
     from agentrl.envs import make_env
+    from agentrl.run.settings import sft_settings
     from agentrl.training.sft import train_sft
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -138,15 +139,10 @@ def main() -> None:
         + [f"env.options.{k}={json.dumps(v)}" for k, v in ENV.items()]
     )
     t1 = time.time()
-    report = train_sft(
-        demos,
-        args.work / "sft",
-        cfg=cfg,
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        eval_fraction=0.1,
+    settings = sft_settings(
+        cfg, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, eval_fraction=0.1
     )
+    report = train_sft(demos, args.work / "sft", settings)
     sft_seconds = time.time() - t1
     load.append(os.getloadavg()[0])
     print(

@@ -46,10 +46,11 @@ def write_prompts(path: Path, n: int, seed: int = 1) -> Path:
 def main(argv: list[str] | None = None) -> dict:
     import anyio
 
-    from agentrl.config import load_config
+    from agentrl.config import Config, load_config
+    from agentrl.rewards.bradley_terry import train_reward_model
     from agentrl.run.orchestrator import train
     from agentrl.run.plotting import read_steps
-    from agentrl.rewards.bradley_terry import train_reward_model
+    from agentrl.run.settings import reward_model_training_settings
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/reward_model"))
@@ -61,14 +62,14 @@ def main(argv: list[str] | None = None) -> dict:
     model = "tiny-llama" if args.tiny else "smollm2-135m-instruct"
 
     pairs = write_pairs(args.out / "prefs.jsonl", args.pairs)
-    report = train_reward_model(
-        pairs,
-        model,
-        args.out / "rm",
+    settings = reward_model_training_settings(
+        Config(),
+        model=model,
         epochs=1 if args.tiny else 2,
         lr=1e-3 if args.tiny else 2e-5,
         max_length=128,
     )
+    report = train_reward_model(pairs, args.out / "rm", settings)
     print(
         f"reward model: held-out pairwise accuracy {report.accuracy_before:.2f} -> {report.accuracy:.2f}"
     )

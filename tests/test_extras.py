@@ -75,14 +75,13 @@ def test_the_demo_corpora_and_generators_need_demo(monkeypatch):
 
 
 def test_datasets_and_parquet_need_datasets(tmp_path, monkeypatch):
-    from agentrl.config import DataConfig
-    from agentrl.envs.dataset import DatasetSource, load_task_file
+    from agentrl.envs.dataset import DatasetSource, DataSettings, load_task_file
 
     (tmp_path / "t.jsonl").write_text('{"question": "q", "answer": "a"}\n')
     (tmp_path / "t.parquet").write_bytes(b"PAR1")
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(MissingExtra) as e:
-        DatasetSource(DataConfig(path=str(tmp_path / "t.jsonl")))
+        DatasetSource(DataSettings(path=str(tmp_path / "t.jsonl")))
     assert _one_line(e, "datasets").startswith("data.path needs datasets")
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     with pytest.raises(MissingExtra) as e:

@@ -12,26 +12,37 @@ from agentrl.config import (
     AlgorithmConfig,
     BranchingConfig,
     Config,
+    DataConfig,
     JudgeConfig,
     LearnerConfig,
     OverlongConfig,
+    PreferenceConfig,
     RewardConfig,
     RolloutConfig,
     SamplerConfig,
     config_from_dict,
     load_config,
 )
+from agentrl.envs.dataset import DataSettings
 from agentrl.errors import ConfigError
 from agentrl.learner.settings import (
     AlgorithmSettings,
     OverlongSettings,
     TrainSettings,
 )
-from agentrl.rewards.settings import JudgeSettings, RewardSettings
+from agentrl.preference.settings import PreferenceSettings
+from agentrl.rewards.settings import RM_LR, JudgeSettings, RewardSettings
 from agentrl.rollout.settings import BranchingSettings, RolloutSettings
-from agentrl.run.settings import resolve
+from agentrl.run.settings import (
+    data_settings,
+    preference_settings,
+    resolve,
+    reward_model_training_settings,
+    sft_settings,
+)
 from agentrl.samplers import sampler_options
 from agentrl.samplers.settings import SamplerSettings
+from agentrl.training.settings import SFT_LR
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only answers")
 
@@ -46,6 +57,8 @@ MIRRORS = [
     (SamplerConfig, SamplerSettings, set()),
     (RewardConfig, RewardSettings, {"weights"}),
     (JudgeConfig, JudgeSettings, set()),
+    (DataConfig, DataSettings, set()),
+    (PreferenceConfig, PreferenceSettings, set()),
 ]
 
 
@@ -137,3 +150,29 @@ def test_a_backend_still_refuses_what_the_user_set_and_it_cannot_honour() -> Non
         sampler_options(resolve(cfg).sampler)
     ok = config_from_dict({"sampler": {"backend": "openai", "base_url": "http://x"}})
     assert sampler_options(resolve(ok).sampler)["base_url"] == "http://x"
+
+
+@no_cuda
+def test_the_training_modes_resolve_device_and_lr_once_with_their_flags_winning() -> None:
+    plain = Config()
+    assert sft_settings(plain).train.lr == SFT_LR  # learner.lr unset: the mode's own default
+    assert reward_model_training_settings(plain).train.lr == RM_LR
+    set_lr = load_config(overrides=["learner.lr=3e-4", "model.name=tiny-llama"])
+    assert sft_settings(set_lr).train.lr == 3e-4
+    assert sft_settings(set_lr, lr=1e-2).train.lr == 1e-2  # the flag wins
+    assert reward_model_training_settings(set_lr).model == "tiny-llama"
+    assert reward_model_training_settings(set_lr, model="other").model == "other"
+    for settings in (sft_settings(plain), reward_model_training_settings(plain)):
+        assert settings.train.device == "cpu"  # learner.device: auto, decided here
+    pref = preference_settings(load_config(overrides=["preference.loss=ipo", "env.name=echo"]))
+    assert pref.train.device == "cpu" and pref.loss == "ipo"
+    assert pref.tools is not None and pref.tools.name == "echo"
+    assert preference_settings(plain).tools is None  # no env named: rows bring their tools
+    assert pickle.loads(pickle.dumps(pref)) == pref
+    with pytest.raises(ConfigError, match=r"learner\.device"):
+        sft_settings(plain, device="tpu")
+
+
+def test_data_settings_remember_whether_the_answer_column_was_asked_for() -> None:
+    assert not data_settings(Config()).answer_explicit
+    assert data_settings(load_config(overrides=["data.answer=solution"])).answer_explicit

@@ -69,22 +69,31 @@ def dpo(
             "training options (or start a new --run-dir)"
         )
     try:
-        cfg = load_run_config(config, overrides, "online_preference" if online else "preference")
-        if online:
-            import anyio
-
-            from agentrl.run.online_preference import online_preference
-
-            report = anyio.run(lambda: online_preference(cfg, run_dir, out=out, log=typer.echo))
-            typer.echo(
-                f"{len(report.rounds)} rounds, {report.pairs} pairs ({report.ties} tied groups "
-                f"skipped); mean reward {report.rounds[0]['reward_mean']:.3f} -> "
-                f"{report.rounds[-1]['reward_mean']:.3f}\nmodel: {report.model}"
-            )
-            return
         from agentrl.preference.run import train_preference
+        from agentrl.run.settings import preference_settings, preference_settings_of_run
 
-        report = train_preference(data, run_dir, cfg=cfg, resume=resume, out=out, log=typer.echo)
+        if resume and not online:
+            settings = preference_settings_of_run(run_dir)  # the run's own config.yaml
+        else:
+            cfg = load_run_config(
+                config, overrides, "online_preference" if online else "preference"
+            )
+            if online:
+                import anyio
+
+                from agentrl.run.online_preference import online_preference
+
+                done = anyio.run(lambda: online_preference(cfg, run_dir, out=out, log=typer.echo))
+                typer.echo(
+                    f"{len(done.rounds)} rounds, {done.pairs} pairs ({done.ties} tied groups "
+                    f"skipped); mean reward {done.rounds[0]['reward_mean']:.3f} -> "
+                    f"{done.rounds[-1]['reward_mean']:.3f}\nmodel: {done.model}"
+                )
+                return
+            settings = preference_settings(cfg)
+        report = train_preference(
+            data, run_dir, settings=settings, resume=resume, out=out, log=typer.echo
+        )
     except Exception as e:
         error = user_error(e)
         if error is None:

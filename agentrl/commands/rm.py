@@ -43,13 +43,12 @@ def register(app: typer.Typer) -> None:
         from agentrl.config import load_config
         from agentrl.errors import AgentRLError
         from agentrl.rewards.bradley_terry import train_reward_model
+        from agentrl.run.settings import reward_model_training_settings
 
         try:
-            report = train_reward_model(
-                pairs,
-                model,
-                out,
-                cfg=load_config(config, set_ or []),
+            settings = reward_model_training_settings(
+                load_config(config, set_ or []),
+                model=model,
                 epochs=epochs,
                 lr=lr,
                 batch_size=batch_size,
@@ -57,8 +56,8 @@ def register(app: typer.Typer) -> None:
                 max_length=max_length,
                 seed=seed,
                 device=device,
-                log=typer.echo,
             )
+            report = train_reward_model(pairs, out, settings, log=typer.echo)
         except AgentRLError as e:
             typer.secho(f"error: {e}", fg="red", err=True)
             raise typer.Exit(2) from None

@@ -37,14 +37,13 @@ def sft(
     """Fine-tune on transcripts with assistant-only loss; RL starts from --out."""
     from agentrl.errors import AgentRLError
     from agentrl.run.preflight import load_run_config
+    from agentrl.run.settings import sft_settings
     from agentrl.training.sft import train_sft
 
     try:
         cfg = load_run_config(config, set_ or [], "sft")
-        report = train_sft(
-            data,
-            out,
-            cfg=cfg,
+        settings = sft_settings(
+            cfg,
             model_name=model,
             epochs=epochs,
             lr=lr,
@@ -53,8 +52,8 @@ def sft(
             eval_fraction=eval_fraction,
             seed=seed,
             device=device,
-            log=typer.echo,
         )
+        report = train_sft(data, out, settings, log=typer.echo)
     except AgentRLError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from None

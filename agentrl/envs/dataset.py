@@ -32,6 +32,7 @@ from __future__ import annotations
 import glob as globlib
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,17 +77,38 @@ def _builder(files: list[Path], fmt: str, where: str) -> str:
     return builders.pop()  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class DataSettings:
+    """``data``, resolved by the run layer (:func:`agentrl.run.settings.data_settings`)."""
+
+    path: str | dict[str, str] | None = None
+    format: str = "auto"
+    split: str = "train"
+    eval_split: str | None = None
+    prompt: str | None = None
+    messages: str | None = None
+    answer: str | None = "answer"
+    id: str | None = None
+    columns: tuple[str, ...] | None = None
+    shuffle: bool = True
+    streaming: bool = False
+    shuffle_buffer: int = 10_000
+    max_rows: int | None = None
+    # data.answer was set by the user (a missing default 'answer' column is then an error)
+    answer_explicit: bool = False
+
+
 class DatasetSource:
-    """The rows of ``data.path`` (a :class:`agentrl.config.DataConfig`) as task streams.
+    """The rows of ``data.path`` (:class:`DataSettings`) as task streams.
 
     Loading and the column check happen in the constructor, so a wrong column fails the
     run before any model loads."""
 
-    def __init__(self, cfg: Any) -> None:
-        if cfg.path is None:
+    def __init__(self, data: DataSettings) -> None:
+        if data.path is None:
             raise ConfigError("data.path is not set: name the dataset file or folder")
-        self.cfg = cfg
-        self.where = str(cfg.path)
+        self.data = data
+        self.where = str(data.path)
         self.splits = self._load()
         self.prompt_column = self._check_columns()
 
@@ -98,16 +120,16 @@ class DatasetSource:
 
         datasets.disable_progress_bars()
         datasets.logging.set_verbosity_error()
-        cfg = self.cfg
-        if isinstance(cfg.path, dict):
-            files = {split: str(Path(p).expanduser()) for split, p in cfg.path.items()}
+        data = self.data
+        if isinstance(data.path, dict):
+            files = {split: str(Path(p).expanduser()) for split, p in data.path.items()}
             for split, p in files.items():
                 if not (Path(p).exists() or _files_of(p)):
                     raise DatasetError(f"data.path.{split}: no such file or folder {p!r}")
             flat = [f for p in files.values() for f in (_files_of(p) or [Path(p)])]
-            return self._load_files(_builder(flat, cfg.format, self.where), files)
-        path = Path(cfg.path).expanduser()
-        if cfg.format == "disk" or (cfg.format == "auto" and _is_saved_dataset(path)):
+            return self._load_files(_builder(flat, data.format, self.where), files)
+        path = Path(data.path).expanduser()
+        if data.format == "disk" or (data.format == "auto" and _is_saved_dataset(path)):
             return self._load_saved(path)
         if path.is_dir():
             inner = [p for p in sorted(path.rglob("*")) if p.suffix.lower() in BUILDERS]
@@ -116,20 +138,20 @@ class DatasetSource:
                     f"data.path {self.where}: the folder holds no .jsonl/.json/.csv/.parquet/"
                     ".arrow file and is not a dataset saved with save_to_disk"
                 )
-            return self._load_files(_builder(inner, cfg.format, self.where), None, folder=path)
+            return self._load_files(_builder(inner, data.format, self.where), None, folder=path)
         files = _files_of(str(path)) or ([path] if path.is_file() else [])
         if not files:
             raise DatasetError(f"data.path {self.where}: no such file, folder or glob match")
-        return self._load_files(_builder(files, cfg.format, self.where), str(path))
+        return self._load_files(_builder(files, data.format, self.where), str(path))
 
     def _load_files(self, builder: str, files: Any, folder: Path | None = None) -> Any:
         load_dataset = require("datasets", "datasets", "data.path").load_dataset
 
         try:
             if folder is not None:  # train.jsonl / test.jsonl ... name their splits
-                loaded = load_dataset(str(folder), streaming=self.cfg.streaming)
+                loaded = load_dataset(str(folder), streaming=self.data.streaming)
             else:
-                loaded = load_dataset(builder, data_files=files, streaming=self.cfg.streaming)
+                loaded = load_dataset(builder, data_files=files, streaming=self.data.streaming)
         except Exception as e:
             raise DatasetError(
                 f"data.path {self.where}: could not read it as {builder}: {e}"
@@ -145,7 +167,7 @@ class DatasetSource:
         except Exception as e:
             raise DatasetError(f"data.path {self.where}: not a saved dataset folder: {e}") from e
         splits = {"train": loaded} if isinstance(loaded, Dataset) else dict(loaded)
-        if self.cfg.streaming:
+        if self.data.streaming:
             splits = {k: v.to_iterable_dataset() for k, v in splits.items()}
         return splits
 
@@ -169,9 +191,9 @@ class DatasetSource:
         return list(names)
 
     def _check_columns(self) -> str | None:
-        cfg = self.cfg
-        columns = self.columns(cfg.split)
-        label = f"{self.where} (split {cfg.split!r})"
+        data = self.data
+        columns = self.columns(data.split)
+        label = f"{self.where} (split {data.split!r})"
 
         def need(key: str, column: str) -> None:
             if column not in columns:
@@ -180,9 +202,9 @@ class DatasetSource:
                     f"its columns: {', '.join(columns)}. Set data.{key}=<column>"
                 )
 
-        prompt = cfg.prompt
-        if cfg.messages is not None:
-            need("messages", cfg.messages)
+        prompt = data.prompt
+        if data.messages is not None:
+            need("messages", data.messages)
         elif prompt is not None:
             need("prompt", prompt)
         else:
@@ -193,45 +215,45 @@ class DatasetSource:
                     f"columns: {', '.join(columns)}. Set data.prompt=<column> or "
                     "data.messages=<chat column>"
                 )
-        if cfg.answer is not None and ("answer" in cfg.model_fields_set or "answer" in columns):
-            need("answer", cfg.answer)
-        if cfg.id is not None:
-            need("id", cfg.id)
-        for column in cfg.columns or []:
+        if data.answer is not None and (data.answer_explicit or "answer" in columns):
+            need("answer", data.answer)
+        if data.id is not None:
+            need("id", data.id)
+        for column in data.columns or []:
             need("columns", column)
-        if cfg.eval_split is not None:
-            self.split(cfg.eval_split)
+        if data.eval_split is not None:
+            self.split(data.eval_split)
         return prompt
 
     @property
     def has_answer(self) -> bool:
-        return self.cfg.answer is not None and self.cfg.answer in self.columns(self.cfg.split)
+        return self.data.answer is not None and self.data.answer in self.columns(self.data.split)
 
     # --- tasks -------------------------------------------------------------------------
 
     def tasks(self, split: str = "train", seed: int = 0) -> Iterator[dict[str, Any]]:
         """One epoch of ``split`` ("train" means data.split, "eval" data.eval_split), in
         the order `seed` fixes."""
-        cfg = self.cfg
-        name = cfg.split if split == "train" else (cfg.eval_split or split)
-        answer = cfg.answer if self.has_answer else None
+        data = self.data
+        name = data.split if split == "train" else (data.eval_split or split)
+        answer = data.answer if self.has_answer else None
         for n, (index, row) in enumerate(self._rows(self.split(name), seed)):
-            if cfg.max_rows is not None and n >= cfg.max_rows:
+            if data.max_rows is not None and n >= data.max_rows:
                 return
             yield self._task(row, name, index, answer)
 
     def _rows(self, ds: Any, seed: int) -> Iterator[tuple[int, dict[str, Any]]]:
         """(row index in the split, row), in the seeded order; the index names the task."""
-        cfg = self.cfg
-        if cfg.streaming:
+        data = self.data
+        if data.streaming:
             ds = ds.map(lambda row, i: {**row, _ROW: i}, with_indices=True)
-            if cfg.shuffle:
-                ds = ds.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer)
+            if data.shuffle:
+                ds = ds.shuffle(seed=seed, buffer_size=data.shuffle_buffer)
             for row in ds:
                 index = row.pop(_ROW)
                 yield index, row
             return
-        if not cfg.shuffle:
+        if not data.shuffle:
             yield from enumerate(ds)
             return
         import numpy as np
@@ -240,12 +262,12 @@ class DatasetSource:
             yield index, ds[index]
 
     def _task(self, row: dict[str, Any], split: str, index: int, answer: str | None) -> dict:
-        cfg = self.cfg
-        keep = cfg.columns if cfg.columns is not None else list(row)
+        data = self.data
+        keep = data.columns if data.columns is not None else list(row)
         task = {k: row[k] for k in keep}
         where = f"{self.where} (split {split!r}, row {index})"
-        if cfg.messages is not None:
-            task["messages"] = _messages(row[cfg.messages], cfg.messages, where)
+        if data.messages is not None:
+            task["messages"] = _messages(row[data.messages], data.messages, where)
             task.setdefault("question", _last_user(task["messages"]))
         else:
             assert self.prompt_column is not None
@@ -260,7 +282,7 @@ class DatasetSource:
             if row[answer] is None:
                 raise DatasetError(f"{where}: column {answer!r} is empty")
             task["answer"] = str(row[answer])
-        task["id"] = str(row[cfg.id]) if cfg.id is not None else f"{split}-{index}"
+        task["id"] = str(row[data.id]) if data.id is not None else f"{split}-{index}"
         return task
 
 
@@ -290,11 +312,11 @@ def _last_user(messages: list[dict[str, Any]]) -> str:
     return str(users[-1]["content"]) if users else ""
 
 
-def attach_dataset(env: Environment, cfg: Any, split: str = "train") -> DatasetSource:
-    """Make ``data`` (a :class:`agentrl.config.DataConfig`) the task source of `env` (the
+def attach_dataset(env: Environment, data: DataSettings, split: str = "train") -> DatasetSource:
+    """Make ``data`` (:class:`DataSettings`) the task source of `env` (the
     run's prototype environment; episodes are its spawns and never read tasks)."""
-    source = DatasetSource(cfg)
-    if split == "eval" and cfg.eval_split is None:
+    source = DatasetSource(data)
+    if split == "eval" and data.eval_split is None:
         raise ConfigError(
             "evaluation reads data.eval_split, which is not set: name a split of data.path "
             f"(its splits: {', '.join(source.splits)}), e.g. data.eval_split=test"

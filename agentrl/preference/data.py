@@ -18,6 +18,7 @@ context). A bad row is a :class:`~agentrl.errors.DatasetError` naming its line a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.dataset import read_jsonl
+from agentrl.envs.dataset import DataSettings, read_jsonl
 from agentrl.errors import DatasetError
 from agentrl.training.sft import encode_transcript
 
@@ -177,18 +178,16 @@ def read_jsonl_rows(path: str | Path) -> list[Row]:
     return rows
 
 
-def read_dataset_rows(data_cfg: Any, split: str | None = None) -> list[Row]:
+def read_dataset_rows(settings: DataSettings, split: str | None = None) -> list[Row]:
     """Rows of ``data.path`` (any local file or folder ``datasets`` reads, see
-    :class:`agentrl.config.DataConfig`); ``data.max_rows`` applies."""
+    :class:`~agentrl.envs.dataset.DataSettings`); ``data.max_rows`` applies."""
     from agentrl.envs.dataset import DatasetSource
 
     source = None
     for column in ("chosen", "completion"):  # the source checks that this column exists
         try:
             source = DatasetSource(
-                data_cfg.model_copy(
-                    update={"messages": column, "prompt": None, "answer": None, "id": None}
-                )
+                dataclasses.replace(settings, messages=column, prompt=None, answer=None, id=None)
             )
             break
         except DatasetError as e:
@@ -196,13 +195,13 @@ def read_dataset_rows(data_cfg: Any, split: str | None = None) -> list[Row]:
                 raise
     if source is None:
         raise DatasetError(
-            f"data.path {data_cfg.path}: no 'chosen' column (pairs: prompt, chosen, rejected) "
+            f"data.path {settings.path}: no 'chosen' column (pairs: prompt, chosen, rejected) "
             "and no 'completion' column (unpaired rows: prompt, completion, label)"
         )
-    name = split or data_cfg.split
+    name = split or settings.split
     rows = []
     for index, raw in enumerate(source.split(name)):
-        if data_cfg.max_rows is not None and index >= data_cfg.max_rows:
+        if settings.max_rows is not None and index >= settings.max_rows:
             break
         rows.append(parse_row(dict(raw), f"{source.where} (split {name!r}, row {index})"))
     if not rows:
@@ -210,19 +209,19 @@ def read_dataset_rows(data_cfg: Any, split: str | None = None) -> list[Row]:
     return rows
 
 
-def read_rows(data: str | Path | None, data_cfg: Any) -> list[Row]:
+def read_rows(data: str | Path | None, settings: DataSettings) -> list[Row]:
     """A JSONL file `data` (any other file or folder goes through ``datasets``), else the
     config's ``data.path``."""
     if data is not None:
         path = Path(data)
         if path.suffix.lower() == ".jsonl" and path.is_file():
             return read_jsonl_rows(path)  # read here: errors name the line
-        data_cfg = data_cfg.model_copy(update={"path": str(path)})
-    if data_cfg.path is None:
+        settings = dataclasses.replace(settings, path=str(path))
+    if settings.path is None:
         raise DatasetError(
             "no preference data: pass a JSONL file, or set data.path to a dataset file or folder"
         )
-    return read_dataset_rows(data_cfg)
+    return read_dataset_rows(settings)
 
 
 def as_unpaired(rows: list[Row]) -> list[Row]:

@@ -27,12 +27,9 @@ from typing import Any
 
 import torch
 
-from agentrl.chat import ChatRenderer
-from agentrl.config import Config, load_config
-from agentrl.devices import resolve_device
-from agentrl.envs import make_env
 from agentrl.errors import CheckpointError, ConfigError, DatasetError
 from agentrl.learner import compiled
+from agentrl.learner.settings import TrainSettings
 from agentrl.models import load_model
 from agentrl.preference.data import (
     encode_pairs,
@@ -41,10 +38,12 @@ from agentrl.preference.data import (
     iter_completions,
     read_rows,
 )
+from agentrl.preference.settings import PreferenceSettings
 from agentrl.preference.trainer import Example, PreferenceTrainer
 from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
 from agentrl.run.export import write_model_folder
 from agentrl.runfolder import CONFIG, METRICS, REPORT, MetricsFile
+from agentrl.training.sft import renderer_factory
 
 DATA_RECORD = "preference_data.json"
 REFERENCE_CACHE = "reference_logps.pt"
@@ -64,24 +63,6 @@ class PreferenceReport:
     reference_cached: bool = False  # read from the run instead of computed
     seconds: float = 0.0
     examples_per_s: float = 0.0
-
-
-def renderer_factory(cfg: Config, tokenizer: Any, rows_need_env: bool) -> Callable:
-    """A renderer per tool list, as ``agentrl sft`` builds them: a row's own tools, else
-    the config's environment's (when the config names one)."""
-    env_tools = None
-    if rows_need_env and "name" in cfg.env.model_fields_set:
-        env_tools = make_env(cfg.env.name, **cfg.env.options).tool_schemas()
-    cache: dict[str, Any] = {}
-
-    def renderer_for(tools: list[Any] | None) -> Any:
-        tools = tools if tools is not None else env_tools
-        key = json.dumps(tools, sort_keys=True)
-        if key not in cache:
-            cache[key] = ChatRenderer(tokenizer, tools=tools, template=cfg.model.chat_template)
-        return cache[key]
-
-    return renderer_for
 
 
 def save_trainer(trainer: PreferenceTrainer, folder: Path, step: int) -> None:
@@ -119,7 +100,7 @@ def checkpoint_ranks(
     ranks.barrier()
 
 
-def join_ranks(cfg: Config) -> None:
+def join_ranks(train: TrainSettings) -> None:
     """``learner.world_size`` > 1: join the process group a launcher set up (``RANK``,
     ``WORLD_SIZE`` and ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment)."""
     import os
@@ -128,20 +109,20 @@ def join_ranks(cfg: Config) -> None:
 
     from agentrl.learner.distributed import init_rank_group
 
-    if cfg.learner.world_size == 1 or dist.is_initialized():
+    if train.world_size == 1 or dist.is_initialized():
         return
     if "RANK" not in os.environ:
         raise ConfigError(
-            f"learner.world_size={cfg.learner.world_size}: start one process per rank, e.g. "
-            f"torchrun --nproc-per-node {cfg.learner.world_size} -m agentrl.cli dpo ..."
+            f"learner.world_size={train.world_size}: start one process per rank, e.g. "
+            f"torchrun --nproc-per-node {train.world_size} -m agentrl.cli dpo ..."
         )
     address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     init_rank_group(
         int(os.environ["RANK"]),
         int(os.environ["WORLD_SIZE"]),
         address,
-        device=resolve_device(cfg.learner.device, "learner.device"),
-        timeout_s=cfg.learner.collective_timeout_s,
+        device=train.torch_device,
+        timeout_s=train.collective_timeout_s,
     )
 
 
@@ -167,7 +148,7 @@ def reference_for(
             f"--resume: {path} is missing; the reference cannot be recomputed from trained "
             "weights. Start the run again without --resume"
         )
-    ref = trainer.reference_logps(examples, trainer.cfg.preference.batch_size)
+    ref = trainer.reference_logps(examples, trainer.settings.batch_size)
     if trainer.core.ranks.is_main:
         torch.save({"fingerprint": key, "model": model, "logps": ref}, path)
     return ref, False
@@ -177,26 +158,28 @@ def train_preference(
     data: str | Path | None,
     run_dir: str | Path,
     *,
-    cfg: Config | None = None,
+    settings: PreferenceSettings | None = None,
     resume: bool = False,
     out: str | Path | None = None,
     log: Callable[[str], None] = print,
     compile_backend: compiled.Backend = compiled.DEFAULT_BACKEND,
 ) -> PreferenceReport:
-    """Train ``cfg.preference.loss`` on the rows of `data` (or ``data.path``); see the
-    module docstring for what the run directory holds."""
+    """Train ``preference.loss`` on the rows of `data` (or ``data.path``); see the
+    module docstring for what the run directory holds. `settings`: resolved by the run
+    layer (:func:`agentrl.run.settings.preference_settings`; with `resume`, of the run's
+    own ``config.yaml``)."""
     t0 = time.time()
     run_dir = Path(run_dir)
     record = run_dir / DATA_RECORD
+    if resume and settings is None:
+        raise ValueError("resume: pass the run's own settings (preference_settings_of_run)")
+    pc = settings or PreferenceSettings()
     if resume:
         if not (run_dir / CONFIG).is_file():
             raise CheckpointError(f"--resume: {run_dir} has no {CONFIG} (not a dpo run)")
-        cfg = load_config(run_dir / CONFIG)
         if data is None and record.is_file():
             data = json.loads(record.read_text())["data"]
-    else:
-        cfg = cfg or Config()
-    join_ranks(cfg)
+    join_ranks(pc.train)
     import torch.distributed as dist
 
     main = not dist.is_initialized() or dist.get_rank() == 0
@@ -206,27 +189,26 @@ def train_preference(
                 f"{run_dir} already holds a run: continue it with --resume, or pick a new --run-dir"
             )
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / CONFIG).write_text(cfg.to_yaml())
+        (run_dir / CONFIG).write_text(pc.config_yaml)
         record.write_text(json.dumps({"data": None if data is None else str(Path(data).resolve())}))
         (run_dir / METRICS).unlink(missing_ok=True)
-    pc = cfg.preference
-    rows = read_rows(data, cfg.data)
-    device = resolve_device(cfg.learner.device, "learner.device")
+    rows = read_rows(data, pc.data)
+    device = pc.train.torch_device
     torch.manual_seed(pc.seed)
-    model, tokenizer = load_model(
-        cfg.model.name, dtype="float32", device=device, seed=cfg.model.seed
-    )
+    model, tokenizer = load_model(pc.model.name, dtype="float32", device=device, seed=pc.model.seed)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     steps_per_epoch = math.ceil(max(len(rows) * (1 - pc.eval_fraction), 1) / pc.batch_size)
     trainer = PreferenceTrainer(
         model,
-        cfg,
+        pc,
         device,
         pad_id,
         total_steps=pc.epochs * steps_per_epoch,
         compile_backend=compile_backend,
     )
-    renderer_for = renderer_factory(cfg, tokenizer, any(r.tools is None for r in rows))
+    renderer_for = renderer_factory(
+        pc.tools, pc.chat_template, tokenizer, any(r.tools is None for r in rows)
+    )
     encoded: list[Example] = (
         list(encode_unpaired(rows, renderer_for, pc.seed))
         if trainer.unpaired
@@ -244,7 +226,7 @@ def train_preference(
     n_eval = round(len(examples) * pc.eval_fraction) if pc.eval_fraction > 0 else 0
     if n_eval >= len(examples):
         n_eval = len(examples) - 1
-    ref, cached = reference_for(trainer, examples, run_dir, cfg.model.name, resume)
+    ref, cached = reference_for(trainer, examples, run_dir, pc.model.name, resume)
     held_out, train = examples[:n_eval], examples[n_eval:]
     ref_eval = ref[:n_eval] if ref is not None else None
     ref_train = ref[n_eval:] if ref is not None else None
@@ -311,14 +293,14 @@ def train_preference(
         examples_per_s=trained_examples / train_seconds if train_seconds else math.nan,
     )
     plain = trainer.plain_model(
-        lambda: load_model(cfg.model.name, dtype="float32", seed=cfg.model.seed)[0]
+        lambda: load_model(pc.model.name, dtype="float32", seed=pc.model.seed)[0]
     )
     if main:
         write_model_folder(
             plain,
             renderer_for(rows[0].tools),
             folder,
-            record={"base_model": cfg.model.name, "preference": asdict(report)},
+            record={"base_model": pc.model.name, "preference": asdict(report)},
         )
         (run_dir / REPORT).write_text(json.dumps(asdict(report), indent=1))
     trainer.core.ranks.barrier()

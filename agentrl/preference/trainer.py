@@ -52,16 +52,17 @@ from agentrl.preference.losses import (
     check_options,
     preference_loss,
 )
+from agentrl.preference.settings import PreferenceSettings
 
 Example = PreferencePair | UnpairedExample
 
 
-def loss_options(pref_cfg: Any) -> dict[str, Any]:
+def loss_options(settings: PreferenceSettings) -> dict[str, Any]:
     """``preference.beta`` and ``preference.options`` as the loss's keyword options."""
-    options = dict(pref_cfg.options)
-    if pref_cfg.beta is not None:
-        options["beta"] = pref_cfg.beta
-    check_options(pref_cfg.loss, options)
+    options = dict(settings.options)
+    if settings.beta is not None:
+        options["beta"] = settings.beta
+    check_options(settings.loss, options)
     return options
 
 
@@ -80,24 +81,24 @@ class StepResult:
 
 
 class PreferenceTrainer:
-    """A policy, its optimizer and one preference loss (``cfg.preference``)."""
+    """A policy, its optimizer and one preference loss (``preference.*``)."""
 
     def __init__(
         self,
         model: Any,
-        cfg: Any,
+        settings: PreferenceSettings,
         device: torch.device | None = None,
         pad_id: int = 0,
         *,
         total_steps: int = 1,
         compile_backend: compiled.Backend = compiled.DEFAULT_BACKEND,
     ) -> None:
-        lc = cfg.learner
-        self.cfg = cfg
+        lc = settings.train
+        self.settings = settings
         self.pad_id = pad_id
-        self.loss_name = cfg.preference.loss
+        self.loss_name = settings.loss
         PREFERENCE_LOSSES.get(self.loss_name)  # an unknown name fails here, listing the known
-        self.options = loss_options(cfg.preference)
+        self.options = loss_options(settings)
         self.unpaired = PREFERENCE_LOSSES.unpaired(self.loss_name)
         self.needs_reference = PREFERENCE_LOSSES.needs_reference(self.loss_name)
         self.token_kl = PREFERENCE_LOSSES.token_kl(self.loss_name)
@@ -118,7 +119,7 @@ class PreferenceTrainer:
             CoreSettings.of(lc, total_steps=total_steps),
             precision=precision,
             ranks=ranks,
-            lora=cfg.model.lora,
+            lora=settings.model.lora,
         )
         self.model = self.core.model
         self.device = self.core.device
@@ -176,8 +177,8 @@ class PreferenceTrainer:
             self.model,
             ids,
             mask,
-            chunk=self.cfg.learner.logprob_chunk,
-            fused=self.cfg.learner.fused_logprobs,
+            chunk=self.settings.train.logprob_chunk,
+            fused=self.settings.train.fused_logprobs,
         ).logprobs
         return (lp * mask).sum(-1), mask.sum(-1)
 
@@ -201,7 +202,7 @@ class PreferenceTrainer:
         targets = ids[:, 1:].reshape(-1).index_select(0, at)
         rows = torch.div(at, width - 1, rounding_mode="floor")
         head, ref_head = lm_head_weight(self.model), lm_head_weight(self.reference_model)
-        chunk = self.cfg.learner.logprob_chunk
+        chunk = self.settings.train.logprob_chunk
         lps, kls = [], []
         for i in range(0, len(at), chunk):
             logp = torch.log_softmax((h[i : i + chunk] @ head.t()).float(), -1)

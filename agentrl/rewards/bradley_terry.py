@@ -16,9 +16,9 @@ before and after training; the folder written is a normal Hugging Face model fol
 
 It trains on the trainer core (:mod:`agentrl.learner.core`) and reads the sections every
 trainer reads: ``model.name`` (the base model when none is given), ``learner.*`` (lr,
-betas, weight decay, clipping, schedule, micro-batch size, device, precision); the
-function's arguments (the CLI flags) override them, ``lr`` is 5e-5 unless the config or a
-flag sets ``learner.lr``.
+betas, weight decay, clipping, schedule, micro-batch size, device, precision), resolved by
+the run layer (:func:`agentrl.run.settings.reward_model_training_settings`) with the CLI
+flags as overrides; ``lr`` is 5e-5 unless the config or a flag sets ``learner.lr``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError, ModelLoadError
 from agentrl.models import load_model, resolve_model_dir
 from agentrl.rewards.reward_model import encode_batch, ensure_pad_token, render_for_reward
+from agentrl.rewards.settings import RewardModelTrainingSettings
 
 Message = dict[str, Any]
 RECORD = "reward_model.json"
@@ -161,43 +162,28 @@ def pairwise_accuracy(
     return wins / len(pairs)
 
 
-RM_LR = 5e-5  # the reward model's learning rate unless learner.lr is set
-
-
 def train_reward_model(
     pairs_path: str | Path,
-    model: str | None,
     out: str | Path,
+    settings: RewardModelTrainingSettings | None = None,
     *,
-    cfg: Any = None,
-    epochs: int = 1,
-    lr: float | None = None,
-    batch_size: int = 8,
-    eval_fraction: float = 0.1,
-    max_length: int = 1024,
-    seed: int = 0,
-    device: str | None = None,
     log: Callable[[str], None] = print,
 ) -> RewardModelReport:
     """Train and save a reward model; returns the report (also in ``OUT/reward_model.json``).
-    `model` (None: ``model.name``), `lr` and `device` override the config's."""
+    `settings`: resolved by the run layer
+    (:func:`agentrl.run.settings.reward_model_training_settings`, the CLI flags applied)."""
     import torch
     import torch.nn.functional as F
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from agentrl.config import Config
     from agentrl.learner.core import CoreSettings, TrainerCore
     from agentrl.learner.precision import Precision
     from agentrl.models import _quiet_transformers
 
     _quiet_transformers()
-    cfg = cfg or Config()
-    model = model or cfg.model.name
-    lcfg = cfg.learner
-    if device is not None:
-        lcfg = lcfg.model_copy(update={"device": device})
-    if lr is None:
-        lr = lcfg.lr if "lr" in lcfg.model_fields_set else RM_LR
+    s = settings or RewardModelTrainingSettings()
+    model, epochs, batch_size, seed = s.model, s.epochs, s.batch_size, s.seed
+    eval_fraction, max_length = s.eval_fraction, s.max_length
     if not 0 <= eval_fraction < 1:
         raise DatasetError(f"--eval-fraction must be in [0, 1) (got {eval_fraction})")
     t0 = time.time()
@@ -205,7 +191,7 @@ def train_reward_model(
     random.Random(seed).shuffle(pairs)
     n_eval = max(1, round(len(pairs) * eval_fraction)) if eval_fraction > 0 else 0
     held_out, train = pairs[:n_eval], pairs[n_eval:]
-    precision = Precision.from_settings(lcfg)
+    precision = Precision.from_settings(s.train)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -220,12 +206,12 @@ def train_reward_model(
         if not getattr(tokenizer, "chat_template", None):  # scored as it is trained
             tokenizer.chat_template = load_template("hermes_chatml")[1]
         steps = epochs * math.ceil(len(train) / batch_size)
-        core = TrainerCore(rm, CoreSettings.of(lcfg, total_steps=steps, lr=lr), precision=precision)
+        core = TrainerCore(rm, CoreSettings.of(s.train, total_steps=steps), precision=precision)
         device = str(core.device)
         before = pairwise_accuracy(rm, tokenizer, held_out, max_length=max_length, device=device)
         rng = random.Random(seed + 1)
         epoch_loss = math.nan
-        micro = max(1, lcfg.micro_batch_size // 2)  # a pair is two sequences
+        micro = max(1, s.train.micro_batch_size // 2)  # a pair is two sequences
         for epoch in range(epochs):
             rm.train()
             order = list(train)

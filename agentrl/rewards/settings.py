@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agentrl.learner.settings import TrainSettings
+
 
 @dataclass(frozen=True)
 class RewardFunctionSettings:
@@ -59,3 +61,21 @@ class RewardSettings:
         return bool(
             self.functions or self.model or self.judge or self.process or self.process_model
         )
+
+
+RM_LR = 5e-5  # the reward model's learning rate unless learner.lr (or --lr) is set
+
+
+@dataclass(frozen=True)
+class RewardModelTrainingSettings:
+    """``agentrl rm train``: the base model (``model.name`` or ``--model``), its update
+    (``learner.*``, device and lr decided) and the command's flags; resolved by
+    :func:`agentrl.run.settings.reward_model_training_settings`."""
+
+    model: str = "smollm2-135m-instruct"
+    train: TrainSettings = field(default_factory=lambda: TrainSettings(lr=RM_LR))
+    epochs: int = 1
+    batch_size: int = 8
+    eval_fraction: float = 0.1
+    max_length: int = 1024
+    seed: int = 0

@@ -31,7 +31,7 @@ from agentrl.rewards import RewardPipeline
 from agentrl.rewards.settings import RewardSettings
 from agentrl.rollout import RolloutEngine
 from agentrl.rollout.settings import RolloutSettings
-from agentrl.run.settings import gateway_settings, rollout_settings
+from agentrl.run.settings import data_settings, gateway_settings, rollout_settings
 from agentrl.samplers import Sampler, sampler_from_settings
 from agentrl.samplers.settings import SamplerSettings
 
@@ -47,7 +47,7 @@ def build_env(cfg: Config, split: str = "train") -> AnyEnvironment:
         options.update(cfg.env.eval_options)
     env = make_env(cfg.env.name, **options)
     if cfg.data.path is not None:
-        attach_dataset(env, cfg.data, split)
+        attach_dataset(env, data_settings(cfg), split)
     return env
 
 

@@ -26,7 +26,6 @@ from typing import Any
 import anyio
 
 from agentrl.config import Config
-from agentrl.devices import resolve_device
 from agentrl.errors import CheckpointError, ConfigError
 from agentrl.models import load_model
 from agentrl.preference.losses import PREFERENCE_LOSSES
@@ -36,6 +35,7 @@ from agentrl.preference.trainer import PreferenceTrainer
 from agentrl.run.checkpoint import has_checkpoint, save_run_checkpoint
 from agentrl.run.export import write_model_folder
 from agentrl.run.runtime import assemble
+from agentrl.run.settings import preference_settings
 from agentrl.runfolder import CONFIG, METRICS, REPORT, MetricsFile
 from agentrl.types import TrajectoryGroup
 from agentrl.weights import WeightBus
@@ -66,7 +66,7 @@ async def online_preference(
 ) -> OnlineReport:
     """Run ``preference.rounds`` rounds of rollouts -> pairs -> training -> publish."""
     t0 = time.time()
-    pc = cfg.preference
+    pc = preference_settings(cfg)
     if PREFERENCE_LOSSES.unpaired(pc.loss):
         raise ConfigError(
             f"online preference runs train on best-vs-worst pairs: preference.loss={pc.loss} "
@@ -78,13 +78,13 @@ async def online_preference(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG).write_text(cfg.to_yaml())
     metrics = MetricsFile(run_dir / METRICS)
-    device = resolve_device(cfg.learner.device, "learner.device")
+    device = pc.train.torch_device
     run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout"))
     model, tokenizer = await anyio.to_thread.run_sync(
         lambda: load_model(cfg.model.name, dtype="float32", device=device, seed=cfg.model.seed)
     )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    trainer = PreferenceTrainer(model, cfg, device, pad_id)
+    trainer = PreferenceTrainer(model, pc, device, pad_id)
     bus = WeightBus()
     bus.register(run.sampler)
     report = OnlineReport(run_dir=str(run_dir), model=str(out or run_dir / "model"))

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from pydantic import BaseModel
 
-from agentrl.config import Config, RewardFunctionConfig
+from agentrl.config import Config, RewardFunctionConfig, load_config
 from agentrl.devices import Budget, check_budgets, resolve_device, sharing_kind
-from agentrl.errors import ConfigError
+from agentrl.envs.dataset import DataSettings
+from agentrl.errors import CheckpointError, ConfigError
 from agentrl.learner.settings import (
     AlgorithmSettings,
     LearnerSettings,
@@ -36,7 +38,14 @@ from agentrl.learner.settings import (
     TrainSettings,
 )
 from agentrl.models import load_dtype
-from agentrl.rewards.settings import JudgeSettings, RewardFunctionSettings, RewardSettings
+from agentrl.preference.settings import PreferenceSettings
+from agentrl.rewards.settings import (
+    RM_LR,
+    JudgeSettings,
+    RewardFunctionSettings,
+    RewardModelTrainingSettings,
+    RewardSettings,
+)
 from agentrl.rollout.settings import (
     BranchingSettings,
     GroupHookSettings,
@@ -45,6 +54,7 @@ from agentrl.rollout.settings import (
 )
 from agentrl.samplers import on_update_policy
 from agentrl.samplers.settings import SamplerSettings
+from agentrl.training.settings import SFT_LR, SFTSettings, ToolSource
 
 if TYPE_CHECKING:
     from agentrl.gateway.service import GatewaySettings
@@ -139,22 +149,10 @@ def learner_settings(
     sampler: SamplerSettings | None = None,
 ) -> LearnerSettings:
     """What the learner needs; resolves ``learner.device`` (an error names the key)."""
-    device = resolve_device(cfg.learner.device, "learner.device")
-    lora = cfg.model.lora
     return LearnerSettings(
         objective=objective or objective_settings(cfg),
-        train=mirror(
-            TrainSettings,
-            cfg.learner,
-            device=str(device),
-            weight_sharing=sharing_kind(cfg.learner.weight_sharing, device),
-        ),
-        model=PolicyModelSettings(
-            name=cfg.model.name,
-            seed=cfg.model.seed,
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-            lora=None if lora is None else mirror(LoraSettings, lora),
-        ),
+        train=train_settings(cfg),
+        model=policy_model_settings(cfg),
         temperature=cfg.sampler.temperature,
         total_steps=cfg.orchestrator.max_steps,
         seed=cfg.orchestrator.seed,
@@ -295,4 +293,129 @@ def resolve(cfg: Config, role: str = "train") -> Settings:
         asynchronous=is_asynchronous(cfg),
         learner_worker=learner_worker(cfg) if role == "train" else "thread",
         budgets=budgets,
+    )
+
+
+# --- the training modes (agentrl dpo, sft, rm train) ----------------------------------------
+
+
+def data_settings(cfg: Config) -> DataSettings:
+    """``data`` as the dataset source reads it."""
+    return mirror(DataSettings, cfg.data, answer_explicit="answer" in cfg.data.model_fields_set)
+
+
+def train_settings(cfg: Config, **overrides: Any) -> TrainSettings:
+    """``learner.*`` with ``learner.device`` resolved (an error names the key); `overrides`
+    that are not None win (a mode's CLI flags, e.g. ``--device``, ``--lr``)."""
+    lc = cfg.learner.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    device = resolve_device(lc.device, "learner.device")
+    return mirror(
+        TrainSettings,
+        lc,
+        device=str(device),
+        weight_sharing=sharing_kind(lc.weight_sharing, device),
+    )
+
+
+def policy_model_settings(cfg: Config, name: str | None = None) -> PolicyModelSettings:
+    """``model``: the policy a mode trains (`name` overrides ``model.name``)."""
+    lora = cfg.model.lora
+    return PolicyModelSettings(
+        name=name or cfg.model.name,
+        seed=cfg.model.seed,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        lora=None if lora is None else mirror(LoraSettings, lora),
+    )
+
+
+def tool_source(cfg: Config) -> ToolSource | None:
+    """The config's environment, for rows without their own tools (only when it names one)."""
+    if "name" not in cfg.env.model_fields_set:
+        return None
+    return ToolSource(cfg.env.name, dict(cfg.env.options))
+
+
+def preference_settings(cfg: Config) -> PreferenceSettings:
+    """``preference.*`` with the learner, policy and data settings ``agentrl dpo`` trains with."""
+    pc = cfg.preference
+    return mirror(
+        PreferenceSettings,
+        pc,
+        options=dict(pc.options),
+        train=train_settings(cfg),
+        model=policy_model_settings(cfg),
+        chat_template=cfg.model.chat_template,
+        tools=tool_source(cfg),
+        data=data_settings(cfg),
+        config_yaml=cfg.to_yaml(),
+    )
+
+
+def preference_settings_of_run(run_dir: str | Path) -> PreferenceSettings:
+    """The settings a preference run started with (its ``config.yaml``), for ``--resume``."""
+    from agentrl.runfolder import CONFIG
+
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        raise CheckpointError(f"--resume: {run_dir} has no {CONFIG} (not a dpo run)")
+    return preference_settings(load_config(path))
+
+
+def mode_lr(cfg: Config, lr: float | None, default: float) -> float:
+    """A mode's learning rate: the flag, else ``learner.lr`` when the user set it, else the
+    mode's own `default` (RL's 1e-6 is too small for SFT and reward models)."""
+    if lr is not None:
+        return lr
+    return cfg.learner.lr if "lr" in cfg.learner.model_fields_set else default
+
+
+def sft_settings(
+    cfg: Config,
+    *,
+    model_name: str | None = None,
+    lr: float | None = None,
+    device: str | None = None,
+    epochs: int = 1,
+    batch_size: int = 8,
+    max_length: int = 2048,
+    eval_fraction: float = 0.0,
+    seed: int = 0,
+) -> SFTSettings:
+    """``agentrl sft``: ``model.*`` and ``learner.*``, its flags overriding (`model_name`:
+    ``model.name``, `lr`: ``learner.lr``, else SFT's 1e-5; `device`: ``learner.device``)."""
+    return SFTSettings(
+        model=policy_model_settings(cfg, model_name),
+        train=train_settings(cfg, lr=mode_lr(cfg, lr, SFT_LR), device=device),
+        chat_template=cfg.model.chat_template,
+        tools=tool_source(cfg),
+        epochs=epochs,
+        batch_size=batch_size,
+        max_length=max_length,
+        eval_fraction=eval_fraction,
+        seed=seed,
+    )
+
+
+def reward_model_training_settings(
+    cfg: Config,
+    *,
+    model: str | None = None,
+    lr: float | None = None,
+    device: str | None = None,
+    epochs: int = 1,
+    batch_size: int = 8,
+    eval_fraction: float = 0.1,
+    max_length: int = 1024,
+    seed: int = 0,
+) -> RewardModelTrainingSettings:
+    """``agentrl rm train``: the base model (`model`, else ``model.name``) and ``learner.*``,
+    its flags overriding (`lr`: ``learner.lr``, else 5e-5; `device`: ``learner.device``)."""
+    return RewardModelTrainingSettings(
+        model=model or cfg.model.name,
+        train=train_settings(cfg, lr=mode_lr(cfg, lr, RM_LR), device=device),
+        epochs=epochs,
+        batch_size=batch_size,
+        eval_fraction=eval_fraction,
+        max_length=max_length,
+        seed=seed,
     )

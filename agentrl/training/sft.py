@@ -14,9 +14,9 @@ and tools are the RL run's when ``--config`` names it.
 
 It trains on the trainer core (:mod:`agentrl.learner.core`) and reads the sections RL reads:
 ``model.*`` (name, LoRA, chat template), ``learner.*`` (lr, betas, weight decay, clipping,
-schedule, micro-batch size, device, precision, compile). The function's arguments (the CLI
-flags) override them; ``lr`` is SFT's own 1e-5 unless the config or a flag sets
-``learner.lr``.
+schedule, micro-batch size, device, precision, compile), resolved by the run layer
+(:func:`agentrl.run.settings.sft_settings`) with the CLI flags as overrides; ``lr`` is SFT's
+own 1e-5 unless the config or a flag sets ``learner.lr``.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.chat import ChatRenderer, ChatTranscript
-from agentrl.config import Config
 from agentrl.envs import make_env
 from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError, TemplateMismatchError
 from agentrl.models import load_model
 from agentrl.run.export import write_model_folder
+from agentrl.training.settings import SFTSettings, ToolSource
 
 Message = dict[str, Any]
 
@@ -136,9 +136,6 @@ class SFTReport:
     seconds: float
 
 
-SFT_LR = 1e-5  # SFT's learning rate unless learner.lr is set (RL's default is 1e-6)
-
-
 def trained_positions(example: Example) -> int:
     """The tokens `example` is trained on (the first token is predicted from nothing)."""
     return int(sum(example.loss_mask[1:]))
@@ -183,54 +180,53 @@ def _mean_loss(core: Any, examples: Sequence[Example], pad_id: int, bs: int) -> 
     return total / max(count, 1)
 
 
+def renderer_factory(
+    tools: ToolSource | None, template: str | None, tokenizer: Any, rows_need_env: bool
+) -> Callable[[list[Any] | None], ChatRenderer]:
+    """A renderer per tool list: a row's own tools, else the config's environment's
+    (`tools`, when the config names one); `template`: ``model.chat_template``."""
+    env_tools = None
+    if rows_need_env and tools is not None:
+        env_tools = make_env(tools.name, **tools.options).tool_schemas()
+    cache: dict[str, ChatRenderer] = {}
+
+    def renderer_for(row_tools: list[Any] | None) -> ChatRenderer:
+        row_tools = row_tools if row_tools is not None else env_tools
+        key = json.dumps(row_tools, sort_keys=True)
+        if key not in cache:
+            cache[key] = ChatRenderer(tokenizer, tools=row_tools, template=template)
+        return cache[key]
+
+    return renderer_for
+
+
 def train_sft(
     data: str | Path,
     out: str | Path,
+    settings: SFTSettings | None = None,
     *,
-    cfg: Any = None,
-    model_name: str | None = None,
-    epochs: int = 1,
-    lr: float | None = None,
-    batch_size: int = 8,
-    max_length: int = 2048,
-    eval_fraction: float = 0.0,
-    seed: int = 0,
-    device: str | None = None,
     log: Callable[[str], None] = print,
 ) -> SFTReport:
     """Fine-tune on the transcripts of `data`; writes a model folder RL can start from
-    (``model.name=OUT``) and returns the report. `model_name`, `lr` and `device`
-    override ``model.name``, ``learner.lr`` and ``learner.device``."""
+    (``model.name=OUT``) and returns the report. `settings`: resolved by the run layer
+    (:func:`agentrl.run.settings.sft_settings`, the CLI flags applied)."""
     import torch
 
     from agentrl.learner.core import CoreSettings, TrainerCore
     from agentrl.learner.precision import Precision
 
-    cfg = cfg or Config()
-    name = model_name or cfg.model.name
+    s = settings or SFTSettings()
+    name, seed, batch_size, max_length = s.model.name, s.seed, s.batch_size, s.max_length
     t0 = time.time()
     rows = read_transcripts(data)
-    lcfg = cfg.learner
-    if device is not None:
-        lcfg = lcfg.model_copy(update={"device": device})
-    if lr is None:
-        lr = lcfg.lr if "lr" in lcfg.model_fields_set else SFT_LR
-    precision = Precision.from_settings(lcfg)
+    precision = Precision.from_settings(s.train)
     torch.manual_seed(seed)
     model, tokenizer = load_model(
-        name, dtype="float32", device=str(precision.device), seed=cfg.model.seed
+        name, dtype="float32", device=str(precision.device), seed=s.model.seed
     )
-    env_tools = None
-    if any(tools is None for _, _, tools in rows) and "name" in cfg.env.model_fields_set:
-        env_tools = make_env(cfg.env.name, **cfg.env.options).tool_schemas()
-    renderers: dict[str, Any] = {}
-
-    def renderer_for(tools: list[Any] | None) -> Any:
-        tools = tools if tools is not None else env_tools
-        key = json.dumps(tools, sort_keys=True)
-        if key not in renderers:
-            renderers[key] = ChatRenderer(tokenizer, tools=tools, template=cfg.model.chat_template)
-        return renderers[key]
+    renderer_for = renderer_factory(
+        s.tools, s.chat_template, tokenizer, any(tools is None for _, _, tools in rows)
+    )
 
     examples, skipped = [], 0
     for where, messages, tools in rows:
@@ -244,22 +240,22 @@ def train_sft(
     if not examples:
         raise DatasetError(f"{data}: every transcript is longer than --max-length {max_length}")
     random.Random(seed).shuffle(examples)
-    n_eval = round(len(examples) * eval_fraction) if eval_fraction > 0 else 0
+    n_eval = round(len(examples) * s.eval_fraction) if s.eval_fraction > 0 else 0
     held_out, train = examples[:n_eval], examples[n_eval:]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    steps = epochs * math.ceil(len(train) / batch_size)
+    steps = s.epochs * math.ceil(len(train) / batch_size)
     core = TrainerCore(
         model,
-        CoreSettings.of(lcfg, total_steps=steps, lr=lr),
+        CoreSettings.of(s.train, total_steps=steps),
         precision=precision,
-        lora=cfg.model.lora,
+        lora=s.model.lora,
     )
     core.compile_layers({"policy": core.model})
     before = _mean_loss(core, held_out, pad_id, batch_size)
-    micro = max(1, lcfg.micro_batch_size)
+    micro = max(1, s.train.micro_batch_size)
     rng = random.Random(seed + 1)
     train_loss = math.nan
-    for epoch in range(epochs):
+    for epoch in range(s.epochs):
         core.model.train()
         order = list(train)
         rng.shuffle(order)
@@ -278,7 +274,7 @@ def train_sft(
             core.end_step()
             total, count = total + float(done.loss) * n, count + n
         train_loss = total / max(count, 1)
-        log(f"epoch {epoch + 1}/{epochs}: assistant-token loss {train_loss:.4f}")
+        log(f"epoch {epoch + 1}/{s.epochs}: assistant-token loss {train_loss:.4f}")
     core.model.eval()
     after = _mean_loss(core, held_out, pad_id, batch_size)
     report = SFTReport(
@@ -292,7 +288,7 @@ def train_sft(
         seconds=time.time() - t0,
     )
     write_model_folder(
-        core.plain_model(lambda: load_model(name, dtype="float32", seed=cfg.model.seed)[0]),
+        core.plain_model(lambda: load_model(name, dtype="float32", seed=s.model.seed)[0]),
         renderer_for(None),
         out,
         record={"base_model": name, "sft_data": str(data), "sft": report.__dict__},

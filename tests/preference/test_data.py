@@ -13,6 +13,7 @@ from agentrl.config import load_config
 from agentrl.errors import DatasetError
 from agentrl.models import load_tokenizer
 from agentrl.preference.data import encode_pairs, encode_unpaired, read_jsonl_rows, read_rows
+from agentrl.run.settings import data_settings
 from agentrl.training.sft import encode_transcript
 
 TOOL = {
@@ -156,8 +157,8 @@ def test_a_datasets_folder_through_the_data_section(tmp_path: Path) -> None:
         [{"prompt": f"q{i}", "chosen": "a", "rejected": "b"} for i in range(3)],
     )
     cfg = load_config(overrides=[f"data.path={folder}"])
-    rows = read_rows(None, cfg.data)
+    rows = read_rows(None, data_settings(cfg))
     assert len(rows) == 3 and rows[0].where.endswith("(split 'train', row 0)")
     write(folder / "train.jsonl", [{"question": "q"}])
     with pytest.raises(DatasetError, match="no 'chosen' column"):
-        read_rows(None, cfg.data)
+        read_rows(None, data_settings(cfg))

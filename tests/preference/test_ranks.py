@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from agentrl.config import load_config
 from agentrl.preference.run import train_preference
+from agentrl.run.settings import preference_settings
 from tests.learner.ranks import free_port, run_ranks
 from tests.preference.ranks_worker import SETTINGS, config
 from tests.preference.test_data import write
@@ -53,7 +54,7 @@ def weights_before(run: Path) -> dict[str, torch.Tensor]:
 def test_dpo_on_two_fsdp_ranks_trains_the_one_process_weights(tmp_path: Path) -> None:
     data = write(tmp_path / "pairs.jsonl", text_pairs(12))
     one = tmp_path / "one"
-    train_preference(data, one, cfg=config(1, "ddp"), log=lambda _: None)
+    train_preference(data, one, settings=preference_settings(config(1, "ddp")), log=lambda _: None)
     two = tmp_path / "two"
     run_ranks(
         "tests.preference.ranks_worker",
@@ -74,9 +75,13 @@ def test_dpo_on_two_fsdp_ranks_trains_the_one_process_weights(tmp_path: Path) ->
 def test_dpo_with_compiled_layers_trains_like_eager(tmp_path: Path) -> None:
     data = write(tmp_path / "pairs.jsonl", text_pairs(12))
     eager = tmp_path / "eager"
-    train_preference(data, eager, cfg=config(1, "ddp"), log=lambda _: None)
+    train_preference(
+        data, eager, settings=preference_settings(config(1, "ddp")), log=lambda _: None
+    )
     on = tmp_path / "compiled"
     cfg = load_config(overrides=[*SETTINGS, "learner.compile=on"])
     # aot_eager: inductor's codegen takes minutes of a 2-core CPU
-    train_preference(data, on, cfg=cfg, log=lambda _: None, compile_backend="aot_eager")
+    train_preference(
+        data, on, settings=preference_settings(cfg), log=lambda _: None, compile_backend="aot_eager"
+    )
     assert_same_training(on, eager)

@@ -17,6 +17,7 @@ from agentrl.models import load_model
 from agentrl.preference import pairs_from_groups, step_pairs
 from agentrl.preference.trainer import PreferenceTrainer
 from agentrl.run.online_preference import online_preference
+from agentrl.run.settings import preference_settings
 from agentrl.types import Segment, Trajectory, TrajectoryGroup
 
 PROMPT = list(range(100, 120))
@@ -75,7 +76,7 @@ def test_step_pairs_train_only_the_tokens_after_the_fork(monkeypatch: pytest.Mon
     # through the trainer: the loss's gradient reaches no token before the fork
     cfg = load_config(overrides=["model.name=tiny-llama", "learner.fused_logprobs=off"])
     model, _ = load_model("tiny-llama", dtype="float32")
-    trainer = PreferenceTrainer(model, cfg, torch.device("cpu"), pad_id=0)
+    trainer = PreferenceTrainer(model, preference_settings(cfg), torch.device("cpu"), pad_id=0)
     seen = []
     real = trainer_module.token_logprobs
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from agentrl.cli import app
 from agentrl.config import load_config
 from agentrl.preference.run import REFERENCE_CACHE, train_preference
+from agentrl.run.settings import preference_settings, preference_settings_of_run
 from tests.preference.test_data import tool_pair, write
 
 BASE = [
@@ -49,7 +50,9 @@ def mixed_pairs() -> list[dict]:
 def test_each_loss_trains_end_to_end(tmp_path: Path, loss: str) -> None:
     data = write(tmp_path / "pairs.jsonl", mixed_pairs())
     cfg = load_config(overrides=[*BASE, f"preference.loss={loss}", "preference.epochs=2"])
-    report = train_preference(data, tmp_path / "run", cfg=cfg, log=lambda _: None)
+    report = train_preference(
+        data, tmp_path / "run", settings=preference_settings(cfg), log=lambda _: None
+    )
     train = [m for m in metrics(tmp_path / "run") if m["kind"] == "train"]
     assert report.steps == len(train) == 2
     # one batch holds the whole train split, so both steps see the same examples
@@ -76,7 +79,7 @@ def test_tdpo_sequential_kl_is_the_full_distributions_kl() -> None:
 
     cfg = load_config(overrides=[*BASE, "preference.loss=tdpo", "learner.logprob_chunk=3"])
     model, _ = load_model("tiny-llama", dtype="float32", seed=0)
-    trainer = PreferenceTrainer(model, cfg, torch.device("cpu"), 0)
+    trainer = PreferenceTrainer(model, preference_settings(cfg), torch.device("cpu"), 0)
     seqs = [
         Completion([5, 9, 14, 3, 7, 21, 4], [0, 0, 1, 1, 0, 1, 1]),
         Completion([5, 9, 8, 30], [0, 0, 1, 1]),
@@ -118,7 +121,10 @@ def test_the_reference_is_computed_once_and_resume_is_exact(
         *([f"model.lora={lora}"] if lora else []),
     ]
     full = train_preference(
-        data, tmp_path / "full", cfg=load_config(overrides=over), log=lambda _: None
+        data,
+        tmp_path / "full",
+        settings=preference_settings(load_config(overrides=over)),
+        log=lambda _: None,
     )
     assert not full.reference_cached
 
@@ -131,9 +137,15 @@ def test_the_reference_is_computed_once_and_resume_is_exact(
 
     with pytest.raises(Stop):
         train_preference(
-            data, tmp_path / "cut", cfg=load_config(overrides=over), log=stop_after_first_epoch
+            data,
+            tmp_path / "cut",
+            settings=preference_settings(load_config(overrides=over)),
+            log=stop_after_first_epoch,
         )
-    again = train_preference(None, tmp_path / "cut", resume=True, log=lambda _: None)
+    cut = tmp_path / "cut"
+    again = train_preference(
+        None, cut, settings=preference_settings_of_run(cut), resume=True, log=lambda _: None
+    )
     assert again.reference_cached and again.steps == full.steps
     from safetensors.torch import load_file
 
@@ -186,7 +198,9 @@ def test_lora_trains_only_the_adapters_and_writes_merged_weights(tmp_path: Path)
             "model.lora={r: 4, alpha: 8}",
         ]
     )
-    report = train_preference(data, tmp_path / "run", cfg=cfg, log=lambda _: None)
+    report = train_preference(
+        data, tmp_path / "run", settings=preference_settings(cfg), log=lambda _: None
+    )
     first, last = [m for m in metrics(tmp_path / "run") if m["kind"] == "train"]
     assert last["loss"] < first["loss"] and last["rewards/margin"] > first["rewards/margin"]
 

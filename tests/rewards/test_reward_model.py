@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentrl.config import load_config
+from agentrl.config import Config, load_config
 from agentrl.errors import ConfigError, DatasetError
 from agentrl.rewards.bradley_terry import read_pairs, train_reward_model
 from agentrl.rewards.reward_model import RewardModelScorer, render_for_reward
@@ -20,6 +20,7 @@ from agentrl.rollout.sinks import read_groups
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.plotting import read_steps
 from agentrl.run.runtime import assemble
+from agentrl.run.settings import reward_model_training_settings
 
 GOOD = ["great", "correct", "right", "exactly", "yes", "true", "good", "indeed"]
 BAD = ["wrong", "bad", "false", "no", "incorrect", "never", "poor", "nonsense"]
@@ -68,15 +69,11 @@ def separable_pairs(path: Path, n: int = 80, seed: int = 0) -> Path:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("rm")
+    settings = reward_model_training_settings(
+        Config(), model="tiny-llama", epochs=2, lr=2e-3, eval_fraction=0.25, max_length=64
+    )
     report = train_reward_model(
-        separable_pairs(root / "prefs.jsonl"),
-        "tiny-llama",
-        root / "rm",
-        epochs=2,
-        lr=2e-3,
-        eval_fraction=0.25,
-        max_length=64,
-        log=lambda _: None,
+        separable_pairs(root / "prefs.jsonl"), root / "rm", settings, log=lambda _: None
     )
     return report, root / "rm"
 

@@ -10,10 +10,11 @@ import anyio
 import pytest
 
 from agentrl.chat import ChatRenderer
-from agentrl.config import load_config
+from agentrl.config import Config, load_config
 from agentrl.errors import DatasetError
 from agentrl.models import load_tokenizer
 from agentrl.run.runtime import assemble
+from agentrl.run.settings import sft_settings
 from agentrl.training.sft import encode_transcript, train_sft
 
 PYTHON_TOOL = {
@@ -79,18 +80,12 @@ def test_sft_learns_the_call_format_and_rl_starts_from_it(tmp_path: Path) -> Non
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": "hello"}) + "\n")
     with pytest.raises(DatasetError, match=r"bad\.jsonl:1: expected"):
-        train_sft(tmp_path / "bad.jsonl", tmp_path / "x", model_name="tiny-llama")
+        train_sft(
+            tmp_path / "bad.jsonl", tmp_path / "x", sft_settings(Config(), model_name="tiny-llama")
+        )
     cfg = load_config(overrides=["model.name=tiny-llama"])
-    report = train_sft(
-        data,
-        tmp_path / "sft",
-        cfg=cfg,
-        epochs=3,
-        lr=1e-2,
-        batch_size=4,
-        eval_fraction=0.2,
-        log=lambda _: None,
-    )
+    settings = sft_settings(cfg, epochs=3, lr=1e-2, batch_size=4, eval_fraction=0.2)
+    report = train_sft(data, tmp_path / "sft", settings, log=lambda _: None)
     assert report.examples == 16 and report.eval_examples == 4
     assert report.eval_loss < 0.5 * report.eval_loss_before  # held-out assistant tokens
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "sft")
