@@ -30,6 +30,7 @@ import torch
 from agentrl.errors import CheckpointError, ConfigError, DatasetError
 from agentrl.learner import compiled
 from agentrl.learner.settings import TrainSettings
+from agentrl.model_folder import write_model_folder
 from agentrl.models import load_model
 from agentrl.preference.data import (
     encode_pairs,
@@ -40,9 +41,15 @@ from agentrl.preference.data import (
 )
 from agentrl.preference.settings import PreferenceSettings
 from agentrl.preference.trainer import Example, PreferenceTrainer
-from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
-from agentrl.run.export import write_model_folder
-from agentrl.runfolder import CONFIG, METRICS, REPORT, MetricsFile
+from agentrl.runfolder import (
+    CONFIG,
+    METRICS,
+    REPORT,
+    MetricsFile,
+    has_checkpoint,
+    load_run_checkpoint,
+    save_run_checkpoint,
+)
 from agentrl.training.sft import renderer_factory
 
 DATA_RECORD = "preference_data.json"

@@ -13,10 +13,6 @@ Nothing is uploaded anywhere.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +20,10 @@ from agentrl.chat import ChatRenderer
 from agentrl.config import load_config
 from agentrl.envs import make_env
 from agentrl.errors import CheckpointError
+from agentrl.model_folder import write_model_folder
 from agentrl.models import load_model as load_base
 from agentrl.models import resolve_dtype
 from agentrl.runfolder import CHECKPOINTS, CONFIG, policy_weights_file, resolve_checkpoint
-
-EXPORT_RECORD = "agentrl_export.json"
 
 
 def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
@@ -36,8 +31,7 @@ def find_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG).is_file():
         raise CheckpointError(
-            f"{run_dir} is not a run directory (no {CONFIG}): pass the --run-dir of "
-            "`agentrl train`"
+            f"{run_dir} is not a run directory (no {CONFIG}): pass the --run-dir of `agentrl train`"
         )
     if step is None:
         return resolve_checkpoint(run_dir)
@@ -95,57 +89,3 @@ def export_checkpoint(
         "base_model": cfg.model.name,
     }
     return write_model_folder(model, renderer, out, sampler=cfg.sampler, record=record)
-
-
-def write_model_folder(
-    model: Any,
-    renderer: Any,
-    out: str | Path,
-    *,
-    sampler: Any = None,
-    record: dict[str, Any] | None = None,
-) -> Path:
-    """Save `model` with its renderer's tokenizer and chat template and a generation config
-    that stops where the renderer's turns end (sampling settings from `sampler`, a
-    :class:`~agentrl.config.SamplerConfig`, else greedy); written whole or not at all."""
-    import torch
-    from transformers import GenerationConfig
-
-    out = Path(out)
-    tokenizer = renderer.tokenizer
-    tokenizer.chat_template = renderer.chat_template
-    stop = list(renderer.stop_token_ids)
-    sampling: dict[str, Any] = {"do_sample": False}
-    if sampler is not None and sampler.temperature > 0:
-        sampling = {
-            "do_sample": True,
-            "temperature": sampler.temperature,
-            "top_p": sampler.top_p,
-            "top_k": sampler.top_k,
-        }
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0]
-    model.generation_config = GenerationConfig(
-        bos_token_id=getattr(model.config, "bos_token_id", None),
-        eos_token_id=stop[0] if len(stop) == 1 else stop,
-        pad_token_id=pad,
-        max_new_tokens=sampler.max_new_tokens if sampler is not None else 256,
-        **sampling,
-    )
-    record = {
-        **(record or {}),
-        "chat_template": renderer.template_name,
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        with torch.no_grad():
-            model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=1))
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out

@@ -32,11 +32,17 @@ from agentrl.preference.losses import PREFERENCE_LOSSES
 from agentrl.preference.rollouts import pairs_from_groups
 from agentrl.preference.run import save_trainer
 from agentrl.preference.trainer import PreferenceTrainer
-from agentrl.run.checkpoint import has_checkpoint, save_run_checkpoint
-from agentrl.run.export import write_model_folder
+from agentrl.model_folder import write_model_folder
 from agentrl.run.runtime import assemble
 from agentrl.run.settings import preference_settings
-from agentrl.runfolder import CONFIG, METRICS, REPORT, MetricsFile
+from agentrl.runfolder import (
+    CONFIG,
+    METRICS,
+    REPORT,
+    MetricsFile,
+    has_checkpoint,
+    save_run_checkpoint,
+)
 from agentrl.types import TrajectoryGroup
 from agentrl.weights import WeightBus
 

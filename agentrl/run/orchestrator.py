@@ -26,7 +26,6 @@ import anyio
 from agentrl.config import Config
 from agentrl.rollout.tasks import TaskCursor
 from agentrl.run.buffer import Buffer
-from agentrl.run.checkpoint import has_checkpoint, load_run_checkpoint, save_run_checkpoint
 from agentrl.run.evaluation import Evaluator
 from agentrl.run.events import (
     AdvantagesAssigned,
@@ -44,7 +43,7 @@ from agentrl.run.preflight import check_run_config
 from agentrl.run.process_settings import apply_process_settings
 from agentrl.run.runtime import assemble
 from agentrl.run.subscribers import subscribers_for
-from agentrl.runfolder import CONFIG
+from agentrl.runfolder import CONFIG, has_checkpoint, load_run_checkpoint, save_run_checkpoint
 from agentrl.types import TrajectoryGroup
 
 log = logging.getLogger("agentrl.run.orchestrator")

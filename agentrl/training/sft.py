@@ -34,8 +34,8 @@ from agentrl.chat import ChatRenderer, ChatTranscript
 from agentrl.envs import make_env
 from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError, TemplateMismatchError
+from agentrl.model_folder import write_model_folder
 from agentrl.models import load_model
-from agentrl.run.export import write_model_folder
 from agentrl.training.settings import SFTSettings, ToolSource
 
 Message = dict[str, Any]

@@ -11,9 +11,9 @@ import torch
 
 from agentrl.config import load_config
 from agentrl.errors import CheckpointError
-from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.run.export import export_checkpoint
 from agentrl.run.orchestrator import Orchestrator
+from agentrl.runfolder import latest_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.run.checkpoint import LOOP_STATE, latest_checkpoint
+from agentrl.runfolder import LOOP_STATE, latest_checkpoint
 from tests import waiting
 
 REPO = Path(__file__).resolve().parents[2]

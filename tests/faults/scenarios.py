@@ -504,11 +504,11 @@ def corrupt_latest(run_dir: Path, max_steps: int = 4) -> dict[str, Any]:
     said: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("agentrl.run.checkpoint").addHandler(handler)
+    logging.getLogger("agentrl.runfolder").addHandler(handler)
     try:
         orch = run_in_process(run_dir, max_steps, resume=True)
     finally:
-        logging.getLogger("agentrl.run.checkpoint").removeHandler(handler)
+        logging.getLogger("agentrl.runfolder").removeHandler(handler)
     a = audit(run_dir)
     return {
         "scenario": "corrupt latest checkpoint",

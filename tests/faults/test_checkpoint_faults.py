@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.errors import CheckpointError, user_error
-from agentrl.run.checkpoint import latest_checkpoint, load_run_checkpoint
+from agentrl.runfolder import latest_checkpoint, load_run_checkpoint
 from tests.procs import live_descendants
 
 from .harness import audit, run_in_process
@@ -33,7 +33,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
     run_dir = tmp_path / "run"
     run_in_process(run_dir, 3)
     _corrupt(run_dir / "checkpoints" / "step_000003", "weights")
-    with caplog.at_level(logging.WARNING, logger="agentrl.run.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="agentrl.runfolder"):
         orch = run_in_process(run_dir, 4, resume=True)
     said = [r.getMessage() for r in caplog.records]
     assert any("step_000003 is unreadable" in m for m in said), said
@@ -51,7 +51,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
         shutil.copytree(run_dir, copy)
         _corrupt(copy / "checkpoints" / "step_000004", how)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="agentrl.run.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="agentrl.runfolder"):
             ckpt, state = load_run_checkpoint(copy)
         assert ckpt.name == "step_000003" and state["step"] == 3
         assert any("step_000004" in r.getMessage() for r in caplog.records)

@@ -31,8 +31,8 @@ CUDA = ["sampler.device=cuda", "learner.device=cuda"]
 def test_three_training_steps_on_cuda(tmp_path, worker):
     from safetensors.torch import load_file
 
-    from agentrl.run.checkpoint import latest_checkpoint
     from agentrl.run.events import WeightsPublished
+    from agentrl.runfolder import latest_checkpoint
 
     cfg = load_config(
         overrides=[

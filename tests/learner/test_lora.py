@@ -15,9 +15,9 @@ from agentrl.errors import CheckpointError, ConfigError
 from agentrl.learner import Learner
 from agentrl.learner.lora import AdaptersOff, adapter_state, apply_lora, has_lora, sampler_state
 from agentrl.models import tiny_llama
-from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.settings import resolve
+from agentrl.runfolder import latest_checkpoint
 from tests.learner.conftest import make_groups
 from tests.orchestrator.test_train import BASE
 

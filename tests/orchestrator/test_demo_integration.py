@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.run.plotting import read_steps
+from agentrl.runfolder import latest_checkpoint
 from tests.orchestrator.test_train import _trained_staleness
 
 REPO = Path(__file__).resolve().parents[2]

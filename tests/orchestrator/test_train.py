@@ -14,10 +14,10 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.errors import ConfigError
-from agentrl.run.checkpoint import latest_checkpoint
 from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.placement.learner_process import LearnerProcess
 from agentrl.run.plotting import read_steps
+from agentrl.runfolder import latest_checkpoint
 from tests.procs import alive
 from tests.waiting import wait_until
 

@@ -21,10 +21,10 @@ ray = pytest.importorskip("ray")
 
 from agentrl.config import load_config  # noqa: E402
 from agentrl.models import load_model  # noqa: E402
-from agentrl.run.checkpoint import latest_checkpoint  # noqa: E402
 from agentrl.run.events import BatchTrained, CheckpointSaved  # noqa: E402
 from agentrl.run.orchestrator import Orchestrator  # noqa: E402
 from agentrl.run.plotting import read_steps  # noqa: E402
+from agentrl.runfolder import latest_checkpoint  # noqa: E402
 from tests.orchestrator.test_train import BASE, REPO  # noqa: E402
 from tests.procs import alive, live_descendants  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402

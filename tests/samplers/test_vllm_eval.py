@@ -12,10 +12,10 @@ import anyio  # noqa: E402
 import torch  # noqa: E402
 
 from agentrl.config import load_config  # noqa: E402
-from agentrl.run.checkpoint import save_run_checkpoint  # noqa: E402
 from agentrl.run.components import load_learner  # noqa: E402
 from agentrl.run.evaluation import evaluate  # noqa: E402
 from agentrl.run.settings import resolve  # noqa: E402
+from agentrl.runfolder import save_run_checkpoint  # noqa: E402
 
 OVERRIDES = [
     "model.name=smollm2-135m-instruct",
