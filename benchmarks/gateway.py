@@ -65,7 +65,7 @@ class TwoTurnEnv(Environment):
     async def step(self, turn: AssistantTurn) -> StepResult:
         self.turn += 1
         if self.turn >= 2:
-            return StepResult(reward=float(len(turn.token_ids) % 2), done=True)
+            return StepResult(outcome=float(len(turn.token_ids) % 2), done=True)
         return StepResult(observations=[{"role": "user", "content": FOLLOW_UP}])
 
 

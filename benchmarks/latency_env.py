@@ -36,4 +36,4 @@ class LatencyEnv(Environment):
             await anyio.sleep(self.delay_s)  # the remote tool
             return StepResult(observations=[{"role": "user", "content": "result: 42"}])
         even = self._first is not None and self._first % 2 == 0
-        return StepResult(reward=1.0 if even else 0.0, done=True)
+        return StepResult(outcome=1.0 if even else 0.0, done=True)

@@ -63,7 +63,7 @@ class DelayToolEnv(Environment):
     async def step(self, turn: AssistantTurn) -> StepResult:
         self.turn += 1
         if self.turn > self.tool_turns:
-            return StepResult(reward=0.0, done=True)
+            return StepResult(outcome=0.0, done=True)
         t0 = time.perf_counter()
         if self.delay_s:
             await anyio.sleep(self.delay_s)

@@ -32,4 +32,4 @@ class ArithmeticEnv(Environment):
 
     async def step(self, turn: AssistantTurn) -> StepResult:
         assert self._answer is not None
-        return StepResult(reward=score(turn.text, self._answer), done=True)
+        return StepResult(outcome=score(turn.text, self._answer), done=True)
