@@ -23,16 +23,14 @@ from __future__ import annotations
 import ast
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any, Literal
 
-from agentrl.envs.coding.harness import HarnessLost, run_harness
+from agentrl.envs.coding.harness import grade_tests, harness_source
 from agentrl.sandbox import Sandbox, create_sandbox
 
-HARNESS_SOURCE = Path(__file__).with_name("_function_harness.py").read_text(encoding="utf-8")
+HARNESS_SOURCE = harness_source("_function_harness.py")
 
 RewardMode = Literal["all_pass", "fraction"]
-_START_GRACE_S = 20.0  # the sandbox and the harness starting, on a loaded machine
 
 
 def defines(source: str, name: str) -> bool:
@@ -127,19 +125,6 @@ class FunctionGrader:
             "test_timeout_s": self.test_timeout_s,
             "max_message_bytes": self.max_message_bytes,
         }
-        budget = len(tests) * (self.test_timeout_s + 2.0) + _START_GRACE_S
-        report = await run_harness(sandbox, HARNESS_SOURCE, config, timeout_s=budget)
-        if isinstance(report, HarnessLost):
-            return 0.0, {
-                **info,
-                "error": f"grading ended without a verdict ({report.status}): the answer "
-                f"broke the run; {report.detail}",
-            }
-        results = report.get("tests")
-        if not isinstance(results, list) or len(results) != len(tests):
-            return 0.0, {**info, "error": "the grading report is incomplete"}
-        passed = sum(1 for r in results if r.get("passed") is True)
-        info.update(tests=results, passed=passed)
-        if self.reward_mode == "fraction":
-            return (passed / len(tests) if tests else 0.0), info
-        return (1.0 if tests and passed == len(tests) else 0.0), info
+        return await grade_tests(
+            sandbox, HARNESS_SOURCE, config, info, self.reward_mode, "the answer"
+        )

@@ -37,6 +37,7 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agentrl.errors import SandboxError
@@ -57,6 +58,18 @@ def _report(obj):
         data = data[_os.write(1, data):]
 
 """
+
+
+_START_GRACE_S = 20.0  # the sandbox and the harness starting, on a loaded machine
+
+
+def harness_source(filename: str) -> str:
+    """A harness file of this folder after ``_answer_process.py`` (their shared protocol)."""
+    here = Path(__file__).parent
+    return "".join(
+        (here / name).read_text(encoding="utf-8") + "\n"
+        for name in ("_answer_process.py", filename)
+    )
 
 
 @dataclass
@@ -91,6 +104,38 @@ async def run_harness(
     if report.get("harness_error"):
         raise SandboxError(f"the grading harness failed: {report['harness_error']}")
     return report
+
+
+async def grade_tests(
+    sandbox: Any,
+    source: str,
+    config: dict[str, Any],
+    info: dict[str, Any],
+    reward_mode: str,
+    who: str,
+) -> tuple[float, dict[str, Any]]:
+    """Run ``source`` over ``config["tests"]``; (reward, info with ``tests`` and ``passed``).
+
+    ``reward_mode`` is ``fraction`` (passed / total) or ``all_pass``; a lost harness scores 0
+    with an error blaming ``who`` (the answer or the repository).
+    """
+    tests = config["tests"]
+    budget = len(tests) * (config["test_timeout_s"] + 2.0) + _START_GRACE_S
+    report = await run_harness(sandbox, source, config, timeout_s=budget)
+    if isinstance(report, HarnessLost):
+        return 0.0, {
+            **info,
+            "error": f"grading ended without a verdict ({report.status}): {who} "
+            f"broke the run; {report.detail}",
+        }
+    results = report.get("tests")
+    if not isinstance(results, list) or len(results) != len(tests):
+        return 0.0, {**info, "error": "the grading report is incomplete"}
+    passed = sum(1 for r in results if r.get("passed") is True)
+    info.update(tests=results, passed=passed)
+    if reward_mode == "fraction":
+        return (passed / len(tests) if tests else 0.0), info
+    return (1.0 if tests and passed == len(tests) else 0.0), info
 
 
 def _find_report(stdout: str, nonce: str, key: str) -> dict[str, Any] | None:

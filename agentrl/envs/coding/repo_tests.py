@@ -20,17 +20,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any, Literal
 
-from agentrl.envs.coding.harness import HarnessLost, run_harness
+from agentrl.envs.coding.harness import grade_tests, harness_source
 from agentrl.envs.coding.repo_diff import DiffError, apply_diff
 from agentrl.sandbox import Sandbox, create_sandbox
 
-HARNESS_SOURCE = Path(__file__).with_name("_repo_harness.py").read_text(encoding="utf-8")
+HARNESS_SOURCE = harness_source("_repo_harness.py")
 
 RewardMode = Literal["all_pass", "fraction"]
-_START_GRACE_S = 20.0  # the sandbox and the harness starting, on a loaded machine
 
 
 def repo_size_mb(task: dict[str, Any]) -> int:
@@ -103,22 +101,9 @@ class RepoGrader:
             "test_timeout_s": self.test_timeout_s,
             "max_message_bytes": self.max_message_bytes,
         }
-        budget = len(tests) * (self.test_timeout_s + 2.0) + _START_GRACE_S
-        report = await run_harness(sandbox, HARNESS_SOURCE, config, timeout_s=budget)
-        if isinstance(report, HarnessLost):
-            return 0.0, {
-                **info,
-                "error": f"grading ended without a verdict ({report.status}): the repository "
-                f"broke the run; {report.detail}",
-            }
-        results = report.get("tests")
-        if not isinstance(results, list) or len(results) != len(tests):
-            return 0.0, {**info, "error": "the grading report is incomplete"}
-        passed = sum(1 for r in results if r.get("passed") is True)
-        info.update(tests=results, passed=passed)
-        if self.reward_mode == "fraction":
-            return (passed / len(tests) if tests else 0.0), info
-        return (1.0 if tests and passed == len(tests) else 0.0), info
+        return await grade_tests(
+            sandbox, HARNESS_SOURCE, config, info, self.reward_mode, "the repository"
+        )
 
 
 def _split_id(test_id: str) -> dict[str, str]:
