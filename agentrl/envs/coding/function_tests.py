@@ -23,14 +23,12 @@ from __future__ import annotations
 import ast
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any
 
-from agentrl.envs.coding.harness import grade_tests, harness_source
+from agentrl.envs.coding.harness import HarnessGrader, harness_source
 from agentrl.sandbox import Sandbox, create_sandbox
 
 HARNESS_SOURCE = harness_source("_function_harness.py")
-
-RewardMode = Literal["all_pass", "fraction"]
 
 
 def defines(source: str, name: str) -> bool:
@@ -63,24 +61,11 @@ def answer_module(task: dict[str, Any], answer: str) -> tuple[str, str]:
     return (setup + "\n\n" if setup else "") + answer, "module"
 
 
-class FunctionGrader:
+class FunctionGrader(HarnessGrader):
     """Hidden-test grading of one function; one instance serves every episode."""
 
-    def __init__(
-        self,
-        reward: RewardMode = "all_pass",
-        test_timeout_s: float = 10.0,
-        memory_mb: int = 512,
-        max_message_bytes: int = 8 * 1024 * 1024,
-        concurrency: int = 8,
-    ) -> None:
-        if reward not in ("all_pass", "fraction"):
-            raise ValueError(f"reward must be 'all_pass' or 'fraction' (got {reward!r})")
-        self.reward_mode = reward
-        self.test_timeout_s = float(test_timeout_s)
-        self.memory_mb = int(memory_mb)
-        self.max_message_bytes = int(max_message_bytes)
-        self.concurrency = int(concurrency)
+    source = HARNESS_SOURCE
+    who = "the answer"
 
     def sandbox_limits(self) -> dict[str, Any]:
         """Limits of the grading sandbox (each grading run takes a fresh interpreter)."""
@@ -122,9 +107,5 @@ class FunctionGrader:
             "entry_point": task["entry_point"],
             "setup": str(task.get("setup") or ""),
             "tests": tests,
-            "test_timeout_s": self.test_timeout_s,
-            "max_message_bytes": self.max_message_bytes,
         }
-        return await grade_tests(
-            sandbox, HARNESS_SOURCE, config, info, self.reward_mode, "the answer"
-        )
+        return await self.run_tests(sandbox, config, info)

@@ -38,7 +38,7 @@ import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agentrl.errors import SandboxError
 
@@ -60,6 +60,7 @@ def _report(obj):
 """
 
 
+RewardMode = Literal["all_pass", "fraction"]
 _START_GRACE_S = 20.0  # the sandbox and the harness starting, on a loaded machine
 
 
@@ -106,36 +107,61 @@ async def run_harness(
     return report
 
 
-async def grade_tests(
-    sandbox: Any,
-    source: str,
-    config: dict[str, Any],
-    info: dict[str, Any],
-    reward_mode: str,
-    who: str,
-) -> tuple[float, dict[str, Any]]:
-    """Run ``source`` over ``config["tests"]``; (reward, info with ``tests`` and ``passed``).
+class HarnessGrader:
+    """Hidden tests run by a harness: the settings and the scoring both coding graders share.
 
-    ``reward_mode`` is ``fraction`` (passed / total) or ``all_pass``; a lost harness scores 0
-    with an error blaming ``who`` (the answer or the repository).
+    A subclass sets ``source`` (``harness_source(...)``) and ``who`` (whom a lost run blames).
     """
-    tests = config["tests"]
-    budget = len(tests) * (config["test_timeout_s"] + 2.0) + _START_GRACE_S
-    report = await run_harness(sandbox, source, config, timeout_s=budget)
-    if isinstance(report, HarnessLost):
-        return 0.0, {
-            **info,
-            "error": f"grading ended without a verdict ({report.status}): {who} "
-            f"broke the run; {report.detail}",
+
+    source: str
+    who: str
+
+    def __init__(
+        self,
+        reward: RewardMode = "all_pass",
+        test_timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        max_message_bytes: int = 8 * 1024 * 1024,
+        concurrency: int = 8,
+    ) -> None:
+        if reward not in ("all_pass", "fraction"):
+            raise ValueError(f"reward must be 'all_pass' or 'fraction' (got {reward!r})")
+        self.reward_mode = reward
+        self.test_timeout_s = float(test_timeout_s)
+        self.memory_mb = int(memory_mb)
+        self.max_message_bytes = int(max_message_bytes)
+        self.concurrency = int(concurrency)
+
+    async def run_tests(
+        self, sandbox: Any, config: dict[str, Any], info: dict[str, Any]
+    ) -> tuple[float, dict[str, Any]]:
+        """Run the harness over ``config["tests"]``; (reward, info with ``tests``, ``passed``).
+
+        The reward is passed / total (``fraction``) or all passed (``all_pass``); a lost
+        harness scores 0.
+        """
+        tests = config["tests"]
+        config = {
+            **config,
+            "test_timeout_s": self.test_timeout_s,
+            "max_message_bytes": self.max_message_bytes,
         }
-    results = report.get("tests")
-    if not isinstance(results, list) or len(results) != len(tests):
-        return 0.0, {**info, "error": "the grading report is incomplete"}
-    passed = sum(1 for r in results if r.get("passed") is True)
-    info.update(tests=results, passed=passed)
-    if reward_mode == "fraction":
-        return (passed / len(tests) if tests else 0.0), info
-    return (1.0 if tests and passed == len(tests) else 0.0), info
+        budget = len(tests) * (self.test_timeout_s + 2.0) + _START_GRACE_S
+        report = await run_harness(sandbox, self.source, config, timeout_s=budget)
+        if isinstance(report, HarnessLost):
+            return 0.0, {
+                **info,
+                "error": f"grading ended without a verdict ({report.status}): {self.who} "
+                f"broke the run; {report.detail}",
+            }
+        results = report.get("tests")
+        if not isinstance(results, list) or len(results) != len(tests):
+            return 0.0, {**info, "error": "the grading report is incomplete"}
+        passed = sum(1 for r in results if r.get("passed") is True)
+        info.update(tests=results, passed=passed)
+        if self.reward_mode == "fraction":
+            return (passed / len(tests) if tests else 0.0), info
+        return (1.0 if tests and passed == len(tests) else 0.0), info
 
 
 def _find_report(stdout: str, nonce: str, key: str) -> dict[str, Any] | None:
