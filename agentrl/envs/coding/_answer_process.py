@@ -31,15 +31,15 @@ WORKER_IO = r"""
 import importlib, importlib.util, os, pickle, struct, sys, traceback
 
 
-def _read(fd, n):
-    chunks = []
-    while n:
-        chunk = os.read(fd, n)
-        if not chunk:
-            raise EOFError
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
+req, resp = int(sys.argv[1]), int(sys.argv[2])
+_requests = os.fdopen(req, "rb")  # buffered: read(n) returns n bytes unless the pipe ends
+
+
+def _read(n):
+    data = _requests.read(n)
+    if len(data) < n:
+        raise EOFError
+    return data
 
 
 def _send(fd, obj):
@@ -57,8 +57,8 @@ def _serve(call):
     _send(resp, ("ready", None))
     while True:
         try:
-            (size,) = struct.unpack(">I", _read(req, 4))
-            request = pickle.loads(_read(req, size))
+            (size,) = struct.unpack(">I", _read(4))
+            request = pickle.loads(_read(size))
         except EOFError:
             break
         try:
@@ -71,9 +71,6 @@ def _serve(call):
             _send(resp, ("ok", value))
         except BaseException as e:
             _send(resp, ("unsendable", type(value).__name__ + ": " + _short(e)))
-
-
-req, resp = int(sys.argv[1]), int(sys.argv[2])
 """
 
 # Value types that may cross from the answer to the tests: the real classes, imported here.
