@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -25,3 +26,17 @@ def exit_on_user_error() -> Iterator[None]:
             raise
         typer.secho(f"error: {error}", fg="red", err=True)
         raise typer.Exit(2) from None
+
+
+def key_values(pairs: list[str], option: str, example: str) -> dict[str, Any]:
+    """``KEY=VALUE`` options as a dict; a VALUE that parses as JSON is that value, else text."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{option} expects KEY=VALUE (got {pair!r}), e.g. {example}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
