@@ -54,7 +54,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from agentrl._suggest import suggest
 from agentrl.errors import ConfigError, TemplateMismatchError
-from agentrl.types import NO_VERSION, Segment
+from agentrl.types import NO_VERSION, Segment, SegmentViews
 
 Message = dict[str, Any]
 OnMismatch = Literal["error", "resample"]
@@ -481,7 +481,7 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
-class ChatTranscript:
+class ChatTranscript(SegmentViews):
     """A conversation and its segments, built token in, token out (for rollouts and tests)."""
 
     def __init__(self, renderer: ChatRenderer, messages: Sequence[Message]) -> None:
@@ -536,11 +536,3 @@ class ChatTranscript:
             list(self.segments),
         )
         return new
-
-    @property
-    def input_ids(self) -> list[int]:
-        return [t for s in self.segments for t in s.token_ids]
-
-    @property
-    def loss_mask(self) -> list[int]:
-        return [1 if s.kind == "model" else 0 for s in self.segments for _ in s.token_ids]

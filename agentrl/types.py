@@ -126,8 +126,22 @@ class Turn:
         return cls(**d)
 
 
+class SegmentViews:
+    """Token-aligned views of ``self.segments`` (a trajectory, a transcript being built)."""
+
+    segments: list[Segment]
+
+    @property
+    def input_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [1 if s.kind == "model" else 0 for s in self.segments for _ in s.token_ids]
+
+
 @dataclass
-class Trajectory:
+class Trajectory(SegmentViews):
     """One sampled episode (or one leaf of a branch tree)."""
 
     segments: list[Segment] = field(default_factory=list)
@@ -146,14 +160,6 @@ class Trajectory:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     # --- derived views (aligned with input_ids) --------------------------------------
-
-    @property
-    def input_ids(self) -> list[int]:
-        return [t for s in self.segments for t in s.token_ids]
-
-    @property
-    def loss_mask(self) -> list[int]:
-        return [1 if s.kind == "model" else 0 for s in self.segments for _ in s.token_ids]
 
     @property
     def behavior_logprobs(self) -> list[float]:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
+from agentrl.commands._common import SetOpt, exit_on_user_error
 
 
 def dpo(
@@ -46,7 +46,6 @@ def dpo(
     ] = False,
 ) -> None:
     """Train on preferences; the result is a model folder and `agentrl export`-able checkpoints."""
-    from agentrl.errors import user_error
     from agentrl.run.preflight import load_run_config
 
     if online and data is not None:
@@ -68,7 +67,7 @@ def dpo(
             "--resume continues with RUN_DIR/config.yaml: drop --config, --set and the "
             "training options (or start a new --run-dir)"
         )
-    try:
+    with exit_on_user_error():
         from agentrl.preference.run import train_preference
         from agentrl.run.settings import preference_settings, preference_settings_of_run
 
@@ -94,12 +93,6 @@ def dpo(
         report = train_preference(
             data, run_dir, settings=settings, resume=resume, out=out, log=typer.echo
         )
-    except Exception as e:
-        error = user_error(e)
-        if error is None:
-            raise
-        typer.secho(f"error: {error}", fg="red", err=True)
-        raise typer.Exit(2) from None
     held = ""
     if report.eval_examples and report.eval_before and report.eval_after:
         held = (

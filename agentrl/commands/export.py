@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from agentrl.commands._common import exit_on_user_error
+
 
 def export(
     run_dir: Annotated[Path, typer.Argument(help="a run directory of `agentrl train`")],
@@ -20,14 +22,10 @@ def export(
     overwrite: Annotated[bool, typer.Option(help="replace a non-empty OUT")] = False,
 ) -> None:
     """Export a checkpoint: weights, config, tokenizer, chat template, generation config."""
-    from agentrl.errors import AgentRLError
     from agentrl.run.export import export_checkpoint
 
-    try:
+    with exit_on_user_error():
         path = export_checkpoint(run_dir, out, step=step, dtype=dtype, overwrite=overwrite)
-    except AgentRLError as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
-        raise typer.Exit(2) from None
     typer.echo(str(path))
 
 

@@ -8,20 +8,7 @@ from typing import Any
 
 import typer
 
-
-def _options(pairs: list[str]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise typer.BadParameter(
-                f"--option expects KEY=VALUE (got {pair!r}), e.g. reward=fraction"
-            )
-        try:
-            options[key.strip()] = json.loads(value)
-        except ValueError:
-            options[key.strip()] = value
-    return options
+from agentrl.commands._common import key_values
 
 
 def find_task(env: Any, task_id: str, seed: int) -> dict[str, Any]:
@@ -64,7 +51,7 @@ def register(app: typer.Typer) -> None:
         from agentrl.errors import AgentRLError
 
         try:
-            env = make_env(env_name, **_options(option))
+            env = make_env(env_name, **key_values(option, "--option", "reward=fraction"))
         except AgentRLError as e:
             raise typer.BadParameter(str(e), param_hint="ENV / --option") from None
         grade = getattr(env, "grade", None)

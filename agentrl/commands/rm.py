@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
+from agentrl.commands._common import SetOpt, exit_on_user_error
 
 
 def register(app: typer.Typer) -> None:
@@ -41,11 +41,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train a reward model (pairwise loss) and report held-out pairwise accuracy."""
         from agentrl.config import load_config
-        from agentrl.errors import AgentRLError
         from agentrl.rewards.bradley_terry import train_reward_model
         from agentrl.run.settings import reward_model_training_settings
 
-        try:
+        with exit_on_user_error():
             settings = reward_model_training_settings(
                 load_config(config, set_ or []),
                 model=model,
@@ -58,9 +57,6 @@ def register(app: typer.Typer) -> None:
                 device=device,
             )
             report = train_reward_model(pairs, out, settings, log=typer.echo)
-        except AgentRLError as e:
-            typer.secho(f"error: {e}", fg="red", err=True)
-            raise typer.Exit(2) from None
         typer.echo(
             f"held-out pairwise accuracy: {report.accuracy_before:.3f} before -> "
             f"{report.accuracy:.3f} after ({report.eval_pairs} pairs; trained on "

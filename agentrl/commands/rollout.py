@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from agentrl.commands._common import SetOpt, exit_on_user_error
+
 if TYPE_CHECKING:
     from rich.console import Console
 
     from agentrl.types import Trajectory, TrajectoryGroup
-
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
 
 
 def rollout(
@@ -34,7 +34,6 @@ def rollout(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from agentrl.errors import user_error
     from agentrl.rollout.sinks import JsonlSink
     from agentrl.rollout.summary import summarize
     from agentrl.run.preflight import load_run_config
@@ -67,17 +66,11 @@ def rollout(
                 await run.engine.produce(tasks, emit)
         return time.perf_counter() - t0
 
-    try:
+    with exit_on_user_error():
         cfg = load_run_config(config, set_ or [], "rollout")
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / CONFIG).write_text(cfg.to_yaml())
         elapsed = anyio.run(main)
-    except Exception as e:
-        error = user_error(e)
-        if error is None:
-            raise
-        typer.secho(f"error: {error}", fg="red", err=True)
-        raise typer.Exit(2) from None
     stats = summarize(groups)
     stats["wall_s"] = elapsed
     stats["episodes_per_s"] = stats["trajectories"] / elapsed if elapsed > 0 else float("nan")
@@ -264,15 +257,11 @@ def inspect(
     """Show one trajectory turn by turn: trained vs masked tokens, tool calls, reward, tree."""
     from rich.console import Console
 
-    from agentrl.errors import AgentRLError
     from agentrl.rollout.sinks import read_groups
 
     console = Console()
-    try:
+    with exit_on_user_error():
         groups = read_groups(path)
-    except AgentRLError as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
-        raise typer.Exit(2) from None
     flat = [(g, t) for g in groups for t in g.trajectories]
     if not flat:
         typer.secho(f"error: {path} holds no trajectories", fg="red", err=True)

@@ -8,6 +8,8 @@ from typing import Any
 
 import typer
 
+from agentrl.commands._common import key_values
+
 BACKEND_NAMES = ("bwrap", "docker", "subprocess")
 
 sandbox_app = typer.Typer(
@@ -15,21 +17,6 @@ sandbox_app = typer.Typer(
     help="Check and use the code-execution sandboxes.",
     no_args_is_help=True,
 )
-
-
-def _parse_limits(pairs: list[str]) -> dict[str, Any]:
-    limits: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise typer.BadParameter(
-                f"--limit expects KEY=VALUE (got {pair!r}), e.g. memory_mb=256"
-            )
-        try:
-            limits[key.strip()] = json.loads(value)
-        except ValueError:
-            limits[key.strip()] = value
-    return limits
 
 
 async def _probe(backend: str) -> tuple[bool, str]:
@@ -116,7 +103,7 @@ def exec_file(
     from agentrl.sandbox import create_sandbox
 
     code = file.read_text()
-    limits = _parse_limits(limit)
+    limits = key_values(limit, "--limit", "memory_mb=256")
     if allow_insecure:
         limits["allow_insecure"] = True
 

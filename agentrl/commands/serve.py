@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
+from agentrl.commands._common import SetOpt
 
 
 def serve(

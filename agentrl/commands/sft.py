@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
+from agentrl.commands._common import SetOpt, exit_on_user_error
 
 
 def sft(
@@ -35,12 +35,11 @@ def sft(
     ] = None,
 ) -> None:
     """Fine-tune on transcripts with assistant-only loss; RL starts from --out."""
-    from agentrl.errors import AgentRLError
     from agentrl.run.preflight import load_run_config
     from agentrl.run.settings import sft_settings
     from agentrl.training.sft import train_sft
 
-    try:
+    with exit_on_user_error():
         cfg = load_run_config(config, set_ or [], "sft")
         settings = sft_settings(
             cfg,
@@ -54,9 +53,6 @@ def sft(
             device=device,
         )
         report = train_sft(data, out, settings, log=typer.echo)
-    except AgentRLError as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
-        raise typer.Exit(2) from None
     held = (
         f"; held-out loss {report.eval_loss_before:.3f} -> {report.eval_loss:.3f}"
         if report.eval_examples

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from agentrl.commands._common import SetOpt, exit_on_user_error
+
 if TYPE_CHECKING:
     from agentrl.view import ViewServer
-
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
 
 
 def _default_run_dir(config: Path) -> Path:
@@ -41,12 +41,11 @@ def train(
     """Train an agent with the given config."""
     import anyio
 
-    from agentrl.errors import user_error
     from agentrl.run.orchestrator import train as run_train
     from agentrl.run.preflight import load_run_config
     from agentrl.runfolder import CONFIG
 
-    try:
+    with exit_on_user_error():
         if resume is not None:
             cfg_path = config if config.is_file() else resume / CONFIG
             cfg = load_run_config(cfg_path, set_ or [], "train")
@@ -60,12 +59,6 @@ def train(
         finally:
             if viewer is not None:
                 viewer.stop()
-    except Exception as e:
-        error = user_error(e)
-        if error is None:
-            raise
-        typer.secho(f"error: {error}", fg="red", err=True)
-        raise typer.Exit(2) from None
     if summary:
         _print_summary(target)
 
@@ -136,14 +129,10 @@ def plot(
     out: Annotated[Path | None, typer.Option(help="PNG path (default RUN_DIR/curves.png)")] = None,
 ) -> None:
     """Plot training curves (reward, success, entropy, KL, clip fraction, staleness, ...)."""
-    from agentrl.errors import AgentRLError
     from agentrl.run.plotting import plot_run
 
-    try:
+    with exit_on_user_error():
         typer.echo(str(plot_run(run_dir, out)))
-    except AgentRLError as e:
-        typer.secho(f"error: {e}", fg="red", err=True)
-        raise typer.Exit(2) from None
 
 
 def eval_(
@@ -161,20 +150,13 @@ def eval_(
     import anyio
 
     from agentrl.cpu import set_allocator
-    from agentrl.errors import user_error
     from agentrl.run.evaluation import evaluate, print_eval
     from agentrl.run.preflight import load_run_config
 
-    try:
+    with exit_on_user_error():
         cfg = load_run_config(config, set_ or [], "eval")
         set_allocator(cfg.orchestrator.cpu_allocator)  # before the sampler's thread starts
         result = anyio.run(evaluate, cfg, checkpoint, n_tasks, samples)
-    except Exception as e:
-        error = user_error(e)
-        if error is None:
-            raise
-        typer.secho(f"error: {error}", fg="red", err=True)
-        raise typer.Exit(2) from None
     print_eval(result)
     if out:
         out.write_text(json.dumps(result, indent=1))

@@ -323,17 +323,7 @@ class Session:
                 text=text,
             )
         )
-        sample.turns.append(
-            Turn(
-                index=len(sample.turns),
-                generated_tokens=len(gen.token_ids),
-                finish_reason=gen.finish_reason,
-                text=text,
-                gen_latency_s=latency_s,
-                on_update=gen.metadata.get("on_update"),
-                reprefilled_tokens=gen.metadata.get("reprefilled_tokens"),
-            )
-        )
+        sample.turns.append(gen.turn(len(sample.turns), text, latency_s))
         sample.last_model_ids = list(gen.token_ids)
 
     def trajectories(self, template: Trajectory) -> list[Trajectory]:

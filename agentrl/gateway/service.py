@@ -234,6 +234,16 @@ class Gateway:
         except PromptError as e:
             raise bad_request(str(e), code="context_length_exceeded") from e
 
+    async def _generate(self, plan: Plan, params: SamplingParams) -> tuple[list[Generation], float]:
+        """(generations, seconds) for ``plan``; no other call builds on its base meanwhile."""
+        plan.base.busy = True
+        try:
+            t_gen = time.perf_counter()
+            gens = await self._sample(plan.prompt_ids, params)
+            return gens, time.perf_counter() - t_gen
+        finally:
+            plan.base.busy = False
+
     # --- the two APIs ------------------------------------------------------------------------
 
     async def chat(self, session: Session, req: ChatCompletionRequest) -> Completed:
@@ -246,13 +256,7 @@ class Gateway:
         session.note_model(req.model)
         plan = session.plan_chat(req.messages, renderer, tkey)
         params = self._params(req, session, plan, stop_ids)
-        plan.base.busy = True
-        try:
-            t_gen = time.perf_counter()
-            gens = await self._sample(plan.prompt_ids, params)
-            gen_s = time.perf_counter() - t_gen
-        finally:
-            plan.base.busy = False
+        gens, gen_s = await self._generate(plan, params)
         parse = bool(req.tools) and req.tool_choice != "none"
         replies = []
         for gen in gens:
@@ -275,13 +279,7 @@ class Gateway:
         session.note_model(req.model)
         plan = session.plan_completion(req.single_prompt(), self._plain)
         params = self._params(req, session, plan, ())
-        plan.base.busy = True
-        try:
-            t_gen = time.perf_counter()
-            gens = await self._sample(plan.prompt_ids, params)
-            gen_s = time.perf_counter() - t_gen
-        finally:
-            plan.base.busy = False
+        gens, gen_s = await self._generate(plan, params)
         texts = [
             self.tokenizer.decode(
                 g.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False

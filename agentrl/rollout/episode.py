@@ -316,16 +316,7 @@ class EpisodeRunner:
                         text=text,
                     )
                 )
-                turn = Turn(
-                    index=len(traj.turns),
-                    generated_tokens=len(gen.token_ids),
-                    finish_reason=gen.finish_reason,
-                    text=text,
-                    gen_latency_s=gen_latency,
-                    on_update=gen.metadata.get("on_update"),
-                    reprefilled_tokens=gen.metadata.get("reprefilled_tokens"),
-                    state=acted_from,
-                )
+                turn = gen.turn(len(traj.turns), text, gen_latency, state=acted_from)
                 traj.turns.append(turn)
                 if state.initial_entropy is None and gen.entropies:
                     state.initial_entropy = mean_entropy(gen.entropies, entropy_k)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from agentrl.types import WeightsLike
+from agentrl.types import Turn, WeightsLike
 
 if TYPE_CHECKING:
     from agentrl.samplers.settings import SamplerSettings
@@ -63,6 +63,19 @@ class Generation:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def turn(self, index: int, text: str, latency_s: float, **more: Any) -> Turn:
+        """The trajectory's record of this continuation as its turn ``index``."""
+        return Turn(
+            index=index,
+            generated_tokens=len(self.token_ids),
+            finish_reason=self.finish_reason,
+            text=text,
+            gen_latency_s=latency_s,
+            on_update=self.metadata.get("on_update"),
+            reprefilled_tokens=self.metadata.get("reprefilled_tokens"),
+            **more,
+        )
 
 
 class Sampler(abc.ABC):

@@ -23,16 +23,12 @@ from __future__ import annotations
 import ast
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from agentrl.envs.coding.harness import HarnessLost, run_harness
+from agentrl.envs.coding.harness import HarnessGrader, harness_source
 from agentrl.sandbox import Sandbox, create_sandbox
 
-HARNESS_SOURCE = Path(__file__).with_name("_function_harness.py").read_text(encoding="utf-8")
-
-RewardMode = Literal["all_pass", "fraction"]
-_START_GRACE_S = 20.0  # the sandbox and the harness starting, on a loaded machine
+HARNESS_SOURCE = harness_source("_function_harness.py")
 
 
 def defines(source: str, name: str) -> bool:
@@ -65,24 +61,11 @@ def answer_module(task: dict[str, Any], answer: str) -> tuple[str, str]:
     return (setup + "\n\n" if setup else "") + answer, "module"
 
 
-class FunctionGrader:
+class FunctionGrader(HarnessGrader):
     """Hidden-test grading of one function; one instance serves every episode."""
 
-    def __init__(
-        self,
-        reward: RewardMode = "all_pass",
-        test_timeout_s: float = 10.0,
-        memory_mb: int = 512,
-        max_message_bytes: int = 8 * 1024 * 1024,
-        concurrency: int = 8,
-    ) -> None:
-        if reward not in ("all_pass", "fraction"):
-            raise ValueError(f"reward must be 'all_pass' or 'fraction' (got {reward!r})")
-        self.reward_mode = reward
-        self.test_timeout_s = float(test_timeout_s)
-        self.memory_mb = int(memory_mb)
-        self.max_message_bytes = int(max_message_bytes)
-        self.concurrency = int(concurrency)
+    source = HARNESS_SOURCE
+    who = "the answer"
 
     def sandbox_limits(self) -> dict[str, Any]:
         """Limits of the grading sandbox (each grading run takes a fresh interpreter)."""
@@ -124,22 +107,5 @@ class FunctionGrader:
             "entry_point": task["entry_point"],
             "setup": str(task.get("setup") or ""),
             "tests": tests,
-            "test_timeout_s": self.test_timeout_s,
-            "max_message_bytes": self.max_message_bytes,
         }
-        budget = len(tests) * (self.test_timeout_s + 2.0) + _START_GRACE_S
-        report = await run_harness(sandbox, HARNESS_SOURCE, config, timeout_s=budget)
-        if isinstance(report, HarnessLost):
-            return 0.0, {
-                **info,
-                "error": f"grading ended without a verdict ({report.status}): the answer "
-                f"broke the run; {report.detail}",
-            }
-        results = report.get("tests")
-        if not isinstance(results, list) or len(results) != len(tests):
-            return 0.0, {**info, "error": "the grading report is incomplete"}
-        passed = sum(1 for r in results if r.get("passed") is True)
-        info.update(tests=results, passed=passed)
-        if self.reward_mode == "fraction":
-            return (passed / len(tests) if tests else 0.0), info
-        return (1.0 if tests and passed == len(tests) else 0.0), info
+        return await self.run_tests(sandbox, config, info)

@@ -37,7 +37,8 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from agentrl.errors import SandboxError
 
@@ -57,6 +58,19 @@ def _report(obj):
         data = data[_os.write(1, data):]
 
 """
+
+
+RewardMode = Literal["all_pass", "fraction"]
+_START_GRACE_S = 20.0  # the sandbox and the harness starting, on a loaded machine
+
+
+def harness_source(filename: str) -> str:
+    """A harness file of this folder after ``_answer_process.py`` (their shared protocol)."""
+    here = Path(__file__).parent
+    return "".join(
+        (here / name).read_text(encoding="utf-8") + "\n"
+        for name in ("_answer_process.py", filename)
+    )
 
 
 @dataclass
@@ -91,6 +105,63 @@ async def run_harness(
     if report.get("harness_error"):
         raise SandboxError(f"the grading harness failed: {report['harness_error']}")
     return report
+
+
+class HarnessGrader:
+    """Hidden tests run by a harness: the settings and the scoring both coding graders share.
+
+    A subclass sets ``source`` (``harness_source(...)``) and ``who`` (whom a lost run blames).
+    """
+
+    source: str
+    who: str
+
+    def __init__(
+        self,
+        reward: RewardMode = "all_pass",
+        test_timeout_s: float = 10.0,
+        memory_mb: int = 512,
+        max_message_bytes: int = 8 * 1024 * 1024,
+        concurrency: int = 8,
+    ) -> None:
+        if reward not in ("all_pass", "fraction"):
+            raise ValueError(f"reward must be 'all_pass' or 'fraction' (got {reward!r})")
+        self.reward_mode = reward
+        self.test_timeout_s = float(test_timeout_s)
+        self.memory_mb = int(memory_mb)
+        self.max_message_bytes = int(max_message_bytes)
+        self.concurrency = int(concurrency)
+
+    async def run_tests(
+        self, sandbox: Any, config: dict[str, Any], info: dict[str, Any]
+    ) -> tuple[float, dict[str, Any]]:
+        """Run the harness over ``config["tests"]``; (reward, info with ``tests``, ``passed``).
+
+        The reward is passed / total (``fraction``) or all passed (``all_pass``); a lost
+        harness scores 0.
+        """
+        tests = config["tests"]
+        config = {
+            **config,
+            "test_timeout_s": self.test_timeout_s,
+            "max_message_bytes": self.max_message_bytes,
+        }
+        budget = len(tests) * (self.test_timeout_s + 2.0) + _START_GRACE_S
+        report = await run_harness(sandbox, self.source, config, timeout_s=budget)
+        if isinstance(report, HarnessLost):
+            return 0.0, {
+                **info,
+                "error": f"grading ended without a verdict ({report.status}): {self.who} "
+                f"broke the run; {report.detail}",
+            }
+        results = report.get("tests")
+        if not isinstance(results, list) or len(results) != len(tests):
+            return 0.0, {**info, "error": "the grading report is incomplete"}
+        passed = sum(1 for r in results if r.get("passed") is True)
+        info.update(tests=results, passed=passed)
+        if self.reward_mode == "fraction":
+            return (passed / len(tests) if tests else 0.0), info
+        return (1.0 if tests and passed == len(tests) else 0.0), info
 
 
 def _find_report(stdout: str, nonce: str, key: str) -> dict[str, Any] | None:
