@@ -7,7 +7,6 @@ fail here too. Every adversary also carries that wrong function (``return 0``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -149,6 +148,7 @@ def f(x):
 import os, time
 if os.fork() == 0:
     os.setsid()
+    # allow-sleep: the adversarial answer leaves a process that stalls for good
     time.sleep(10**6)
 """
     + WRONG,
@@ -241,15 +241,13 @@ async def test_a_wrong_answer_fails_with_the_failing_line(graded) -> None:
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIES))
 async def test_adversarial_answer_scores_zero(graded, name: str) -> None:
-    start = time.monotonic()
     try:
         reward, info = await graded(ADVERSARIES[name])
     except InfraError as e:  # the answer must not turn its failure into a masked episode
         pytest.fail(f"{name}: the answer made grading an infrastructure error: {e}")
     assert reward == 0.0, (name, info)
     assert info["passed"] == 0, (name, info)
-    # stalling costs the answer its tests' deadlines, never more (loaded machines: slack)
-    assert time.monotonic() - start < 2 * (TIMEOUT_S + 2) + 30, name
+    # a stalling answer ends at its tests' deadlines (a hang would hit pytest's timeout)
 
 
 async def test_the_reader_would_find_tests_left_on_disk(graded) -> None:

@@ -7,7 +7,6 @@ The hidden test expects values no wrong code returns (48611, 48612); the honest 
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -129,10 +128,8 @@ async def test_the_honest_fix_scores_1(graded) -> None:
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIES))
 async def test_adversarial_diff_scores_0(graded, name: str) -> None:
-    start = time.monotonic()
     reward, info = await graded(ADVERSARIES[name])
     assert reward == 0.0, (name, info)
-    assert time.monotonic() - start < 30  # stalling ends at the test's deadline
     if name in ("edit_and_delete_test_files", "conftest_and_sitecustomize"):
         assert info["discarded"], info  # the grader says what it dropped
 
