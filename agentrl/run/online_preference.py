@@ -27,12 +27,12 @@ import anyio
 
 from agentrl.config import Config
 from agentrl.errors import CheckpointError, ConfigError
+from agentrl.model_folder import write_model_folder
 from agentrl.models import load_model
 from agentrl.preference.losses import PREFERENCE_LOSSES
 from agentrl.preference.rollouts import pairs_from_groups
 from agentrl.preference.run import save_trainer
 from agentrl.preference.trainer import PreferenceTrainer
-from agentrl.model_folder import write_model_folder
 from agentrl.run.runtime import assemble
 from agentrl.run.settings import preference_settings
 from agentrl.runfolder import (

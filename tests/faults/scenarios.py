@@ -160,7 +160,7 @@ def _learner_child(pgid: int) -> int | None:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"agentrl.run.placement.learner_process" in cmd:
+        if b"agentrl.run.placement.learner_child" in cmd:
             return pid
     return None
 

@@ -98,7 +98,7 @@ def _learner_children(pid: int) -> list[int]:
             cmd = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == pid and b"agentrl.run.placement.learner_process" in cmd:
+        if ppid == pid and b"agentrl.run.placement.learner_child" in cmd:
             found.append(int(stat.parent.name))
     return found
 

@@ -42,18 +42,15 @@ as its parent is gone (a lifeline pipe only the parent holds), so no orphan is l
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -63,32 +60,25 @@ from torch import Tensor
 
 from agentrl.algos.registry import plugin_modules
 from agentrl.config import Config
-from agentrl.cpu import learner_process_threads, release_freed_memory
-from agentrl.devices import limit_process_memory
-from agentrl.errors import AgentRLError, ConfigError
+from agentrl.errors import AgentRLError
 from agentrl.learner.credit_record import StepCredit
-from agentrl.learner.learner import PHASES
 from agentrl.learner.settings import LearnerSettings
-from agentrl.run.components import load_learner
-from agentrl.run.process_settings import apply_process_settings
+from agentrl.run.placement.faults import FAULT_ENV, Fault, RankPhase, drill_fault, report_phases
+from agentrl.run.placement.learner_child import (
+    ADDRESS_ENV,
+    RANK_ENV,
+    START_TIMEOUT_S,
+    join_learner_group,
+    rank_settings,
+    shared_dtype,
+)
 from agentrl.run.settings import resolve
 from agentrl.weights.shared import (
-    CudaSharedWeights,
-    SharedWeights,
-    adopt,
     attach,
-    share_weights,
 )
 
 log = logging.getLogger(__name__)
 
-# how long the child may take to load the model and build the learner
-START_TIMEOUT_S = 600.0
-# a learner group's rank, and rank 0's rendezvous address, for each spawned rank
-RANK_ENV = "AGENTRL_LEARNER_RANK"
-ADDRESS_ENV = "AGENTRL_LEARNER_ADDRESS"
-# a drill's fault for a whole run: RANK:STEP:PHASE:ACTION (see Fault, drill_fault)
-FAULT_ENV = "AGENTRL_LEARNER_FAULT"
 # after one rank fails, how long the others may take to show whether one of them died first
 # (its death is the cause: a peer's collective fails as soon as its sockets close)
 ATTRIBUTE_S = 5.0
@@ -96,241 +86,6 @@ ATTRIBUTE_S = 5.0
 
 class LearnerError(AgentRLError):
     """The learner process failed to start or died."""
-
-
-@dataclass(frozen=True)
-class RankPhase:
-    """Where a rank was last seen: the phase of a step it started (``Learner.on_phase``)
-    and, when an injected :class:`Fault` acted there, what it did (``hold`` / ``kill``)."""
-
-    step: int
-    phase: str
-    fault: str = ""
-
-    def __str__(self) -> str:
-        held = {
-            "hold": ", held there by an injected fault",
-            "kill": ", killed there by an injected fault",
-        }
-        return f"{self.phase} of step {self.step}{held.get(self.fault, '')}"
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A fault a learner rank injects into itself, for drills and tests of the failure
-    path, handed to :class:`LearnerProcess` (or a Ray rank) by whoever starts the learner:
-    ``Fault(1, 2, "backward", "kill")``, or ``AGENTRL_LEARNER_FAULT=1:2:backward:kill`` for a
-    whole run (:func:`drill_fault`). When rank RANK first starts PHASE (one of :data:`~agentrl.learner.learner.PHASES`) in
-    step STEP (1-based, counted over resumes) it reports that to the parent, then
-    ``kill``: SIGKILLs itself (a rank dying mid-step, its peers inside the step's
-    collectives), or ``hold``: stays there for good (a rank that stops taking part: its
-    peers' collectives fail after ``learner.collective_timeout_s``)."""
-
-    rank: int
-    step: int
-    phase: str
-    action: str
-
-    @classmethod
-    def from_env(cls) -> Fault | None:
-        """The fault ``AGENTRL_LEARNER_FAULT`` names (None when unset)."""
-        value = os.environ.get(FAULT_ENV, "").strip()
-        if not value:
-            return None
-        parts = value.split(":")
-        fix = (
-            f"{FAULT_ENV}={value!r} is not RANK:STEP:PHASE:ACTION (e.g. 1:2:backward:kill; "
-            f"PHASE one of {', '.join(PHASES)}; ACTION kill or hold)"
-        )
-        if len(parts) != 4 or not parts[0].isdigit() or not parts[1].isdigit():
-            raise ConfigError(fix)
-        fault = cls(int(parts[0]), int(parts[1]), parts[2], parts[3])
-        if fault.phase not in PHASES or fault.action not in ("kill", "hold") or fault.step < 1:
-            raise ConfigError(fix)
-        return fault
-
-    def hits(self, rank: int, step: int, phase: str) -> bool:
-        return (rank, step, phase) == (self.rank, self.step, self.phase)
-
-    def act(self) -> None:
-        log.warning("injected fault: learner rank %d %ss itself now", self.rank, self.action)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if self.action == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        threading.Event().wait()  # hold: until the parent kills this rank or goes away
-
-
-def drill_fault() -> Fault | None:
-    """The drill's fault for a run (``AGENTRL_LEARNER_FAULT``), read once where the run
-    assembles its learner and handed to it; components never read the environment."""
-    return Fault.from_env()
-
-
-# --- the child -----------------------------------------------------------------------------
-
-
-def _die_with_parent(lifeline: int) -> None:
-    """Exit as soon as the parent is gone: `lifeline` is the read end of a pipe only the
-    parent holds open, so a read returns (empty) exactly when it exits or is killed.
-    (``PR_SET_PDEATHSIG`` would fire when the *thread* that spawned the child exits, and
-    the orchestrator builds in a worker thread that a thread pool retires when idle.)"""
-
-    def watch() -> None:
-        with contextlib.suppress(OSError):
-            while os.read(lifeline, 1):
-                pass
-        os._exit(1)
-
-    threading.Thread(target=watch, name="agentrl-lifeline", daemon=True).start()
-
-
-def _reply_error(conn: Connection, e: BaseException) -> None:
-    tb = traceback.format_exc()
-    try:
-        conn.send(("error", e, tb))
-    except Exception:  # the exception itself does not pickle
-        conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}"), tb))
-
-
-class _NotShared:
-    """A rank > 0 of a learner group: it takes part in gathering the weights that rank 0
-    shares with the parent, and holds no buffers of its own."""
-
-    def refresh(self, state: Any) -> None:
-        pass
-
-    def handle(self) -> None:
-        return None
-
-    def unlink(self) -> None:
-        pass
-
-
-def report_phases(learner: Any, rank: int, send: Any = None, fault: Fault | None = None) -> None:
-    """Hand `send` each phase of a step as this rank starts it (``(step, phase, fault)``),
-    and act on `fault` where it names this rank (without `send`: only that, as a Ray rank
-    does)."""
-    if fault is not None and fault.rank != rank:
-        fault = None
-    if fault is None and send is None:
-        return
-
-    def report(phase: str) -> None:
-        step = learner.step_count + 1
-        hit = fault is not None and fault.hits(rank, step, phase)
-        if send is not None:
-            send((step, phase, fault.action if hit else ""))
-        if hit:
-            fault.act()  # type: ignore[union-attr]
-
-    learner.on_phase = report
-
-
-def _serve(conn: Connection, lifeline: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent(lifeline)
-    shared: SharedWeights | CudaSharedWeights | _NotShared | None = None
-    rank = int(os.environ.get(RANK_ENV, "0"))
-    try:
-        cfg, settings, path, plugins, fault_fields = conn.recv()
-        fault = Fault(*fault_fields) if fault_fields else None
-        sys.path[:] = path + [p for p in sys.path if p not in path]
-        import importlib
-
-        for module in plugins:  # algorithms the parent's plug-ins registered
-            importlib.import_module(module)
-        apply_process_settings(cfg)
-        learner_process_threads(cfg.orchestrator.cpu_threads, cfg.orchestrator.learner_cpu_threads)
-        # learner.gpu_memory_fraction, if any
-        limit_process_memory(
-            {"learner": (settings.train.torch_device, settings.train.gpu_memory_fraction)}
-        )
-        if cfg.learner.world_size > 1:
-            join_learner_group(settings, rank, os.environ[ADDRESS_ENV])
-            settings = rank_settings(cfg, settings)
-        learner = load_learner(settings)
-        weights = learner.gathered_sampler_weights()  # all ranks gather; rank 0 keeps them
-        if cfg.learner.world_size > 1:
-            # ("phase", ...) messages before the request's reply; plain values: this module
-            # is the child's __main__, its classes do not unpickle in the parent
-            report_phases(learner, rank, lambda seen: conn.send(("phase", seen)), fault)
-            # every rank has loaded: from now on a collective waits collective_timeout_s
-            from agentrl.learner.distributed import set_collective_timeout
-
-            set_collective_timeout(float(cfg.learner.collective_timeout_s))
-        if rank == 0:
-            kind = settings.train.weight_sharing  # resolved with the settings
-            shared = share_weights(weights, kind, shared_dtype(cfg, kind))
-            sharded = learner.ranks.parallel == "fsdp"
-            if kind == "shared_memory" and not sharded and adopt(learner.model, shared):
-                # the parameters live in the shared buffers: one copy of the weights here
-                release_freed_memory()  # the parameters' old storage
-        else:
-            shared = _NotShared()
-        del weights
-        ready = (learner.version, learner.step_count, shared.handle())
-        conn.send(("ready", ready))
-    except BaseException as e:
-        if shared is not None:
-            shared.unlink()
-        _reply_error(conn, e)
-        return
-    while True:
-        try:
-            op, arg = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
-            shared.unlink()
-            return
-        if op == "close":
-            shared.unlink()
-            conn.send(("ok", None))
-            conn.close()
-            # nothing is left to flush (checkpoints are written and closed by now); a normal
-            # interpreter exit tears down torch, inductor's workers and the model for ~1 s
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
-        try:
-            if op == "step":
-                result: Any = learner.step(arg)
-                shared.refresh(learner.gathered_sampler_weights())
-            elif op == "save":
-                result = str(learner.save_checkpoint(arg))
-            elif op == "load":
-                learner.load_checkpoint(arg)
-                shared.refresh(learner.gathered_sampler_weights())
-                result = None
-            else:
-                raise ValueError(f"unknown learner request {op!r}")
-            credit = learner.last_credit if op == "step" else None  # travels with the step
-            conn.send(("ok", (result, learner.version, learner.step_count, credit)))
-        except BaseException as e:
-            _reply_error(conn, e)
-
-
-def main() -> None:
-    """Entry of the child: ``python -m agentrl.run.placement.learner_process SOCKET_FD LIFELINE_FD``."""
-    _serve(Connection(int(sys.argv[1])), int(sys.argv[2]))
-
-
-# --- the parent's handle ----------------------------------------------------------------------
-
-
-def shared_dtype(cfg: Any, kind: str = "shared_memory") -> torch.dtype | None:
-    """The dtype the shared weights are kept in (None: the learner's float32).
-
-    In shared memory without LoRA the learner's float32 parameters themselves become the
-    shared buffers (:func:`~agentrl.weights.shared.adopt`): one copy of the weights, which a
-    bf16 hf sampler casts from at a publish. Otherwise (CUDA IPC, LoRA's merged policy) the buffers are a copy: in the hf
-    sampler's own half type when ``model.dtype`` names one (half the bytes, and the cast the
-    sampler's copy would make is made once, over there, with the same result)."""
-    if kind == "shared_memory" and cfg.model.lora is None:
-        return None
-    if cfg.sampler.backend != "hf" or cfg.model.dtype not in ("bfloat16", "float16"):
-        return None
-    return getattr(torch, cfg.model.dtype)
 
 
 class _Rank:
@@ -355,7 +110,7 @@ class _Rank:
             [
                 sys.executable,
                 "-m",
-                "agentrl.run.placement.learner_process",
+                "agentrl.run.placement.learner_child",
                 str(theirs.fileno()),
                 str(lifeline_r),
             ],
@@ -669,37 +424,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def join_learner_group(
-    settings: LearnerSettings, rank: int, address: str, *, local_rank: int | None = None
-) -> None:
-    """Join the learner's torch.distributed group as `rank` (before the learner is built).
-    On CUDA it computes on ``cuda:local_rank``: the rank itself for processes on one node
-    (default), 0 in a Ray actor (Ray shows it only its own GPU)."""
-    from agentrl.learner.distributed import init_rank_group
-
-    os.environ["LOCAL_RANK"] = str(rank if local_rank is None else local_rank)
-    device = torch.device(torch.device(settings.train.device).type)  # the kind: cuda or cpu
-    # the ranks meet and load the model under the start timeout; once every rank is ready
-    # the group's collectives wait learner.collective_timeout_s (set_collective_timeout)
-    init_rank_group(
-        rank,
-        settings.train.world_size,
-        address,
-        device=device,
-        timeout_s=max(START_TIMEOUT_S, settings.train.collective_timeout_s),
-    )
-
-
-def rank_settings(cfg: Config, settings: LearnerSettings) -> LearnerSettings:
-    """A rank's own settings once it joined the group: ``learner.device`` auto / cuda names
-    the rank's own GPU (set by the group), as resolving it in this process would."""
-    if settings.train.device.startswith("cuda") and cfg.learner.device in ("auto", "cuda"):
-        device = f"cuda:{torch.cuda.current_device()}"
-        return dataclasses.replace(
-            settings, train=dataclasses.replace(settings.train, device=device)
-        )
-    return settings
-
-
-if __name__ == "__main__":
-    main()
+__all__ = [
+    "ATTRIBUTE_S",
+    "FAULT_ENV",
+    "Fault",
+    "LearnerError",
+    "LearnerProcess",
+    "RankPhase",
+    "drill_fault",
+    "free_port",
+    "join_learner_group",
+    "rank_settings",
+    "report_phases",
+    "shared_dtype",
+    "timed_out",
+]
