@@ -26,7 +26,9 @@ class ToolOutput:
 
     text: str
     data: Any = None  # optional structured result (not shown to the model)
-    infra_error: bool = False  # the platform failed, not the agent (docs/architecture.md, "Failures")
+    infra_error: bool = (
+        False  # the platform failed, not the agent (docs/architecture.md, "Failures")
+    )
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
