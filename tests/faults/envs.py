@@ -55,7 +55,7 @@ class ForcedToolEnv(ToolEnvironment):
             label = str(self.options.get("sandbox_label", ""))
             return [PythonTool(timeout=30.0, **({"label": label} if label else {}))]
         if kind == "search":
-            from envs.search_qa import HttpSearchTool
+            from agentrl.envs.search_qa import HttpSearchTool
 
             retries = int(self.options.get("retries", 3))
             return [
