@@ -18,9 +18,8 @@ import traceback
 import zipfile
 from pathlib import Path
 
-# source folder -> where it installs (setup.py's package-dir)
-FOLDERS = {"agentrl": "agentrl", "envs": "agentrl/envs", "tools": "agentrl/tools"}
-FOLDERS["sandbox"] = "agentrl/sandbox"
+# source folder -> where it installs (one package tree, no package-dir mapping)
+FOLDERS = {"agentrl": "agentrl"}
 NOT_SHIPPED = {".md"}  # folder notes for contributors (agentrl/envs/README.md)
 # the embedded default model: installed beside agentrl by make setup (pip --no-deps), not a
 # declared dependency (its own would build llama.cpp)

@@ -2,7 +2,7 @@
 # The package as a user installs it: build the wheel from the repository's files, install it
 # into a scratch venv that cannot see the source tree, and use it from outside the repo.
 #
-#   1. the wheel holds every module and data file of agentrl/, envs/, tools/, sandbox/
+#   1. the wheel holds every module and data file of agentrl/
 #   2. core only: the venv sees the wheel and the closure of its core requirements (linked
 #      from .venv's site-packages; no extras): every module imports or raises the one-line
 #      MissingExtra naming its extra; `agentrl --help`; a 1-step tiny-model `agentrl train`
