@@ -96,7 +96,7 @@ def rank_main(args: argparse.Namespace) -> None:
 
     from agentrl.config import config_from_dict
     from agentrl.learner import Learner
-    from agentrl.learner.distributed import init_rank_group
+    from agentrl.learner.distributed import init_rank_group, leave_rank_group
     from agentrl.run.settings import resolve
 
     torch.set_num_threads(args.threads)
@@ -148,7 +148,7 @@ def rank_main(args: argparse.Namespace) -> None:
         "n_params": sum(p.numel() for p in model.parameters()),
     }
     print("RESULT " + json.dumps(result), flush=True)
-    torch.distributed.destroy_process_group()
+    leave_rank_group()
 
 
 def free_port() -> int:

@@ -87,6 +87,18 @@ def init_rank_group(
     )
 
 
+def leave_rank_group() -> None:
+    """Leave the learner's process group, if this process joined one: every rank waits at a
+    barrier first, so no rank tears its sockets down while a peer is still finishing its
+    last collective or writing its results (a peer's gloo thread then aborts the process
+    with "terminate called without an active exception")."""
+    if not dist.is_initialized():
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def set_collective_timeout(timeout_s: float) -> None:
     """How long each collective of the learner group waits from now on before it fails
     (``learner.collective_timeout_s``): set once every rank has loaded, so the ranks meet

@@ -107,9 +107,10 @@ def checkpoint_ranks(
     ranks.barrier()
 
 
-def join_ranks(train: TrainSettings) -> None:
+def join_ranks(train: TrainSettings) -> bool:
     """``learner.world_size`` > 1: join the process group a launcher set up (``RANK``,
-    ``WORLD_SIZE`` and ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment)."""
+    ``WORLD_SIZE`` and ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment). True when this
+    call joined it (the caller leaves it when done)."""
     import os
 
     import torch.distributed as dist
@@ -117,7 +118,7 @@ def join_ranks(train: TrainSettings) -> None:
     from agentrl.learner.distributed import init_rank_group
 
     if train.world_size == 1 or dist.is_initialized():
-        return
+        return False
     if "RANK" not in os.environ:
         raise ConfigError(
             f"learner.world_size={train.world_size}: start one process per rank, e.g. "
@@ -131,6 +132,7 @@ def join_ranks(train: TrainSettings) -> None:
         device=train.torch_device,
         timeout_s=train.collective_timeout_s,
     )
+    return True
 
 
 def reference_for(
@@ -186,7 +188,7 @@ def train_preference(
             raise CheckpointError(f"--resume: {run_dir} has no {CONFIG} (not a dpo run)")
         if data is None and record.is_file():
             data = json.loads(record.read_text())["data"]
-    join_ranks(pc.train)
+    joined = join_ranks(pc.train)
     import torch.distributed as dist
 
     main = not dist.is_initialized() or dist.get_rank() == 0
@@ -310,7 +312,12 @@ def train_preference(
             record={"base_model": pc.model.name, "preference": asdict(report)},
         )
         (run_dir / REPORT).write_text(json.dumps(asdict(report), indent=1))
-    trainer.core.ranks.barrier()
+    if joined:
+        from agentrl.learner.distributed import leave_rank_group
+
+        leave_rank_group()  # every rank waits for rank 0's model folder first
+    else:
+        trainer.core.ranks.barrier()
     return report
 
 

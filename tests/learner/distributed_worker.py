@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from agentrl.learner import Learner
-from agentrl.learner.distributed import init_rank_group
+from agentrl.learner.distributed import init_rank_group, leave_rank_group
 from agentrl.models import tiny_llama
 from agentrl.run.settings import resolve
 from tests.learner.conftest import make_cfg, make_groups, one_torch_thread
@@ -63,7 +63,7 @@ def main() -> None:
             weights, metrics = train(case, int(world_size))
             if int(rank) == 0:
                 torch.save({"weights": weights, "metrics": metrics}, Path(out) / f"{case}.pt")
-    torch.distributed.destroy_process_group()
+    leave_rank_group()
 
 
 if __name__ == "__main__":

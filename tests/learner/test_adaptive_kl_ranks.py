@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.learner.distributed import Ranks, init_rank_group
+from agentrl.learner.distributed import Ranks, init_rank_group, leave_rank_group
 from agentrl.learner.objective import Objective
 from agentrl.models import tiny_llama
 from agentrl.run.settings import resolve
@@ -61,7 +61,7 @@ def _rank(rank: int, address: str, out: str) -> None:
         {"k1": k1, "beta": obj.loss_options["kl_beta"], "state": obj.state_dict()},
         Path(out) / f"rank{rank}.pt",
     )
-    torch.distributed.destroy_process_group()
+    leave_rank_group()
 
 
 def test_ranks_adapt_one_beta_from_the_kl_of_all_ranks(tmp_path: Path) -> None:

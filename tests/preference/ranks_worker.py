@@ -12,6 +12,7 @@ import sys
 import torch
 
 from agentrl.config import Config, load_config
+from agentrl.learner.distributed import leave_rank_group
 
 # 12 pairs, 4 a step, nothing held out: 3 steps; micro-batches of 2 pairs (4 sequences)
 SETTINGS = [
@@ -42,7 +43,7 @@ def main() -> None:
     overrides = [*SETTINGS, *rank_settings(int(world_size), "fsdp")]
     args = ["dpo", data, "--run-dir", run_dir]
     app([*args, *(a for o in overrides for a in ("--set", o))], standalone_mode=False)
-    torch.distributed.destroy_process_group()
+    leave_rank_group()
 
 
 if __name__ == "__main__":
