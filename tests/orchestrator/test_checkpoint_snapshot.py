@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from agentrl.config import load_config
 from agentrl.run.events import BatchTrained, CheckpointSaved, GroupDropped
@@ -80,6 +81,7 @@ def _trained_upto(ledger: Ledger, step: int) -> list[int]:
     return [i for s, idx in ledger.trained.items() if s <= step for i in idx]
 
 
+@pytest.mark.slow  # many checkpointed steps under 32 concurrent rollouts: a stress run
 def test_every_checkpoint_accounts_for_each_group_once_and_resumes_without_loss(tmp_path):
     first = Ledger(copy_to=tmp_path / "copy")
     _train(tmp_path / "run", first, STEPS)

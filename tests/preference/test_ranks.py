@@ -51,6 +51,7 @@ def weights_before(run: Path) -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow  # two torch.distributed processes, each loading and training
 def test_dpo_on_two_fsdp_ranks_trains_the_one_process_weights(tmp_path: Path) -> None:
     data = write(tmp_path / "pairs.jsonl", text_pairs(12))
     one = tmp_path / "one"
@@ -72,6 +73,7 @@ def test_dpo_on_two_fsdp_ranks_trains_the_one_process_weights(tmp_path: Path) ->
     }
 
 
+@pytest.mark.slow  # inductor compiles the layers once per process
 def test_dpo_with_compiled_layers_trains_like_eager(tmp_path: Path) -> None:
     data = write(tmp_path / "pairs.jsonl", text_pairs(12))
     eager = tmp_path / "eager"
