@@ -33,6 +33,7 @@ from agentrl.envs.coding.repo_tasks import generated_tasks, load_repo_tasks
 from agentrl.envs.coding.repo_tests import RepoGrader, repo_size_mb
 from agentrl.envs.coding.workspace import Workspace, prepared_for, workspace_root
 from agentrl.errors import EnvError
+from agentrl.sandbox import shared_pace
 from agentrl.tools import prepare_calls
 from agentrl.tools.base import ToolContext
 from agentrl.tools.workspace import EditTool, ShellTool, ViewTool, WorkspaceHandle
@@ -78,6 +79,12 @@ class RepoOptions(EnvOptions):
     grade_memory_mb: int = Field(512, ge=64, description="memory of a grading process")
     grade_concurrency: int = Field(8, ge=1, description="grading sandboxes alive at once")
     command_timeout_s: float = Field(20.0, gt=0, description="one tool call in the workspace")
+    sandbox_starts_per_s: float = Field(
+        0.0,
+        ge=0,
+        description="sandbox starts per second of this process, workspaces and graders "
+        "together (0: unlimited); a fleet's starts held to what the host sustains",
+    )
     memory_mb: int = Field(1024, ge=64, description="memory of the workspace sandbox")
     fork: Literal["auto", "reflink", "hardlink", "copy"] = Field(
         "auto", description="how an episode's workspace forks the prepared one"
@@ -128,7 +135,11 @@ class RepoEnv(ToolEnvironment):
     def make_tools(self) -> list[Any]:
         self.tool_parser = self.config.tool_parser
         self.handle = WorkspaceHandle(
-            limits={"memory_mb": self.config.memory_mb, "cpu_s": self.config.command_timeout_s},
+            limits={
+                "memory_mb": self.config.memory_mb,
+                "cpu_s": self.config.command_timeout_s,
+                "max_starts_per_s": self.config.sandbox_starts_per_s,
+            },
             timeout_s=self.config.command_timeout_s,
             max_output_chars=self.config.max_output_chars,
         )
@@ -196,11 +207,13 @@ class RepoEnv(ToolEnvironment):
 
     async def _grading_sandbox(self, ctx: ToolContext, task: dict[str, Any]) -> Any:
         limits = self.grader.sandbox_limits(tmp_mb=max(64, 4 * repo_size_mb(task)))
+        limits["max_starts_per_s"] = self.config.sandbox_starts_per_s
+        pace = await shared_pace(ctx, limits)  # the workspaces' bucket: one rate in all
 
         async def open_sandbox(stack: AsyncExitStack) -> Any:
             from agentrl.sandbox import create_sandbox
 
-            sandbox = create_sandbox(backend="auto", **limits)
+            sandbox = create_sandbox(backend="auto", pace=pace, **limits)
             stack.push_async_callback(sandbox.close)
             return sandbox
 

@@ -13,7 +13,7 @@ Backends: ``bwrap`` (bubblewrap namespaces; the default), ``docker`` (docker SDK
 """
 
 from agentrl.errors import SandboxError, SandboxUnavailableError
-from agentrl.sandbox.core import Sandbox, Session, create_sandbox
+from agentrl.sandbox.core import Sandbox, Session, StartPace, create_sandbox, shared_pace
 from agentrl.sandbox.limits import SandboxLimits, SandboxResult, Status
 
 __all__ = [
@@ -23,6 +23,8 @@ __all__ = [
     "SandboxResult",
     "SandboxUnavailableError",
     "Session",
+    "StartPace",
     "Status",
     "create_sandbox",
+    "shared_pace",
 ]

@@ -17,6 +17,7 @@ process dies, bubblewrap's --die-with-parent takes the sandbox down with it.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -56,6 +57,7 @@ class Session:
             raise ValueError(f"timeout must be > 0 seconds (got {timeout})")
         async with self._lock:
             if self._kernel is None:
+                await self._sandbox._pace.wait()
                 self._kernel = self._sandbox._spawn()
                 self._kernel.in_use = True
             kernel = self._kernel
@@ -92,9 +94,10 @@ class Session:
                 self._state_lost = True
                 self.restarts += 1
                 await self._sandbox._discard(kernel)
-                if not self._sandbox.closed:
+                if not self._sandbox.closed and self._sandbox._pace.take_now():
                     self._kernel = self._sandbox._spawn()
                     self._kernel.in_use = True
+                # else: the next call starts one, waiting for the start rate
             return result
 
     async def aclose(self) -> None:
@@ -104,15 +107,56 @@ class Session:
             await self._sandbox._discard(kernel)
 
 
+class StartPace:
+    """A token bucket over interpreter starts (``max_starts_per_s``, ``start_burst``): a
+    fleet of episodes arriving at once starts its sandboxes at the rate the host (or a
+    container runtime's API) sustains instead of all in the same instant."""
+
+    def __init__(self, per_s: float, burst: int) -> None:
+        self.per_s = per_s
+        self.burst = burst
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+        self.waited_s = 0.0  # total time acquisitions waited for the rate
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+
+    def take_now(self) -> bool:
+        """A start allowed this instant (taken), or False: a warm-pool top-up skips it."""
+        if self.per_s <= 0:
+            return True
+        self._refill()
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
+
+    async def wait(self) -> None:
+        """Wait until a start is allowed, then take it."""
+        while not self.take_now():
+            pause = (1 - self._tokens) / self.per_s
+            self.waited_s += pause
+            await anyio.sleep(pause)
+
+
 class Sandbox:
     """Runs untrusted Python with limits. Create with :func:`create_sandbox`."""
 
-    def __init__(self, backend: Backend, limits: SandboxLimits) -> None:
+    def __init__(
+        self, backend: Backend, limits: SandboxLimits, pace: StartPace | None = None
+    ) -> None:
         self.backend = backend
         self.limits = limits
         self._idle: list[Kernel] = []
         self._live: set[Kernel] = set()
         self._slots: anyio.Semaphore | None = None
+        # a pace shared by many sandboxes (shared_pace) holds their starts together
+        self._pace = pace or StartPace(limits.max_starts_per_s, limits.start_burst)
+        self.starts = 0  # interpreters launched (warm ones included)
+        self.warm_hits = 0  # sessions that found a warm interpreter ready
         self.closed = False
 
     @property
@@ -129,7 +173,18 @@ class Sandbox:
     def _spawn(self) -> Kernel:
         kernel = self.backend.make_kernel(self.limits)
         self._live.add(kernel)
+        self.starts += 1
         return kernel
+
+    def stats(self) -> dict[str, float]:
+        """Counters of this pool: starts, warm hits, time spent waiting for the start rate."""
+        return {
+            "starts": self.starts,
+            "warm_hits": self.warm_hits,
+            "live": len(self._live),
+            "idle": len(self._idle),
+            "start_wait_s": round(self._pace.waited_s, 3),
+        }
 
     def _forget(self, kernel: Kernel) -> None:
         self._live.discard(kernel)
@@ -142,6 +197,8 @@ class Sandbox:
     def _top_up(self) -> None:
         ceiling = self.limits.max_sessions + self.limits.pool_size
         while len(self._idle) < self.limits.pool_size and len(self._live) < ceiling:
+            if not self._pace.take_now():
+                return  # over the start rate: a later acquisition tops up again
             self._idle.append(self._spawn())
 
     async def _take_kernel(self) -> Kernel:
@@ -151,9 +208,11 @@ class Sandbox:
                 candidate = self._idle.pop(0)
                 if candidate.alive:
                     kernel = candidate
+                    self.warm_hits += 1
                 else:
                     await self._discard(candidate)
             if kernel is None:
+                await self._pace.wait()
                 kernel = self._spawn()
             self._top_up()
             try:
@@ -268,10 +327,14 @@ def make_backend(name: str) -> Backend:
     return BACKENDS[name]()
 
 
-def create_sandbox(backend: str = "auto", **limits: Any) -> Sandbox:
+def create_sandbox(
+    backend: str = "auto", *, pace: StartPace | None = None, **limits: Any
+) -> Sandbox:
     """A sandbox on `backend` ("auto", "bwrap", "docker", "subprocess") with `limits`.
 
-    Returns at once; interpreters start with the first session. Raises
+    Returns at once; interpreters start with the first session. `pace`: a start-rate bucket
+    shared with other sandboxes (:func:`shared_pace`), else its own from ``max_starts_per_s``.
+    Raises
     SandboxUnavailableError when the backend cannot run here (the message says why) and
     ConfigError for an unknown or invalid limit.
     """
@@ -285,4 +348,22 @@ def create_sandbox(backend: str = "auto", **limits: Any) -> Sandbox:
             raise SandboxUnavailableError(f"sandbox backend {backend!r} cannot run here: {why}")
     if not chosen.secure:
         warnings.warn(INSECURE_WARNING, RuntimeWarning, stacklevel=2)
-    return Sandbox(chosen, checked)
+    return Sandbox(chosen, checked, pace)
+
+
+async def shared_pace(scope: Any, limits: dict[str, Any]) -> StartPace | None:
+    """The one start-rate bucket of a run for ``limits['max_starts_per_s']`` (None: no rate).
+
+    Per-episode sandboxes (a repository workspace binds its own folder, so each episode has
+    its own :class:`Sandbox`) take their starts from this bucket, so the rate holds for the
+    whole process (a rollout worker: its node's share) and not per episode. `scope`: a
+    tool context (``run_resource``), whose run scope keeps the bucket."""
+    rate = float(limits.get("max_starts_per_s") or 0.0)
+    if rate <= 0:
+        return None
+    burst = int(limits.get("start_burst", SandboxLimits.model_fields["start_burst"].default))
+
+    async def make(stack: Any) -> StartPace:
+        return StartPace(rate, burst)
+
+    return await scope.run_resource(f"sandbox.pace:{rate}:{burst}", make)

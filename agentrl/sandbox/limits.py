@@ -50,6 +50,10 @@ class SandboxLimits(BaseModel):
     max_sessions: int = Field(64, ge=1, description="sessions alive at once (bounded pool)")
     acquire_timeout_s: float = Field(30.0, gt=0, description="wait for a free session slot")
     start_timeout_s: float = Field(15.0, gt=0, description="wait for an interpreter to start")
+    max_starts_per_s: float = Field(
+        0.0, ge=0, description="interpreter starts per second, 0: unlimited (a token bucket)"
+    )
+    start_burst: int = Field(8, ge=1, description="starts allowed at once before the rate holds")
     allow_insecure: bool = Field(False, description="permit the rlimits-only subprocess backend")
     # docker
     docker_image: str = "agentrl-sandbox:latest"

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.errors import InfraError
-from agentrl.sandbox import create_sandbox
+from agentrl.sandbox import StartPace, create_sandbox, shared_pace
 from agentrl.tools.base import Tool, ToolContext, ToolOutput
 from agentrl.tools.python import format_result
 
@@ -43,7 +43,10 @@ class WorkspaceHandle:
         if self.host_path is None:
             raise InfraError("the workspace tools ran before the environment's reset")
         try:
-            state: _Session = await ctx.get_or_create(_SESSION_KEY, self._open)
+            pace = await shared_pace(ctx, self.limits)
+            state: _Session = await ctx.get_or_create(
+                _SESSION_KEY, lambda stack: self._open(stack, pace)
+            )
             res = await state.session.run(code, timeout=self.timeout_s + 5.0)
         except InfraError as e:
             return ToolOutput(f"error: the sandbox failed: {e}", infra_error=True)
@@ -51,7 +54,7 @@ class WorkspaceHandle:
             return ToolOutput("error: the sandbox failed", infra_error=True)
         return ToolOutput(format_result(res, self.timeout_s + 5.0, self.max_output_chars))
 
-    async def _open(self, stack: AsyncExitStack) -> _Session:
+    async def _open(self, stack: AsyncExitStack, pace: StartPace | None) -> _Session:
         limits = {
             "pool_size": 0,
             "max_sessions": 1,
@@ -60,7 +63,7 @@ class WorkspaceHandle:
             **self.limits,
             "rw_binds": (f"{self.host_path}:{INSIDE}",),
         }
-        sandbox = create_sandbox(backend="auto", **limits)
+        sandbox = create_sandbox(backend="auto", pace=pace, **limits)
         stack.push_async_callback(sandbox.close)
         session = await stack.enter_async_context(sandbox.session())
         return _Session(session)

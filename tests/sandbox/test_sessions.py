@@ -251,3 +251,54 @@ async def test_cancel_and_close_while_interpreters_are_still_starting(
         await sb.close()
     assert sb.live_processes == 0
     assert wait_gone(marker) == []
+
+
+async def test_the_start_rate_holds_a_burst_of_sessions_to_its_pace(marker: str) -> None:
+    # 6 fresh interpreters at 5 starts/s after a burst of 2: the last 4 each wait for the
+    # bucket (>= 1/5 s apiece by the bucket's own account), however fast the host starts them
+    limits = {"pool_size": 0, "max_starts_per_s": 5.0, "start_burst": 2}
+    async with create_sandbox(label=marker, **limits) as sb:
+        results = []
+
+        async def one() -> None:
+            results.append((await sb.run("print(1)")).stdout)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(one)
+        assert results == ["1\n"] * 6
+        stats = sb.stats()
+        assert stats["starts"] == 6 and stats["start_wait_s"] >= 0.75
+    # unlimited (the default): nothing waits, and the warm pool serves the first session
+    async with create_sandbox(label=marker, pool_size=1) as sb:
+        await sb.warm_up()
+        assert (await sb.run("print(2)")).stdout == "2\n"
+        stats = sb.stats()
+        assert stats["warm_hits"] == 1 and stats["start_wait_s"] == 0
+
+
+def test_a_bad_start_rate_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="max_starts_per_s"):
+        SandboxLimits.build(max_starts_per_s=-1)
+
+
+async def test_sandboxes_sharing_a_pace_share_one_start_rate(marker: str) -> None:
+    # per-episode sandboxes (a workspace each) take their starts from the run's one bucket:
+    # 2 sandboxes x 3 starts at 5/s after a burst of 2 wait for 4 starts together
+    from agentrl.sandbox import shared_pace
+    from agentrl.tools.base import ToolContext
+
+    limits = {"pool_size": 0, "max_starts_per_s": 5.0, "start_burst": 2}
+    async with ToolContext() as ctx:
+        pace = await shared_pace(ctx, limits)
+        assert pace is not None and await shared_pace(ctx, limits) is pace
+        assert await shared_pace(ctx, {"max_starts_per_s": 0}) is None
+        async with (
+            create_sandbox(label=marker, pace=pace, **limits) as a,
+            create_sandbox(label=marker, pace=pace, **limits) as b,
+        ):
+            async with anyio.create_task_group() as tg:
+                for sb in (a, b, a, b, a, b):
+                    tg.start_soon(sb.run, "pass")
+        assert a.stats()["starts"] == b.stats()["starts"] == 3
+        assert pace.waited_s >= 0.75  # 4 of the 6 starts waited >= 1/5 s each
