@@ -20,7 +20,8 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from agentrl.view.catalog import Catalog, Indexer
-from agentrl.view.data import Filters, Run
+from agentrl.view.data import SORTS, Filters, Run
+from agentrl.view.series import config_diff, eval_table, metric_payload
 from agentrl.view.tokens import QUANTITIES, tokens_of, warm_up
 from agentrl.view.tree import WIDTH, layout
 
@@ -29,18 +30,30 @@ PAGE_SIZE = 25  # groups per page of the group list (more load as the page scrol
 FIRST_READ_BYTES = 8 << 20  # of trace read before serving; the rest is read on a thread
 REQUEST_READ_BYTES = 1 << 20  # of trace a request reads before answering
 
-# the curves the run page draws first, in this order (others are a click away)
-MAIN_CURVES = [
-    ("reward/mean", "reward"),
-    ("eval/reward_mean", "held-out eval reward"),
-    ("tool_calls_per_episode", "tool calls per episode"),
-    ("parse_errors_per_episode", "parse errors per episode"),
-    ("equal_reward_groups", "groups with equal rewards"),
-    ("staleness/mean", "staleness"),
-    ("pg/approx_kl", "KL (approx.)"),
-    ("entropy", "entropy"),
-    ("pg/clip_frac", "clip fraction"),
-    ("time/step_s", "step time (s)"),
+# the run page's first chart: what a user asks first, each curve labelled by what it is over
+HEADLINE = [
+    ["trace/reward_mean", "rollout reward (all finished groups)"],
+    ["reward/mean", "trained-batch reward (reward/mean)"],
+    [["eval/mean_reward", "eval/reward_mean"], "held-out eval reward"],
+]
+# titles of the numbers the view recomputes from the trace (other charts are titled by key)
+LABELS = {
+    "trace/reward_mean": "rollout reward, all finished groups (trace/reward_mean)",
+    "trace/tool_success_rate": "tool-call success rate (trace/tool_success_rate)",
+    "trace/tool_failures": "failed tool calls (trace/tool_failures)",
+    "trace/truncated": "share of samples truncated or cut at the token limit (trace/truncated)",
+    "trace/groups": "groups finished (trace/groups)",
+}
+# the charts shown below it until the picker (or ?m=) chooses others
+DEFAULT_CHARTS = [
+    "trace/tool_success_rate",
+    "dist:reward",
+    "dist:length",
+    "grad_norm",
+    "entropy",
+    "is_ratio/max",
+    "trace/truncated",
+    "staleness/mean",
 ]
 
 
@@ -52,12 +65,16 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _model_name(run: Run) -> str | None:
+def _config(run: Run) -> dict[str, Any]:
     try:
         cfg = yaml.safe_load(run.config_text) or {}
     except yaml.YAMLError:
-        return None
-    name = (cfg.get("model") or {}).get("name") if isinstance(cfg, dict) else None
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _model_name(run: Run) -> str | None:
+    name = (_config(run).get("model") or {}).get("name")
     return str(name) if name else None
 
 
@@ -92,7 +109,7 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
         lstrip_blocks=True,
     )
     env.filters["fmt"] = _fmt
-    env.globals.update(follow=follow, quantities=QUANTITIES, tree_width=WIDTH)
+    env.globals.update(follow=follow, quantities=QUANTITIES, tree_width=WIDTH, labels=LABELS)
     app = FastAPI(title="agentrl view", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=str(files("agentrl.view") / "static")), "static")
     app.state.catalog = catalog
@@ -136,12 +153,26 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             run = next(iter(catalog.runs.values()))
             return run_page(request, run.name)
         chosen = request.query_params.getlist("sel") or list(catalog.runs)
-        return render("runs.html", chosen=chosen, curves=MAIN_CURVES)
+        return render("runs.html", chosen=chosen, headline=HEADLINE, defaults=DEFAULT_CHARTS)
 
     @app.get("/run", response_class=HTMLResponse)
     def run_page(request: Request, run: str | None = None) -> HTMLResponse:
         r = get_run(run)
-        return render("run.html", run=r, curves=MAIN_CURVES, summary=r.summary())
+        others = [get_run(name) for name in request.query_params.getlist("with") if name != r.name]
+        return render(
+            "run.html",
+            run=r,
+            headline=HEADLINE,
+            defaults=DEFAULT_CHARTS,
+            summary=r.summary(),
+            overlay=[r.name] + [o.name for o in others],
+            diffs=[(o.name, config_diff(_config(r), _config(o))) for o in others],
+        )
+
+    @app.get("/fragment/summary", response_class=HTMLResponse)
+    def summary_fragment(run: str | None = None) -> HTMLResponse:
+        r = get_run(run)
+        return render("_summary.html", run=r, summary=r.summary())
 
     @app.get("/fragment/steps", response_class=HTMLResponse)
     def steps_fragment(run: str | None = None) -> HTMLResponse:
@@ -154,7 +185,7 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
         out = {}
         for name in names:
             r = get_run(name)
-            out[r.name] = {"series": r.metric_series(), "live": r.live, "version": r.version}
+            out[r.name] = metric_payload(r)
         return JSONResponse(out)
 
     @app.get("/api/state")

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import DatasetError
-from agentrl.runfolder import ADVANTAGES, CONFIG, METRICS, TRACE
+from agentrl.runfolder import ADVANTAGES, CONFIG, EVAL_TRACE, METRICS, TRACE
+from agentrl.view.outcomes import call_error_text, call_outcome, cut_at_limit
 
 
 class JsonlTail:
@@ -83,6 +84,15 @@ class TrajSummary:
     # sample not trained yet)
     advantage: float | None = None
     estimator: str | None = None
+    cut: bool = False  # its last turn hit the token limit mid-answer (see outcomes.py)
+    calls_ok: int = 0
+    calls_failed: int = 0  # the tool or its code failed, timed out, or the platform did
+    tool_error: str = ""  # the first failed call's error
+
+    @property
+    def shown_status(self) -> str:
+        """The status the lists show: a cut answer is truncated, whatever the trace says."""
+        return "truncated" if self.cut else self.status
 
     @property
     def advantage_text(self) -> str:
@@ -110,6 +120,38 @@ class GroupSummary:
     trajectories: list[TrajSummary] = field(default_factory=list)
     is_tree: bool = False
     trained: bool = False  # a BatchTrained event names it (else: sampled, not trained yet)
+    dropped: str = ""  # why the buffer did not train it (GroupDropped's reason)
+    finished_step: int = 0  # the step during which its rollouts finished
+    question: str = ""
+    target: str = ""  # the task's reference answer
+
+    @property
+    def mixed(self) -> bool:
+        valid = [t.reward for t in self.trajectories if t.status != "infra_error"]
+        return len(valid) > 1 and max(valid) - min(valid) >= 1e-9
+
+    @property
+    def reward_std(self) -> float:
+        valid = [t.reward for t in self.trajectories if t.status != "infra_error"]
+        if len(valid) < 2:
+            return 0.0
+        m = sum(valid) / len(valid)
+        return (sum((r - m) ** 2 for r in valid) / len(valid)) ** 0.5
+
+    @property
+    def calls_failed(self) -> int:
+        return sum(t.calls_failed for t in self.trajectories)
+
+    @property
+    def truncated(self) -> int:
+        return sum(t.shown_status == "truncated" for t in self.trajectories)
+
+    @property
+    def outcome(self) -> str:
+        """trained | dropped: REASON | pending"""
+        if self.trained:
+            return "trained"
+        return f"dropped: {self.dropped}" if self.dropped else "pending"
 
     @property
     def rewards(self) -> list[float]:
@@ -135,11 +177,18 @@ def summarize(number: int, offset: int, size: int, raw: dict[str, Any], step: in
         offset=offset,
         size=size,
     )
+    task = raw.get("task") if isinstance(raw.get("task"), dict) else {}
+    g.question = str(task.get("question") or task.get("prompt") or "")[:300]
+    target = task.get("answer", task.get("answers", task.get("target", "")))
+    g.target = str(target if not isinstance(target, list) else " | ".join(map(str, target)))[:120]
     for i, t in enumerate(raw.get("trajectories", [])):
         turns = t.get("turns", [])
         segs = t.get("segments", [])
         versions = [v for s in segs if s.get("kind") == "model" for v in s.get("versions", [])]
-        names = tuple(c.get("name", "") for tn in turns for c in tn.get("tool_calls", []))
+        calls = [c for tn in turns for c in tn.get("tool_calls", [])]
+        names = tuple(c.get("name", "") for c in calls)
+        outcomes = [call_outcome(c) for c in calls]
+        failed = [c for c, o in zip(calls, outcomes, strict=True) if o in ("error", "timeout", "infra")]
         g.trajectories.append(
             TrajSummary(
                 traj_id=str(t.get("traj_id") or f"{g.group_id}-{i}"),
@@ -155,6 +204,10 @@ def summarize(number: int, offset: int, size: int, raw: dict[str, Any], step: in
                 stop_reason=_stop_reason(t),
                 versions=(min(versions), max(versions)) if versions else None,
                 parent_id=t.get("parent_id"),
+                cut=cut_at_limit(t),
+                calls_ok=outcomes.count("ok"),
+                calls_failed=len(failed),
+                tool_error=call_error_text(failed[0]) if failed else "",
             )
         )
     g.is_tree = any(t.parent_id for t in g.trajectories)
@@ -168,6 +221,8 @@ def _stop_reason(t: dict[str, Any]) -> str:
     trunc = t.get("metadata", {}).get("truncation")
     if trunc:
         return f"truncated: {trunc}"
+    if cut_at_limit(t):
+        return "cut at the token limit"
     turns = t.get("turns", [])
     if not turns:
         return ""
@@ -190,9 +245,23 @@ class Filters:
     tool: str = ""
     q: str = ""
     task: str = ""
+    tool_error: bool = False  # a call failed (per trajectory)
+    mixed: bool = False  # groups whose rewards differ (per group, as the rest below)
+    dropped: bool = False
+    truncated: bool = False
+    sort: str = ""  # "" (file order) | step | -step | reward | -reward | std | -std | errors
+
+    def match_group(self, g: GroupSummary) -> bool:
+        if self.mixed and not g.mixed:
+            return False
+        if self.dropped and not g.dropped:
+            return False
+        return not (self.truncated and not g.truncated)
 
     def match_traj(self, t: TrajSummary) -> bool:
-        if self.status and t.status != self.status:
+        if self.tool_error and not t.calls_failed:
+            return False
+        if self.status and t.shown_status != self.status:
             return False
         if self.reward_min is not None and t.reward < self.reward_min:
             return False
@@ -213,6 +282,7 @@ class Filters:
             or self.parse_error
             or self.no_tool_call
             or self.tool
+            or self.tool_error
         )
 
 
@@ -226,6 +296,11 @@ class Run:
         self._metrics_tail = JsonlTail(path / METRICS)
         self._trace_tail = JsonlTail(self.trace)
         self._adv_tail = JsonlTail(path / ADVANTAGES)
+        self.eval_trace = path / EVAL_TRACE
+        self._eval_tail = JsonlTail(self.eval_trace)
+        self.eval_groups: list[GroupSummary] = []  # held-out groups, step = the evaluation's
+        self.dropped: dict[str, str] = {}  # group id -> why the buffer dropped it
+        self.version_at: dict[int, int] = {}  # step -> the learner version that trained it
         self.credit: dict[str, tuple[str, float | None]] = {}  # traj id -> (estimator, adv)
         self.lock = threading.RLock()  # held while reading new lines and while a page renders
         self.events: list[dict[str, Any]] = []
@@ -239,6 +314,7 @@ class Run:
         self.started: dict[str, Any] | None = None
         self.finished: dict[str, Any] | None = None
         self.version = 0  # grows whenever something new was read
+        self._last_version = 0
         self._cache: dict[str, Any] = {}
 
     # --- reading -------------------------------------------------------------------
@@ -259,8 +335,10 @@ class Run:
                     continue
                 n = len(self.groups)
                 g = summarize(n, offset, len(line), raw, self._step_of(n, raw))
+                g.finished_step = g.step
                 if g.group_id in self.trained_in:
                     g.step, g.trained = self.trained_in[g.group_id], True
+                g.dropped = self.dropped.get(g.group_id, "")
                 self.groups.append(g)
                 self.by_group[g.group_id] = g
                 for i, t in enumerate(g.trajectories):
@@ -270,7 +348,13 @@ class Run:
             new_credit = self._adv_tail.read_new()
             for _, line in new_credit:
                 self._add_credit(_loads(line))
-            changed = bool(new_events or new_groups or new_credit)
+            new_eval = self._eval_tail.read_new()
+            for offset, line in new_eval:
+                raw = _loads(line)
+                if raw is not None and "trajectories" in raw and isinstance(raw.get("step"), int):
+                    n = len(self.eval_groups)
+                    self.eval_groups.append(summarize(n, offset, len(line), raw, raw["step"]))
+            changed = bool(new_events or new_groups or new_credit or new_eval)
             if changed:
                 self.version += 1
             return changed
@@ -298,12 +382,22 @@ class Run:
             slot = self._by_step.setdefault(step, {"step": step})
             slot.update({prefix + k: v for k, v in metrics.items() if _is_number(v)})
         if kind == "BatchTrained" and isinstance(step, int):
+            # the version it trained from: the previous step's result (0 before the first)
+            self.version_at[step] = int(self._last_version)
+            if isinstance(row.get("version"), int):
+                self._last_version = row["version"]
             self.trained_steps.append(step)
             for gid in row.get("group_ids") or []:
                 self.trained_in[gid] = step
                 g = self.by_group.get(gid)
                 if g is not None:
                     g.step, g.trained = step, True
+        elif kind == "GroupDropped" and row.get("group_id"):
+            gid = str(row["group_id"])
+            self.dropped[gid] = str(row.get("reason") or "dropped")
+            g = self.by_group.get(gid)
+            if g is not None:
+                g.dropped = self.dropped[gid]
         elif kind == "GroupFinished":
             self.finished_steps.append(int(row.get("step", 0)))
         elif kind == "RunStarted":
@@ -336,6 +430,16 @@ class Run:
             raw = _loads(f.read(g.size))
         if raw is None:
             raise DatasetError(f"{self.trace}: the line of group {group_id} no longer parses")
+        return raw
+
+    def eval_group(self, number: int) -> dict[str, Any]:
+        """A held-out group as written (read back from eval_trajectories.jsonl)."""
+        g = self.eval_groups[number]
+        with self.eval_trace.open("rb") as f:
+            f.seek(g.offset)
+            raw = _loads(f.read(g.size))
+        if raw is None:
+            raise DatasetError(f"{self.eval_trace}: line of held-out group {number} is torn")
         return raw
 
     def trajectory(self, traj_id: str) -> tuple[GroupSummary, dict[str, Any], dict[str, Any]]:
@@ -382,9 +486,14 @@ class Run:
                 continue
             if hits is not None and g.number not in hits:
                 continue
+            if not f.match_group(g):
+                continue
             if f.per_trajectory and not any(f.match_traj(t) for t in g.trajectories):
                 continue
             out.append(g)
+        key = SORTS.get(f.sort.lstrip("-"))
+        if key is not None:
+            out.sort(key=key, reverse=f.sort.startswith("-"))
         return out
 
     def _text_hits(self, needle: bytes) -> set[int]:
@@ -465,21 +574,40 @@ class Run:
         return {k: [s.get(k) for s in steps] for k in keys}
 
     def summary(self) -> dict[str, Any]:
+        """The run page's cards: the rollout reward (every finished group, from the trace)
+        at the first and last step, the last held-out eval and trained-batch reward."""
+        from agentrl.view.series import trace_series
+
+        rollout = [r["trace/reward_mean"] for _, r in sorted(trace_series(self).items())
+                   if "trace/reward_mean" in r]
         trained = [s for s in self.steps if "reward/mean" in s or "reward_mean" in s]
+        evals = [s.get("eval/mean_reward", s.get("eval/reward_mean")) for s in self.steps]
+        evals = [e for e in evals if e is not None]
         last = trained[-1] if trained else {}
-        first = trained[0] if trained else {}
         return {
             "steps": len(self.trained_steps),
             "groups": len(self.groups),
             "trajectories": self.num_trajectories,
-            "first_reward": first.get("reward/mean", first.get("reward_mean")),
-            "last_reward": last.get("reward/mean", last.get("reward_mean")),
+            "first_reward": rollout[0] if rollout else None,
+            "last_reward": rollout[-1] if rollout else None,
+            "eval_reward": evals[-1] if evals else None,
+            "evals": len(evals),
+            "batch_reward": last.get("reward/mean"),
+            "dropped": sum(1 for g in self.groups if g.dropped),
             "state": "live"
             if self.live
             else (self.finished or {}).get(
                 "reason", "finished" if self.trained_steps else "rollout"
             ),
         }
+
+
+SORTS: dict[str, Any] = {
+    "step": lambda g: (g.step, g.number),
+    "reward": lambda g: (g.reward_mean, g.number),
+    "std": lambda g: (g.reward_std, g.number),
+    "errors": lambda g: (g.calls_failed, g.truncated, g.number),
+}
 
 
 def _loads(line: bytes) -> dict[str, Any] | None:
