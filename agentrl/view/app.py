@@ -21,12 +21,14 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from agentrl.view.catalog import Catalog, Indexer
 from agentrl.view.data import SORTS, Filters, Run
+from agentrl.view.outcomes import call_error_text, call_outcome
 from agentrl.view.series import config_diff, eval_table, metric_payload
 from agentrl.view.tokens import QUANTITIES, tokens_of, warm_up
 from agentrl.view.tree import WIDTH, layout
 
 SAME_TASK_SHOWN = 12  # groups of the same task listed on a group page
-PAGE_SIZE = 25  # groups per page of the group list (more load as the page scrolls)
+PAGE_SIZE = 50  # groups per page of the group list (more load as the page scrolls)
+REWARD_SCALE = ("#eef0f4", "#1f8a4c")  # a sample's reward 0 -> 1 in the groups' strips
 FIRST_READ_BYTES = 8 << 20  # of trace read before serving; the rest is read on a thread
 REQUEST_READ_BYTES = 1 << 20  # of trace a request reads before answering
 
@@ -55,6 +57,18 @@ DEFAULT_CHARTS = [
     "trace/truncated",
     "staleness/mean",
 ]
+
+
+def _reward_color(t: Any) -> str:
+    """A sample's square in a group's strip: reward 0 (light grey) to 1 (green), clipped;
+    a negative reward red; an infra error dark red."""
+    if t.status == "infra_error":
+        return "#922b21"
+    r = t.reward
+    if r < 0:
+        return f"hsl(5 75% {round(92 - 40 * min(-r, 1.0))}%)"
+    x = min(r, 1.0)
+    return f"hsl(145 {round(10 + 53 * x)}% {round(94 - 61 * x)}%)"
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
@@ -109,7 +123,8 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
         lstrip_blocks=True,
     )
     env.filters["fmt"] = _fmt
-    env.globals.update(follow=follow, quantities=QUANTITIES, tree_width=WIDTH, labels=LABELS)
+    env.filters["reward_color"] = _reward_color
+    env.globals.update(follow=follow, quantities=QUANTITIES, tree_width=WIDTH, labels=LABELS, reward_scale=REWARD_SCALE)
     app = FastAPI(title="agentrl view", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=str(files("agentrl.view") / "static")), "static")
     app.state.catalog = catalog
@@ -202,6 +217,10 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             raise HTTPException(
                 400, f"status must be ok, truncated or infra_error (got {status!r})"
             )
+        sort = q.get("sort", "")
+        if sort.lstrip("-") not in ("", *SORTS):
+            choices = ", ".join(f"{k}, -{k}" for k in SORTS)
+            raise HTTPException(400, f"sort must be one of {choices} (got {sort!r})")
         return Filters(
             step=_int(q.get("step"), "step"),
             status=status,
@@ -212,6 +231,11 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             tool=q.get("tool", ""),
             q=q.get("q", ""),
             task=q.get("task", ""),
+            tool_error=q.get("toolerr") == "1",
+            mixed=q.get("mixed") == "1",
+            dropped=q.get("dropped") == "1",
+            truncated=q.get("truncated") == "1",
+            sort=sort,
         )
 
     @app.get("/groups", response_class=HTMLResponse)
@@ -351,7 +375,11 @@ def _conversation(t: dict[str, Any]) -> list[dict[str, Any]]:
         if kind == "prompt":
             out.append({"role": "prompt", "text": seg.get("text") or "", "tokens": n})
         elif kind == "model":
-            turn = turns[turn_i] if turn_i < len(turns) else {}
+            turn = dict(turns[turn_i]) if turn_i < len(turns) else {}
+            turn["calls"] = [
+                {**c, "outcome": call_outcome(c), "error_text": call_error_text(c)}
+                for c in turn.get("tool_calls") or []
+            ]
             out.append(
                 {
                     "role": "assistant",

@@ -541,15 +541,24 @@ class Run:
                     "infra": 0,
                     "parse": 0,
                     "tool_calls": 0,
+                    "tool_failures": 0,
+                    "truncated": 0,
+                    "dropped": 0,
+                    "valid": 0,
                     "trained": g.trained,
                 },
             )
             row["groups"] += 1
             row["trained"] = row["trained"] or g.trained
             row["equal"] += g.equal_rewards
+            row["dropped"] += bool(g.dropped)
             for t in g.trajectories:
                 row["trajectories"] += 1
-                row["reward_sum"] += t.reward
+                row["tool_failures"] += t.calls_failed
+                row["truncated"] += t.shown_status == "truncated"
+                if t.status != "infra_error":
+                    row["valid"] += 1
+                    row["reward_sum"] += t.reward
                 row["infra"] += t.status == "infra_error"
                 row["parse"] += bool(t.parse_errors)
                 row["tool_calls"] += t.tool_calls
@@ -558,7 +567,7 @@ class Run:
         for step in sorted(rows):
             row = rows[step]
             n = max(row["trajectories"], 1)
-            row["reward"] = row["reward_sum"] / n
+            row["reward"] = row["reward_sum"] / max(row["valid"], 1)
             row["tool_calls_per_episode"] = row["tool_calls"] / n
             row["staleness"] = stale.get(step)
             out.append(row)
