@@ -320,33 +320,60 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
     @app.get("/compare", response_class=HTMLResponse)
     def compare_page(request: Request, run: str | None = None) -> HTMLResponse:
         r = get_run(run)
+        q = request.query_params
+        # step N vs M on the held-out tasks: the same tasks at every evaluation
+        eval_steps, eval_rows = eval_table(r)
+        ea = _int(q.get("ea"), "ea")
+        eb = _int(q.get("eb"), "eb")
+        if ea is None and eval_steps:
+            ea = eval_steps[0]
+        if eb is None and eval_steps:
+            eb = eval_steps[-1]
+        eval_raw = {}
+        for row in eval_rows:
+            for step in (ea, eb):
+                g = row["by_step"].get(step)
+                if g is not None:
+                    eval_raw[(row["task_id"], step)] = r.eval_group(g.number)
+        # the same training task at two steps, where the run repeats tasks
         tasks: dict[str, set[int]] = {}
         for g in r.groups:
             tasks.setdefault(g.task_id, set()).add(g.step)
         repeated = sorted(t for t, steps in tasks.items() if len(steps) > 1)
-        task = request.query_params.get("task") or (repeated[0] if repeated else "")
-        steps = sorted(tasks.get(task, set()))
-        a = _int(request.query_params.get("a"), "a")
-        b = _int(request.query_params.get("b"), "b")
+        task = q.get("task") or (repeated[0] if repeated else "")
+        steps = sorted(tasks.get(task, set())) if task in repeated else []
+        a = _int(q.get("a"), "a")
+        b = _int(q.get("b"), "b")
         if a is None and steps:
             a = steps[0]
         if b is None and steps:
             b = steps[-1]
         sides = []
-        for step in (a, b):
-            gs = [g for g in r.groups if g.task_id == task and g.step == step]
-            sides.append((step, [(g, r.group(g.group_id)) for g in gs]))
+        if steps:
+            for step in (a, b):
+                gs = [g for g in r.groups if g.task_id == task and g.step == step]
+                sides.append((step, [(g, r.group(g.group_id)) for g in gs]))
+        # run A vs run B: their cards side by side and the config keys that differ
+        other_name = q.get("other") or ""
+        other = get_run(other_name) if other_name else None
         return render(
             "compare.html",
             run=r,
+            eval_steps=eval_steps,
+            eval_rows=eval_rows,
+            eval_raw=eval_raw,
+            ea=ea,
+            eb=eb,
             tasks=repeated,
-            all_tasks=sorted(tasks),
             task=task,
             steps=steps,
             a=a,
             b=b,
             sides=sides,
             final_text=_final_text,
+            other=other,
+            summaries=[(r.name, r.summary())] + ([(other.name, other.summary())] if other else []),
+            diff=config_diff(_config(r), _config(other)) if other else [],
         )
 
     return app
