@@ -299,10 +299,8 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             )
         g, raw_group, t = r.trajectory(id)
         summ = g.trajectories[r.by_traj[id][1]]
-        newest = max(
-            (x.versions[1] for gg in r.groups for x in gg.trajectories if x.versions), default=0
-        )
-        toks, scale = tokens_of(t, color, _model_name(r), newest, summ.advantage)
+        trained_version = r.version_at.get(g.step) if g.trained else None
+        toks, legend = tokens_of(t, color, _model_name(r), trained_version, summ.advantage)
         return render(
             "traj.html",
             run=r,
@@ -311,7 +309,7 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             s=summ,
             conversation=_conversation(t),
             tokens=toks,
-            scale=scale,
+            legend=legend,
             color=color,
             raw_json=json.dumps(t, indent=1, ensure_ascii=False),
             task=raw_group.get("task", {}),
