@@ -124,7 +124,13 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
     )
     env.filters["fmt"] = _fmt
     env.filters["reward_color"] = _reward_color
-    env.globals.update(follow=follow, quantities=QUANTITIES, tree_width=WIDTH, labels=LABELS, reward_scale=REWARD_SCALE)
+    env.globals.update(
+        follow=follow,
+        quantities=QUANTITIES,
+        tree_width=WIDTH,
+        labels=LABELS,
+        reward_scale=REWARD_SCALE,
+    )
     app = FastAPI(title="agentrl view", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=str(files("agentrl.view") / "static")), "static")
     app.state.catalog = catalog
@@ -187,7 +193,7 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
     @app.get("/fragment/summary", response_class=HTMLResponse)
     def summary_fragment(run: str | None = None) -> HTMLResponse:
         r = get_run(run)
-        return render("_summary.html", run=r, summary=r.summary())
+        return render("_summary.html", run=r, summary=r.summary(), fragment=True)
 
     @app.get("/fragment/steps", response_class=HTMLResponse)
     def steps_fragment(run: str | None = None) -> HTMLResponse:

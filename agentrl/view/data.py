@@ -188,7 +188,9 @@ def summarize(number: int, offset: int, size: int, raw: dict[str, Any], step: in
         calls = [c for tn in turns for c in tn.get("tool_calls", [])]
         names = tuple(c.get("name", "") for c in calls)
         outcomes = [call_outcome(c) for c in calls]
-        failed = [c for c, o in zip(calls, outcomes, strict=True) if o in ("error", "timeout", "infra")]
+        failed = [
+            c for c, o in zip(calls, outcomes, strict=True) if o in ("error", "timeout", "infra")
+        ]
         g.trajectories.append(
             TrajSummary(
                 traj_id=str(t.get("traj_id") or f"{g.group_id}-{i}"),
@@ -587,8 +589,11 @@ class Run:
         at the first and last step, the last held-out eval and trained-batch reward."""
         from agentrl.view.series import trace_series
 
-        rollout = [r["trace/reward_mean"] for _, r in sorted(trace_series(self).items())
-                   if "trace/reward_mean" in r]
+        rollout = [
+            r["trace/reward_mean"]
+            for _, r in sorted(trace_series(self).items())
+            if "trace/reward_mean" in r
+        ]
         trained = [s for s in self.steps if "reward/mean" in s or "reward_mean" in s]
         evals = [s.get("eval/mean_reward", s.get("eval/reward_mean")) for s in self.steps]
         evals = [e for e in evals if e is not None]

@@ -106,7 +106,9 @@ def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, An
     for k in sorted(set(fa) | set(fb)):
         va, vb = fa.get(k, missing), fb.get(k, missing)
         if va != vb:
-            out.append((k, "(absent)" if va is missing else va, "(absent)" if vb is missing else vb))
+            out.append(
+                (k, "(absent)" if va is missing else va, "(absent)" if vb is missing else vb)
+            )
     return out
 
 

@@ -37,7 +37,9 @@ SCALES = {
     "staleness": Scale(
         0.0, 4.0, False, False, "0 (white: the version that trained it) to 4+ versions older (red)"
     ),
-    "advantage": Scale(-2.0, 2.0, True, False, "advantage -2 or less (blue), 0 (white), +2 or more (red)"),
+    "advantage": Scale(
+        -2.0, 2.0, True, False, "advantage -2 or less (blue), 0 (white), +2 or more (red)"
+    ),
 }
 
 

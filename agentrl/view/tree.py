@@ -67,6 +67,7 @@ def layout(group: dict[str, Any], advantages: dict[str, float | None]) -> tuple[
         if position <= prompt:
             return LEFT + PROMPT * position / max(prompt, 1)
         return LEFT + PROMPT + (position - prompt) * scale
+
     deltas: dict[str, float] = {}
     for t in trajs:
         for point in t.get("metadata", {}).get("branch_points", []) or []:
