@@ -21,6 +21,7 @@ from typing import Any
 from agentrl.errors import DatasetError
 from agentrl.runfolder import ADVANTAGES, CONFIG, EVAL_TRACE, METRICS, TRACE
 from agentrl.view.outcomes import call_error_text, call_outcome, cut_at_limit
+from agentrl.view.series import trace_series
 
 
 class JsonlTail:
@@ -587,8 +588,6 @@ class Run:
     def summary(self) -> dict[str, Any]:
         """The run page's cards: the rollout reward (every finished group, from the trace)
         at the first and last step, the last held-out eval and trained-batch reward."""
-        from agentrl.view.series import trace_series
-
         rollout = [
             r["trace/reward_mean"]
             for _, r in sorted(trace_series(self).items())

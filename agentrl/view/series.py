@@ -9,12 +9,11 @@ picked. Keys made here start with ``trace/``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentrl.view.outcomes import quantiles
 
-if TYPE_CHECKING:
-    from agentrl.view.data import Run
+Run = Any  # agentrl.view.data.Run (which imports this module for its summary)
 
 # the distributions drawn per step: name -> what it is over
 DISTRIBUTIONS = {
