@@ -566,6 +566,7 @@ class Run:
                 row["parse"] += bool(t.parse_errors)
                 row["tool_calls"] += t.tool_calls
         stale = {s["step"]: s.get("staleness/mean") for s in self.steps}
+        rollout = {k: v.get("trace/reward_mean") for k, v in trace_series(self).items()}
         out = []
         for step in sorted(rows):
             row = rows[step]
@@ -573,6 +574,7 @@ class Run:
             row["reward"] = row["reward_sum"] / max(row["valid"], 1)
             row["tool_calls_per_episode"] = row["tool_calls"] / n
             row["staleness"] = stale.get(step)
+            row["rollout_reward"] = rollout.get(step)  # the headline curve's number
             out.append(row)
         self._cache = {"key": key, "rows": out}
         return out

@@ -104,6 +104,8 @@ def test_run_page_leads_with_rollout_eval_and_trained_batch_reward(
     assert values["held-out eval reward"] == [evals.get(s) for s in (1, 2, 3)]
     expect(page.locator("#card-reward b")).to_have_text(f"{want[0]:.3f} → {want[-1]:.3f}")
     expect(page.locator("#steps-table tr.step-row")).to_have_count(3)
+    cells = page.locator("#steps-table td.rollout-reward")  # the table agrees with the curve
+    expect(cells).to_have_text([f"{w:.3f}" for w in reversed(want)])
     # no two y-tick labels of a chart read the same, whatever the data's range
     page.wait_for_function("() => document.querySelectorAll('.chart[data-yticks]').length >= 4")
     for ticks in page.locator(".chart[data-yticks]").evaluate_all(
