@@ -23,7 +23,12 @@ DISTRIBUTIONS = {
 
 
 def trace_series(run: Run) -> dict[int, dict[str, float]]:
-    """``step -> {trace/...: value}`` over the groups that finished during each step."""
+    """``step -> {trace/...: value}`` over the groups that finished during each step
+    (computed once per version of the run: a page asks several times)."""
+    key = (run.version, len(run.groups))
+    cached = getattr(run, "_trace_series", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
     by_step: dict[int, list[Any]] = {}
     for g in run.groups:
         by_step.setdefault(g.finished_step, []).append(g)
@@ -45,6 +50,7 @@ def trace_series(run: Run) -> dict[int, dict[str, float]]:
         if ok + failed:
             row["trace/tool_success_rate"] = ok / (ok + failed)
         out[step] = row
+    run._trace_series = (key, out)
     return out
 
 

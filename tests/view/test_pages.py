@@ -93,7 +93,9 @@ def test_run_page_leads_with_rollout_eval_and_trained_batch_reward(
     values = _values(page, "headline")
     rollout = values["rollout reward (all finished groups)"]
     want = _rollout_reward_from_the_trace()
-    assert len(rollout) == len(want) and all(abs(a - b) < 1e-9 for a, b in zip(rollout, want, strict=True))
+    assert len(rollout) == len(want) and all(
+        abs(a - b) < 1e-9 for a, b in zip(rollout, want, strict=True)
+    )
     trained = [e["metrics"]["reward/mean"] for e in EVENTS if e["event"] == "BatchTrained"]
     assert values["trained-batch reward (reward/mean)"] == trained
     evals = {
