@@ -14,9 +14,17 @@ from typing import Any
 
 # the kinds of call outcome, in the order the pages list them
 OUTCOMES = ("ok", "error", "timeout", "infra", "parse")
-_FAILED_TEXT = re.compile(
-    r"(?m)^(Traceback \(most recent call last\):|error: |[A-Za-z_.]*(Error|Exception): )"
-)
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'(?m)^  File "')  # a SyntaxError prints its frame without the header
+_EXCEPTION = re.compile(r"(?m)^[A-Za-z_.]*(Error|Exception): ")
+
+
+def _failed_text(result: str) -> bool:
+    """A result that reads as a failed run: an ``error:`` first line, a Python traceback (a
+    document that merely mentions ``ValueError: ...`` does not count)."""
+    if result.startswith("error: ") or _TRACEBACK in result:
+        return True
+    return bool(_FRAME.search(result) and _EXCEPTION.search(result))
 
 
 def call_outcome(call: dict[str, Any]) -> str:
@@ -34,7 +42,7 @@ def call_outcome(call: dict[str, Any]) -> str:
         ):
             return "parse"  # invalid JSON, an unknown tool, arguments that do not validate
         return "error"
-    if _FAILED_TEXT.search(str(call.get("result") or "")[:4000]):
+    if _failed_text(str(call.get("result") or "")[:4000]):
         return "error"  # a trace from before failed runs were recorded as errors
     return "ok"
 
@@ -44,7 +52,7 @@ def call_error_text(call: dict[str, Any]) -> str:
     if call.get("error"):
         return str(call["error"])
     lines = [ln for ln in str(call.get("result") or "").splitlines() if ln.strip()]
-    found = [ln for ln in lines if _FAILED_TEXT.match(ln) and not ln.startswith("Traceback")]
+    found = [ln for ln in lines if ln.startswith("error: ") or _EXCEPTION.match(ln)]
     return (found or lines or [""])[-1][:200]
 
 

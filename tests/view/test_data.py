@@ -120,6 +120,12 @@ def test_call_outcomes_and_cut_answers() -> None:
     ]
     assert got == ["ok", "error", "error", "error", "timeout", "infra", "parse", "parse"]
     assert call_error_text(old_trace) == "TypeError: bad operand"
+    syntax = {
+        "name": "python",
+        "result": '  File "<stdin>", line 1\n    print(1\nSyntaxError: never closed',
+    }
+    document = {"name": "search", "result": "1. Python docs\nValueError: raised when ..."}
+    assert [call_outcome(c) for c in (syntax, document)] == ["error", "ok"]
     cut = {"status": "ok", "turns": [{"finish_reason": "length", "tool_calls": []}]}
     stopped = {"status": "ok", "turns": [{"finish_reason": "stop", "tool_calls": []}]}
     calling = {"status": "ok", "turns": [{"finish_reason": "length", "tool_calls": [ok]}]}
