@@ -135,6 +135,13 @@ def test_a_metric_chosen_in_the_picker_is_drawn(page: Page, fixture_server) -> N
     expect(page).to_have_url(re.compile(r"m=pg%2Fratio_max"))
     page.locator("#ema").fill("0.5")
     expect(page).to_have_url(re.compile(r"ema=0\.5"))
+    chart = page.locator(".chart[data-metric='pg/ratio_max']")
+    smoothed, level = [], None
+    for v in want:  # an EMA with weight 0.5 on the past
+        level = v if level is None else 0.5 * level + 0.5 * v
+        smoothed.append(level)
+    drawn = json.loads(chart.get_attribute("data-drawn"))[0]
+    assert all(abs(a - b) < 1e-12 for a, b in zip(drawn, smoothed, strict=True))
     page.goto(page.url)  # a shared link draws the same charts
     expect(page.locator(".chart[data-metric='pg/ratio_max'] canvas")).to_have_count(1)
     expect(page.locator("#ema-val")).to_have_text("0.50")
@@ -173,6 +180,9 @@ def test_groups_list_is_one_row_per_group_with_filters_and_sort(page: Page, fixt
 
     page.goto(f"{fixture_server.url}groups?run={RUN}&dropped=1")
     expect(rows).to_have_count(1)
+    page.goto(f"{fixture_server.url}group?run={RUN}&id={dropped['group_id']}")
+    expect(page.locator("#group-outcome")).to_have_text("not trained, dropped: dropped_all_equal")
+    page.goto(f"{fixture_server.url}groups?run={RUN}")
     page.goto(f"{fixture_server.url}groups?run={RUN}&mixed=1&sort=-reward")
     means = [float(x) for x in rows.evaluate_all("els => els.map(e => e.dataset.mean)")]
     assert means == sorted(means, reverse=True) and len(means) == len(GROUPS) - 1

@@ -119,6 +119,7 @@
       }
       const any = ys.some((col) => col.some((v) => v != null));
       c.div.dataset.values = JSON.stringify(raw);
+      c.div.dataset.drawn = JSON.stringify(ys);  // what the lines show (smoothed when asked)
       draw(c, key, xs, ys, series, any, isHeadline || runs.length > 1, []);
     }
 
