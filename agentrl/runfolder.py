@@ -4,6 +4,7 @@ metrics and trace lines: writers and readers alike go through here.
     RUN_DIR/config.yaml                                 the whole config (resume reads it)
     RUN_DIR/metrics.jsonl                               one JSON object a line (MetricsFile)
     RUN_DIR/trajectories.jsonl                          one finished group a line (the trace)
+    RUN_DIR/eval_trajectories.jsonl                     held-out groups of each evaluation
     RUN_DIR/checkpoints/step_000005/learner/...         the trainer's part: model.safetensors
                                      orchestrator.json  (+ adapter / critic), trainer_state.pt,
                         /latest                         learner.json; the loop's part (step,
@@ -90,6 +91,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 TRACE = "trajectories.jsonl"
 ADVANTAGES = "advantages.jsonl"  # beside the trace: the advantages each trained step used
+EVAL_TRACE = "eval_trajectories.jsonl"  # held-out groups of each evaluation, with its step
 REPORT = "report.json"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"

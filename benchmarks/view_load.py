@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/view_load.py [--trajectories 10000] [--repeats 3]
 
-Builds a run folder of N trajectories from the test fixture's real groups (a two-step tiny
+Builds a run folder of N trajectories from the test fixture's real groups (a three-step tiny
 ARPO training: its trace and metrics lines, copied with fresh group and trajectory ids, 8
 groups of 4 per step), then serves it with `agentrl view` and opens each main page in
 Debian's chromium (playwright): TTFB is the navigation's ``responseStart``, full load its

@@ -160,3 +160,13 @@ def test_eval_every_logs_held_out_scores(tmp_path):
         if "eval/pass@1" in s:
             assert 0.0 <= s["eval/pass@1"] <= s["eval/pass@2"] <= 1.0
             assert "eval/maj@2" in s and s["eval/infra_errors"] == 0.0
+    # the held-out groups themselves, per evaluation: the same tasks each time, in task order
+    import json
+
+    held_out = [json.loads(line) for line in (tmp_path / "run" / "eval_trajectories.jsonl").open()]
+    assert [g["step"] for g in held_out] == [2, 2, 2, 3, 3, 3]
+    assert [g["task_id"] for g in held_out[:3]] == [g["task_id"] for g in held_out[3:]]
+    assert all(len(g["trajectories"]) == 2 for g in held_out)
+    pass1 = next(s["eval/pass@1"] for s in steps if s["step"] == 2)
+    rewards = [t["reward"] > 0.5 for g in held_out[:3] for t in g["trajectories"]]
+    assert abs(sum(rewards) / len(rewards) - pass1) < 1e-9

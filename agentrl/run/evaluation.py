@@ -59,6 +59,7 @@ class Evaluator:
                 "the environment has no 'eval' tasks; set env.eval_options to give it some"
             )
         self.ks = sorted({1, samples} | {k for k in (2, 4, 8) if k < samples})
+        self.last_groups: list[TrajectoryGroup] = []  # the latest evaluation's, for the trace
 
     @classmethod
     def for_training(cls, cfg: Config, sampler: Any) -> Evaluator:
@@ -82,6 +83,8 @@ class Evaluator:
                     groups.append(await self.engine.run_task(task, index=i))
 
                 tg.start_soon(one)
+        groups.sort(key=lambda g: int(g.metadata.get("task_index", 0)))
+        self.last_groups = groups
         per_task = [group_scores(g, self.ks) for g in groups]
         keys = sorted({k for row in per_task for k in row})
         out = {

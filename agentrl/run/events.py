@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
-from agentrl.runfolder import ADVANTAGES, JsonlFile
+from agentrl.runfolder import ADVANTAGES, EVAL_TRACE, JsonlFile
 
 log = logging.getLogger("agentrl.run.events")
 
@@ -62,6 +62,7 @@ class GroupDropped(Event):
     task_id: str
     reason: str  # the buffer counter: dropped_stale, dropped_all_equal, dropped_infra, ...
     task_index: int = -1  # its place in the task stream (an audit accounts for every one)
+    group_id: str = ""  # the group as the trace has it (the view shows why it was not trained)
 
 
 @dataclass
@@ -102,6 +103,15 @@ class CheckpointSaved(Event):
 class EvalFinished(Event):
     step: int
     metrics: dict[str, float]
+
+
+@dataclass
+class EvalGroupsFinished(Event):
+    """The held-out groups of one evaluation (the trace writer stores them in
+    ``eval_trajectories.jsonl``, each with its step; the metrics log leaves them out)."""
+
+    step: int
+    groups: list[Any]  # TrajectoryGroup
 
 
 @dataclass
@@ -216,8 +226,8 @@ class JsonlMetrics:
                 "run_dir": event.run_dir,
                 "resumed_from_step": event.resumed_from_step,
             }
-        elif isinstance(event, AdvantagesAssigned):
-            return  # per-sample numbers: the trace's (advantages.jsonl)
+        elif isinstance(event, AdvantagesAssigned | EvalGroupsFinished):
+            return  # per-sample records: the trace's (advantages.jsonl, eval_trajectories.jsonl)
         else:
             row = event.to_dict()
         self._f.write(row)
@@ -235,6 +245,8 @@ class TraceWriter:
         self._f = JsonlFile(path)
         self._adv_path = Path(path).with_name(ADVANTAGES)
         self._adv: JsonlFile | None = None  # opened with the first trained step
+        self._eval_path = Path(path).with_name(EVAL_TRACE)
+        self._eval: JsonlFile | None = None  # opened with the first evaluation
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, GroupFinished):
@@ -244,11 +256,17 @@ class TraceWriter:
                 self._adv = JsonlFile(self._adv_path)
             row = {"step": event.step, "estimator": event.estimator, "advantages": event.advantages}
             self._adv.write(row)
+        elif isinstance(event, EvalGroupsFinished):
+            if self._eval is None:
+                self._eval = JsonlFile(self._eval_path)
+            for group in event.groups:
+                self._eval.write({"step": event.step, **group.to_dict()})
 
     def close(self) -> None:
         self._f.close()
-        if self._adv is not None:
-            self._adv.close()
+        for f in (self._adv, self._eval):
+            if f is not None:
+                f.close()
 
 
 class TensorBoardWriter:

@@ -31,6 +31,7 @@ from agentrl.run.events import (
     AdvantagesAssigned,
     BatchTrained,
     CheckpointSaved,
+    EvalGroupsFinished,
     EventBus,
     GroupDropped,
     GroupFinished,
@@ -222,7 +223,11 @@ class Orchestrator:
 
     def _dropped(self, group: TrajectoryGroup, reason: str) -> None:
         index = int(group.metadata.get("task_index", -1))
-        self.events.publish(GroupDropped(task_id=group.task_id, reason=reason, task_index=index))
+        self.events.publish(
+            GroupDropped(
+                task_id=group.task_id, reason=reason, task_index=index, group_id=group.group_id
+            )
+        )
 
     def _replace(self, n: int) -> None:
         """`n` groups will not be trained (dropped or evicted): their permits go back so
@@ -273,6 +278,8 @@ class Orchestrator:
                     )
                 if self._eval_due():
                     metrics.update(await self.evaluator.run())
+                    held_out = self.evaluator.last_groups  # per task, for step N vs M
+                    self.events.publish(EvalGroupsFinished(step=self.step, groups=held_out))
                 self.events.publish(
                     BatchTrained(
                         step=self.step,

@@ -30,6 +30,9 @@ class ToolOutput:
         False  # the platform failed, not the agent (docs/architecture.md, "Failures")
     )
     metadata: dict[str, Any] = field(default_factory=dict)
+    # the call ran and failed (an exception in the code it ran, a timeout, a non-zero exit):
+    # a short reason the trace records as the call's error (the text still says it all)
+    error: str | None = None
 
 
 @dataclass

@@ -195,7 +195,7 @@ async def _run_one(call: PreparedCall, ctx: ToolContext, timeout: float | None) 
         result=out.text,
         result_chars=len(out.text),
         latency_s=latency,
-        error=out.text if out.infra_error else None,
+        error=out.text if out.infra_error else out.error,
         infra_error=out.infra_error,
     )
     return ToolResult(record, tool_message(name, out.text), out)

@@ -115,7 +115,7 @@ class PythonTool(Tool):
                 f"error: the sandbox failed: {detail[0]}", data=_data(res), infra_error=True
             )
         text = format_result(res, self.run_timeout, self.max_output_chars, restarted=restarted)
-        return ToolOutput(text, data=_data(res))
+        return ToolOutput(text, data=_data(res), error=failure(res))
 
 
 @dataclass
@@ -137,6 +137,20 @@ def _data(res: Any) -> dict[str, Any]:
         "exit_code": getattr(res, "exit_code", None),
         "state_lost": bool(getattr(res, "state_lost", False)),
     }
+
+
+def failure(res: Any) -> str | None:
+    """Why a run failed, in one line (the exception's last line, the limit it hit, the exit
+    code); None when it succeeded."""
+    code = getattr(res, "exit_code", None)
+    if res.status == "ok" and not code:
+        return None
+    if res.status == "error":
+        lines = [ln for ln in (res.stderr or "").strip().splitlines() if ln.strip()]
+        return lines[-1][:200] if lines else f"error (exit code {code})"
+    if res.status == "ok":
+        return f"exit code {code}"
+    return res.status  # timeout | memory | output_limit | killed
 
 
 def format_result(res: Any, run_timeout: float, max_chars: int, restarted: bool = False) -> str:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentrl.errors import InfraError
 from agentrl.sandbox import StartPace, create_sandbox, shared_pace
 from agentrl.tools.base import Tool, ToolContext, ToolOutput
-from agentrl.tools.python import format_result
+from agentrl.tools.python import failure, format_result
 
 INSIDE = "/repo"
 _SESSION_KEY = "workspace.session"
@@ -52,7 +52,8 @@ class WorkspaceHandle:
             return ToolOutput(f"error: the sandbox failed: {e}", infra_error=True)
         if res.status == "sandbox_error":
             return ToolOutput("error: the sandbox failed", infra_error=True)
-        return ToolOutput(format_result(res, self.timeout_s + 5.0, self.max_output_chars))
+        text = format_result(res, self.timeout_s + 5.0, self.max_output_chars)
+        return ToolOutput(text, error=failure(res))
 
     async def _open(self, stack: AsyncExitStack, pace: StartPace | None) -> _Session:
         limits = {

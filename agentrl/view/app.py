@@ -20,28 +20,55 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from agentrl.view.catalog import Catalog, Indexer
-from agentrl.view.data import Filters, Run
+from agentrl.view.data import SORTS, Filters, Run
+from agentrl.view.outcomes import call_error_text, call_outcome
+from agentrl.view.series import config_diff, eval_table, metric_payload
 from agentrl.view.tokens import QUANTITIES, tokens_of, warm_up
 from agentrl.view.tree import WIDTH, layout
 
 SAME_TASK_SHOWN = 12  # groups of the same task listed on a group page
-PAGE_SIZE = 25  # groups per page of the group list (more load as the page scrolls)
+PAGE_SIZE = 50  # groups per page of the group list (more load as the page scrolls)
+REWARD_SCALE = ("#eef0f4", "#1f8a4c")  # a sample's reward 0 -> 1 in the groups' strips
 FIRST_READ_BYTES = 8 << 20  # of trace read before serving; the rest is read on a thread
 REQUEST_READ_BYTES = 1 << 20  # of trace a request reads before answering
 
-# the curves the run page draws first, in this order (others are a click away)
-MAIN_CURVES = [
-    ("reward/mean", "reward"),
-    ("eval/reward_mean", "held-out eval reward"),
-    ("tool_calls_per_episode", "tool calls per episode"),
-    ("parse_errors_per_episode", "parse errors per episode"),
-    ("equal_reward_groups", "groups with equal rewards"),
-    ("staleness/mean", "staleness"),
-    ("pg/approx_kl", "KL (approx.)"),
-    ("entropy", "entropy"),
-    ("pg/clip_frac", "clip fraction"),
-    ("time/step_s", "step time (s)"),
+# the run page's first chart: what a user asks first, each curve labelled by what it is over
+HEADLINE = [
+    ["trace/reward_mean", "rollout reward (all finished groups)"],
+    ["reward/mean", "trained-batch reward (reward/mean)"],
+    [["eval/mean_reward", "eval/reward_mean"], "held-out eval reward"],
 ]
+# titles of the numbers the view recomputes from the trace (other charts are titled by key)
+LABELS = {
+    "trace/reward_mean": "rollout reward, all finished groups (trace/reward_mean)",
+    "trace/tool_success_rate": "tool-call success rate (trace/tool_success_rate)",
+    "trace/tool_failures": "failed tool calls (trace/tool_failures)",
+    "trace/truncated": "share of samples truncated or cut at the token limit (trace/truncated)",
+    "trace/groups": "groups finished (trace/groups)",
+}
+# the charts shown below it until the picker (or ?m=) chooses others
+DEFAULT_CHARTS = [
+    "trace/tool_success_rate",
+    "dist:reward",
+    "dist:length",
+    "grad_norm",
+    "entropy",
+    "is_ratio/max",
+    "trace/truncated",
+    "staleness/mean",
+]
+
+
+def _reward_color(t: Any) -> str:
+    """A sample's square in a group's strip: reward 0 (light grey) to 1 (green), clipped;
+    a negative reward red; an infra error dark red."""
+    if t.status == "infra_error":
+        return "#922b21"
+    r = t.reward
+    if r < 0:
+        return f"hsl(5 75% {round(92 - 40 * min(-r, 1.0))}%)"
+    x = min(r, 1.0)
+    return f"hsl(145 {round(10 + 53 * x)}% {round(94 - 61 * x)}%)"
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
@@ -52,12 +79,16 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _model_name(run: Run) -> str | None:
+def _config(run: Run) -> dict[str, Any]:
     try:
         cfg = yaml.safe_load(run.config_text) or {}
     except yaml.YAMLError:
-        return None
-    name = (cfg.get("model") or {}).get("name") if isinstance(cfg, dict) else None
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def _model_name(run: Run) -> str | None:
+    name = (_config(run).get("model") or {}).get("name")
     return str(name) if name else None
 
 
@@ -92,7 +123,14 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
         lstrip_blocks=True,
     )
     env.filters["fmt"] = _fmt
-    env.globals.update(follow=follow, quantities=QUANTITIES, tree_width=WIDTH)
+    env.filters["reward_color"] = _reward_color
+    env.globals.update(
+        follow=follow,
+        quantities=QUANTITIES,
+        tree_width=WIDTH,
+        labels=LABELS,
+        reward_scale=REWARD_SCALE,
+    )
     app = FastAPI(title="agentrl view", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=str(files("agentrl.view") / "static")), "static")
     app.state.catalog = catalog
@@ -136,12 +174,26 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             run = next(iter(catalog.runs.values()))
             return run_page(request, run.name)
         chosen = request.query_params.getlist("sel") or list(catalog.runs)
-        return render("runs.html", chosen=chosen, curves=MAIN_CURVES)
+        return render("runs.html", chosen=chosen, headline=HEADLINE, defaults=DEFAULT_CHARTS)
 
     @app.get("/run", response_class=HTMLResponse)
     def run_page(request: Request, run: str | None = None) -> HTMLResponse:
         r = get_run(run)
-        return render("run.html", run=r, curves=MAIN_CURVES, summary=r.summary())
+        others = [get_run(name) for name in request.query_params.getlist("with") if name != r.name]
+        return render(
+            "run.html",
+            run=r,
+            headline=HEADLINE,
+            defaults=DEFAULT_CHARTS,
+            summary=r.summary(),
+            overlay=[r.name] + [o.name for o in others],
+            diffs=[(o.name, config_diff(_config(r), _config(o))) for o in others],
+        )
+
+    @app.get("/fragment/summary", response_class=HTMLResponse)
+    def summary_fragment(run: str | None = None) -> HTMLResponse:
+        r = get_run(run)
+        return render("_summary.html", run=r, summary=r.summary(), fragment=True)
 
     @app.get("/fragment/steps", response_class=HTMLResponse)
     def steps_fragment(run: str | None = None) -> HTMLResponse:
@@ -154,7 +206,7 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
         out = {}
         for name in names:
             r = get_run(name)
-            out[r.name] = {"series": r.metric_series(), "live": r.live, "version": r.version}
+            out[r.name] = metric_payload(r)
         return JSONResponse(out)
 
     @app.get("/api/state")
@@ -171,6 +223,10 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             raise HTTPException(
                 400, f"status must be ok, truncated or infra_error (got {status!r})"
             )
+        sort = q.get("sort", "")
+        if sort.lstrip("-") not in ("", *SORTS):
+            choices = ", ".join(f"{k}, -{k}" for k in SORTS)
+            raise HTTPException(400, f"sort must be one of {choices} (got {sort!r})")
         return Filters(
             step=_int(q.get("step"), "step"),
             status=status,
@@ -181,6 +237,11 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             tool=q.get("tool", ""),
             q=q.get("q", ""),
             task=q.get("task", ""),
+            tool_error=q.get("toolerr") == "1",
+            mixed=q.get("mixed") == "1",
+            dropped=q.get("dropped") == "1",
+            truncated=q.get("truncated") == "1",
+            sort=sort,
         )
 
     @app.get("/groups", response_class=HTMLResponse)
@@ -244,10 +305,8 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             )
         g, raw_group, t = r.trajectory(id)
         summ = g.trajectories[r.by_traj[id][1]]
-        newest = max(
-            (x.versions[1] for gg in r.groups for x in gg.trajectories if x.versions), default=0
-        )
-        toks, scale = tokens_of(t, color, _model_name(r), newest, summ.advantage)
+        trained_version = r.version_at.get(g.step) if g.trained else None
+        toks, legend = tokens_of(t, color, _model_name(r), trained_version, summ.advantage)
         return render(
             "traj.html",
             run=r,
@@ -256,7 +315,7 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
             s=summ,
             conversation=_conversation(t),
             tokens=toks,
-            scale=scale,
+            legend=legend,
             color=color,
             raw_json=json.dumps(t, indent=1, ensure_ascii=False),
             task=raw_group.get("task", {}),
@@ -265,33 +324,60 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
     @app.get("/compare", response_class=HTMLResponse)
     def compare_page(request: Request, run: str | None = None) -> HTMLResponse:
         r = get_run(run)
+        q = request.query_params
+        # step N vs M on the held-out tasks: the same tasks at every evaluation
+        eval_steps, eval_rows = eval_table(r)
+        ea = _int(q.get("ea"), "ea")
+        eb = _int(q.get("eb"), "eb")
+        if ea is None and eval_steps:
+            ea = eval_steps[0]
+        if eb is None and eval_steps:
+            eb = eval_steps[-1]
+        eval_raw = {}
+        for row in eval_rows:
+            for step in (ea, eb):
+                g = row["by_step"].get(step)
+                if g is not None:
+                    eval_raw[(row["task_id"], step)] = r.eval_group(g.number)
+        # the same training task at two steps, where the run repeats tasks
         tasks: dict[str, set[int]] = {}
         for g in r.groups:
             tasks.setdefault(g.task_id, set()).add(g.step)
         repeated = sorted(t for t, steps in tasks.items() if len(steps) > 1)
-        task = request.query_params.get("task") or (repeated[0] if repeated else "")
-        steps = sorted(tasks.get(task, set()))
-        a = _int(request.query_params.get("a"), "a")
-        b = _int(request.query_params.get("b"), "b")
+        task = q.get("task") or (repeated[0] if repeated else "")
+        steps = sorted(tasks.get(task, set())) if task in repeated else []
+        a = _int(q.get("a"), "a")
+        b = _int(q.get("b"), "b")
         if a is None and steps:
             a = steps[0]
         if b is None and steps:
             b = steps[-1]
         sides = []
-        for step in (a, b):
-            gs = [g for g in r.groups if g.task_id == task and g.step == step]
-            sides.append((step, [(g, r.group(g.group_id)) for g in gs]))
+        if steps:
+            for step in (a, b):
+                gs = [g for g in r.groups if g.task_id == task and g.step == step]
+                sides.append((step, [(g, r.group(g.group_id)) for g in gs]))
+        # run A vs run B: their cards side by side and the config keys that differ
+        other_name = q.get("other") or ""
+        other = get_run(other_name) if other_name else None
         return render(
             "compare.html",
             run=r,
+            eval_steps=eval_steps,
+            eval_rows=eval_rows,
+            eval_raw=eval_raw,
+            ea=ea,
+            eb=eb,
             tasks=repeated,
-            all_tasks=sorted(tasks),
             task=task,
             steps=steps,
             a=a,
             b=b,
             sides=sides,
             final_text=_final_text,
+            other=other,
+            summaries=[(r.name, r.summary())] + ([(other.name, other.summary())] if other else []),
+            diff=config_diff(_config(r), _config(other)) if other else [],
         )
 
     return app
@@ -320,7 +406,11 @@ def _conversation(t: dict[str, Any]) -> list[dict[str, Any]]:
         if kind == "prompt":
             out.append({"role": "prompt", "text": seg.get("text") or "", "tokens": n})
         elif kind == "model":
-            turn = turns[turn_i] if turn_i < len(turns) else {}
+            turn = dict(turns[turn_i]) if turn_i < len(turns) else {}
+            turn["calls"] = [
+                {**c, "outcome": call_outcome(c), "error_text": call_error_text(c)}
+                for c in turn.get("tool_calls") or []
+            ]
             out.append(
                 {
                     "role": "assistant",

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import math
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentrl.errors import DatasetError
-from agentrl.runfolder import ADVANTAGES, CONFIG, METRICS, TRACE
+from agentrl.runfolder import ADVANTAGES, CONFIG, EVAL_TRACE, METRICS, TRACE
+from agentrl.view.series import trace_series
+from agentrl.view.summary import SORTS, Filters, GroupSummary, summarize
 
 
 class JsonlTail:
@@ -61,161 +62,6 @@ class JsonlTail:
         return out
 
 
-@dataclass
-class TrajSummary:
-    """One trajectory as the lists and filters show it."""
-
-    traj_id: str
-    index: int  # position in its group
-    reward: float
-    status: str
-    turns: int
-    tool_calls: int
-    tool_names: tuple[str, ...]
-    parse_errors: int
-    model_tokens: int
-    length: int
-    stop_reason: str
-    versions: tuple[int, int] | None  # (oldest, newest) weight version of its tokens
-    parent_id: str | None
-    # the advantage the learner trained it with, as recorded (advantages.jsonl), and the
-    # estimator that made it; None: not recorded (a run written before they were, or a
-    # sample not trained yet)
-    advantage: float | None = None
-    estimator: str | None = None
-
-    @property
-    def advantage_text(self) -> str:
-        if self.estimator is None:
-            return "not recorded"
-        if self.advantage is None:
-            return "not trained"  # an infra error, a filtered truncation: no trained token
-        return f"{self.advantage:+.3f}"
-
-    @property
-    def advantage_label(self) -> str:
-        return f"advantage ({self.estimator})" if self.estimator else "advantage"
-
-
-@dataclass
-class GroupSummary:
-    """One group: its place in the file and what the lists show."""
-
-    number: int  # order in trajectories.jsonl
-    group_id: str
-    task_id: str
-    step: int
-    offset: int
-    size: int
-    trajectories: list[TrajSummary] = field(default_factory=list)
-    is_tree: bool = False
-    trained: bool = False  # a BatchTrained event names it (else: sampled, not trained yet)
-
-    @property
-    def rewards(self) -> list[float]:
-        return [t.reward for t in self.trajectories]
-
-    @property
-    def equal_rewards(self) -> bool:
-        valid = [t.reward for t in self.trajectories if t.status != "infra_error"]
-        return len(valid) > 1 and max(valid) - min(valid) < 1e-9
-
-    @property
-    def reward_mean(self) -> float:
-        valid = [t.reward for t in self.trajectories if t.status != "infra_error"]
-        return sum(valid) / len(valid) if valid else 0.0
-
-
-def summarize(number: int, offset: int, size: int, raw: dict[str, Any], step: int) -> GroupSummary:
-    g = GroupSummary(
-        number=number,
-        group_id=str(raw.get("group_id") or f"g{number}"),
-        task_id=str(raw.get("task_id", "")),
-        step=step,
-        offset=offset,
-        size=size,
-    )
-    for i, t in enumerate(raw.get("trajectories", [])):
-        turns = t.get("turns", [])
-        segs = t.get("segments", [])
-        versions = [v for s in segs if s.get("kind") == "model" for v in s.get("versions", [])]
-        names = tuple(c.get("name", "") for tn in turns for c in tn.get("tool_calls", []))
-        g.trajectories.append(
-            TrajSummary(
-                traj_id=str(t.get("traj_id") or f"{g.group_id}-{i}"),
-                index=i,
-                reward=float(t.get("reward", 0.0)),
-                status=str(t.get("status", "ok")),
-                turns=len(turns),
-                tool_calls=len(names),
-                tool_names=names,
-                parse_errors=sum(len(tn.get("parse_errors", [])) for tn in turns),
-                model_tokens=sum(len(s["token_ids"]) for s in segs if s.get("kind") == "model"),
-                length=sum(len(s.get("token_ids", [])) for s in segs),
-                stop_reason=_stop_reason(t),
-                versions=(min(versions), max(versions)) if versions else None,
-                parent_id=t.get("parent_id"),
-            )
-        )
-    g.is_tree = any(t.parent_id for t in g.trajectories)
-    return g
-
-
-def _stop_reason(t: dict[str, Any]) -> str:
-    """Why the episode ended: an infra error, a truncation, or the last turn's finish."""
-    if t.get("status") == "infra_error":
-        return "infra_error"
-    trunc = t.get("metadata", {}).get("truncation")
-    if trunc:
-        return f"truncated: {trunc}"
-    turns = t.get("turns", [])
-    if not turns:
-        return ""
-    last = turns[-1]
-    if last.get("tool_calls"):
-        return "tool call (no answer)"
-    return f"answer ({last.get('finish_reason') or 'stop'})"
-
-
-@dataclass
-class Filters:
-    """What the group list shows; every field maps to one URL parameter."""
-
-    step: int | None = None
-    status: str = ""  # ok | truncated | infra_error
-    reward_min: float | None = None
-    reward_max: float | None = None
-    parse_error: bool = False
-    no_tool_call: bool = False
-    tool: str = ""
-    q: str = ""
-    task: str = ""
-
-    def match_traj(self, t: TrajSummary) -> bool:
-        if self.status and t.status != self.status:
-            return False
-        if self.reward_min is not None and t.reward < self.reward_min:
-            return False
-        if self.reward_max is not None and t.reward > self.reward_max:
-            return False
-        if self.parse_error and not t.parse_errors:
-            return False
-        if self.no_tool_call and t.tool_calls:
-            return False
-        return not (self.tool and self.tool not in t.tool_names)
-
-    @property
-    def per_trajectory(self) -> bool:
-        return bool(
-            self.status
-            or self.reward_min is not None
-            or self.reward_max is not None
-            or self.parse_error
-            or self.no_tool_call
-            or self.tool
-        )
-
-
 class Run:
     """One run folder, refreshed on demand (thread-safe: the server answers from threads)."""
 
@@ -226,6 +72,11 @@ class Run:
         self._metrics_tail = JsonlTail(path / METRICS)
         self._trace_tail = JsonlTail(self.trace)
         self._adv_tail = JsonlTail(path / ADVANTAGES)
+        self.eval_trace = path / EVAL_TRACE
+        self._eval_tail = JsonlTail(self.eval_trace)
+        self.eval_groups: list[GroupSummary] = []  # held-out groups, step = the evaluation's
+        self.dropped: dict[str, str] = {}  # group id -> why the buffer dropped it
+        self.version_at: dict[int, int] = {}  # step -> the learner version that trained it
         self.credit: dict[str, tuple[str, float | None]] = {}  # traj id -> (estimator, adv)
         self.lock = threading.RLock()  # held while reading new lines and while a page renders
         self.events: list[dict[str, Any]] = []
@@ -239,6 +90,7 @@ class Run:
         self.started: dict[str, Any] | None = None
         self.finished: dict[str, Any] | None = None
         self.version = 0  # grows whenever something new was read
+        self._last_version = 0
         self._cache: dict[str, Any] = {}
 
     # --- reading -------------------------------------------------------------------
@@ -259,8 +111,10 @@ class Run:
                     continue
                 n = len(self.groups)
                 g = summarize(n, offset, len(line), raw, self._step_of(n, raw))
+                g.finished_step = g.step
                 if g.group_id in self.trained_in:
                     g.step, g.trained = self.trained_in[g.group_id], True
+                g.dropped = self.dropped.get(g.group_id, "")
                 self.groups.append(g)
                 self.by_group[g.group_id] = g
                 for i, t in enumerate(g.trajectories):
@@ -270,7 +124,13 @@ class Run:
             new_credit = self._adv_tail.read_new()
             for _, line in new_credit:
                 self._add_credit(_loads(line))
-            changed = bool(new_events or new_groups or new_credit)
+            new_eval = self._eval_tail.read_new()
+            for offset, line in new_eval:
+                raw = _loads(line)
+                if raw is not None and "trajectories" in raw and isinstance(raw.get("step"), int):
+                    n = len(self.eval_groups)
+                    self.eval_groups.append(summarize(n, offset, len(line), raw, raw["step"]))
+            changed = bool(new_events or new_groups or new_credit or new_eval)
             if changed:
                 self.version += 1
             return changed
@@ -298,12 +158,22 @@ class Run:
             slot = self._by_step.setdefault(step, {"step": step})
             slot.update({prefix + k: v for k, v in metrics.items() if _is_number(v)})
         if kind == "BatchTrained" and isinstance(step, int):
+            # the version it trained from: the previous step's result (0 before the first)
+            self.version_at[step] = int(self._last_version)
+            if isinstance(row.get("version"), int):
+                self._last_version = row["version"]
             self.trained_steps.append(step)
             for gid in row.get("group_ids") or []:
                 self.trained_in[gid] = step
                 g = self.by_group.get(gid)
                 if g is not None:
                     g.step, g.trained = step, True
+        elif kind == "GroupDropped" and row.get("group_id"):
+            gid = str(row["group_id"])
+            self.dropped[gid] = str(row.get("reason") or "dropped")
+            g = self.by_group.get(gid)
+            if g is not None:
+                g.dropped = self.dropped[gid]
         elif kind == "GroupFinished":
             self.finished_steps.append(int(row.get("step", 0)))
         elif kind == "RunStarted":
@@ -336,6 +206,16 @@ class Run:
             raw = _loads(f.read(g.size))
         if raw is None:
             raise DatasetError(f"{self.trace}: the line of group {group_id} no longer parses")
+        return raw
+
+    def eval_group(self, number: int) -> dict[str, Any]:
+        """A held-out group as written (read back from eval_trajectories.jsonl)."""
+        g = self.eval_groups[number]
+        with self.eval_trace.open("rb") as f:
+            f.seek(g.offset)
+            raw = _loads(f.read(g.size))
+        if raw is None:
+            raise DatasetError(f"{self.eval_trace}: line of held-out group {number} is torn")
         return raw
 
     def trajectory(self, traj_id: str) -> tuple[GroupSummary, dict[str, Any], dict[str, Any]]:
@@ -382,9 +262,14 @@ class Run:
                 continue
             if hits is not None and g.number not in hits:
                 continue
+            if not f.match_group(g):
+                continue
             if f.per_trajectory and not any(f.match_traj(t) for t in g.trajectories):
                 continue
             out.append(g)
+        key = SORTS.get(f.sort.lstrip("-"))
+        if key is not None:
+            out.sort(key=key, reverse=f.sort.startswith("-"))
         return out
 
     def _text_hits(self, needle: bytes) -> set[int]:
@@ -432,26 +317,37 @@ class Run:
                     "infra": 0,
                     "parse": 0,
                     "tool_calls": 0,
+                    "tool_failures": 0,
+                    "truncated": 0,
+                    "dropped": 0,
+                    "valid": 0,
                     "trained": g.trained,
                 },
             )
             row["groups"] += 1
             row["trained"] = row["trained"] or g.trained
             row["equal"] += g.equal_rewards
+            row["dropped"] += bool(g.dropped)
             for t in g.trajectories:
                 row["trajectories"] += 1
-                row["reward_sum"] += t.reward
+                row["tool_failures"] += t.calls_failed
+                row["truncated"] += t.shown_status == "truncated"
+                if t.status != "infra_error":
+                    row["valid"] += 1
+                    row["reward_sum"] += t.reward
                 row["infra"] += t.status == "infra_error"
                 row["parse"] += bool(t.parse_errors)
                 row["tool_calls"] += t.tool_calls
         stale = {s["step"]: s.get("staleness/mean") for s in self.steps}
+        rollout = {k: v.get("trace/reward_mean") for k, v in trace_series(self).items()}
         out = []
         for step in sorted(rows):
             row = rows[step]
             n = max(row["trajectories"], 1)
-            row["reward"] = row["reward_sum"] / n
+            row["reward"] = row["reward_sum"] / max(row["valid"], 1)
             row["tool_calls_per_episode"] = row["tool_calls"] / n
             row["staleness"] = stale.get(step)
+            row["rollout_reward"] = rollout.get(step)  # the headline curve's number
             out.append(row)
         self._cache = {"key": key, "rows": out}
         return out
@@ -465,15 +361,27 @@ class Run:
         return {k: [s.get(k) for s in steps] for k in keys}
 
     def summary(self) -> dict[str, Any]:
+        """The run page's cards: the rollout reward (every finished group, from the trace)
+        at the first and last step, the last held-out eval and trained-batch reward."""
+        rollout = [
+            r["trace/reward_mean"]
+            for _, r in sorted(trace_series(self).items())
+            if "trace/reward_mean" in r
+        ]
         trained = [s for s in self.steps if "reward/mean" in s or "reward_mean" in s]
+        evals = [s.get("eval/mean_reward", s.get("eval/reward_mean")) for s in self.steps]
+        evals = [e for e in evals if e is not None]
         last = trained[-1] if trained else {}
-        first = trained[0] if trained else {}
         return {
             "steps": len(self.trained_steps),
             "groups": len(self.groups),
             "trajectories": self.num_trajectories,
-            "first_reward": first.get("reward/mean", first.get("reward_mean")),
-            "last_reward": last.get("reward/mean", last.get("reward_mean")),
+            "first_reward": rollout[0] if rollout else None,
+            "last_reward": rollout[-1] if rollout else None,
+            "eval_reward": evals[-1] if evals else None,
+            "evals": len(evals),
+            "batch_reward": last.get("reward/mean"),
+            "dropped": sum(1 for g in self.groups if g.dropped),
             "state": "live"
             if self.live
             else (self.finished or {}).get(

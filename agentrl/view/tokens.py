@@ -14,9 +14,45 @@ from typing import Any
 QUANTITIES = {
     "logprob": "behaviour log-prob",
     "entropy": "entropy",
-    "staleness": "staleness (newest version - token's version)",
+    "staleness": "staleness (version that trained it - token's version)",
     "advantage": "advantage",
 }
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A colouring's fixed range (values beyond it take the end colour) and its meaning:
+    the same colour means the same value on every trajectory of every run."""
+
+    lo: float
+    hi: float
+    diverging: bool  # blue below the middle, red above; else white (lo) to red (hi)
+    reverse: bool  # the low end is the hot one
+    doc: str
+
+
+SCALES = {
+    "logprob": Scale(-8.0, 0.0, False, True, "log-prob -8 or less (red: unlikely) to 0 (white)"),
+    "entropy": Scale(0.0, 4.0, False, False, "entropy 0 (white) to 4 nats or more (red)"),
+    "staleness": Scale(
+        0.0, 4.0, False, False, "0 (white: the version that trained it) to 4+ versions older (red)"
+    ),
+    "advantage": Scale(
+        -2.0, 2.0, True, False, "advantage -2 or less (blue), 0 (white), +2 or more (red)"
+    ),
+}
+
+
+@dataclass
+class Legend:
+    """What the heatmap's legend shows: the fixed scale and the values this trajectory has."""
+
+    scale: Scale
+    low_color: str
+    mid_color: str
+    high_color: str
+    values: tuple[float, float] | None  # (min, max) over its model tokens; None: none recorded
+    basis: str = ""  # what the quantity is measured against (staleness: which version)
 
 
 @dataclass
@@ -96,26 +132,38 @@ def token_texts(model_name: str | None, ids: list[int]) -> list[str]:
     return [f"#{i} " for i in ids]
 
 
-def heat(value: float | None, lo: float, hi: float, reverse: bool = False) -> str:
-    """A colour from blue (low) through white to red (high); grey when there is no value."""
+def heat(value: float | None, scale: Scale) -> str:
+    """The colour of `value` on `scale`; transparent when there is no value."""
     if value is None or not math.isfinite(value):
         return "transparent"
-    x = 0.5 if hi <= lo else (min(max(value, lo), hi) - lo) / (hi - lo)
-    if reverse:
+    x = (min(max(value, scale.lo), scale.hi) - scale.lo) / (scale.hi - scale.lo)
+    if scale.reverse:
         x = 1 - x
-    hue = 220 if x < 0.5 else 5
-    strength = abs(x - 0.5) * 2
+    if scale.diverging:
+        hue = 220 if x < 0.5 else 5
+        strength = abs(x - 0.5) * 2
+    else:
+        hue, strength = 5, x
     return f"hsl({hue} 85% {round(97 - 45 * strength)}%)"
+
+
+def legend_for(quantity: str, values: list[float], basis: str = "") -> Legend:
+    sc = SCALES[quantity]
+    ends = (heat(sc.lo, sc), heat((sc.lo + sc.hi) / 2, sc), heat(sc.hi, sc))
+    seen = (min(values), max(values)) if values else None
+    return Legend(sc, *ends, values=seen, basis=basis)
 
 
 def tokens_of(
     traj: dict[str, Any],
     quantity: str,
     model_name: str | None,
-    newest_version: int,
+    trained_version: int | None,
     advantage: float | None,
-) -> tuple[list[Token], tuple[float, float] | None]:
-    """Every token of `traj` with its colour for `quantity`, and the colour scale's range."""
+) -> tuple[list[Token], Legend]:
+    """Every token of `traj` with its colour for `quantity` on the quantity's fixed scale,
+    and the legend. Staleness is measured against `trained_version`, the learner version
+    that trained the sample (None: not trained, no staleness)."""
     if quantity not in QUANTITIES:
         raise ValueError(f"color must be one of {', '.join(QUANTITIES)} (got {quantity!r})")
     ids: list[int] = []
@@ -139,16 +187,19 @@ def tokens_of(
         elif quantity == "entropy":
             values.append(ent)
         elif quantity == "staleness":
-            values.append(None if v is None else float(newest_version - v))
+            stale = None if v is None or trained_version is None else trained_version - v
+            values.append(None if stale is None else float(stale))
         else:
             values.append(advantage)
-    present = [x for x in values if x is not None]
-    scale = (min(present), max(present)) if present else None
-    lo, hi = scale or (0.0, 1.0)
-    if quantity == "advantage" and present:  # symmetric around 0: the sign is the point
-        m = max(abs(lo), abs(hi)) or 1.0
-        lo, hi = -m, m
-    reverse = quantity == "logprob"  # unlikely (very negative) tokens are the hot ones
+    basis = ""
+    if quantity == "staleness":
+        basis = (
+            f"against version {trained_version}, the one that trained it"
+            if trained_version is not None
+            else "not trained: no version to measure against"
+        )
+    scale = SCALES[quantity]
+    legend = legend_for(quantity, [x for x in values if x is not None], basis)
     out = []
     for (kind, lp, v, ent), text, value in zip(rows, texts, values, strict=True):
         title = f"{kind}"
@@ -157,9 +208,11 @@ def tokens_of(
             if ent is not None:
                 parts.append(f"entropy {ent:.3f}")
             if v is not None:
-                parts.append(f"version {v} (staleness {newest_version - v})")
+                parts.append(f"version {v}")
+                if trained_version is not None:
+                    parts.append(f"staleness {trained_version - v}")
             if advantage is not None:
                 parts.append(f"advantage {advantage:+.3f}")
             title = " · ".join(p for p in parts if p)
-        out.append(Token(text, kind, value, heat(value, lo, hi, reverse), title))
-    return out, scale
+        out.append(Token(text, kind, value, heat(value, scale), title))
+    return out, legend

@@ -9,6 +9,7 @@ from typing import Any
 ROW = 34  # pixels per trajectory
 LEFT = 12
 WIDTH = 560  # pixels for the longest trajectory's tokens
+PROMPT = 48  # pixels for the prompt every path shares: the branches get the rest of the width
 
 
 @dataclass
@@ -41,6 +42,12 @@ def fork_turn(parent: dict[str, Any], position: int) -> int:
     return max(turns, 1)
 
 
+def _prompt_tokens(traj: dict[str, Any]) -> int:
+    segs = traj.get("segments") or []
+    first = segs[0] if segs else {}
+    return len(first.get("token_ids", [])) if first.get("kind") == "prompt" else 0
+
+
 def layout(group: dict[str, Any], advantages: dict[str, float | None]) -> tuple[list[Node], int]:
     """Nodes in depth-first order (children under their parent) and the drawing's height."""
     trajs = group.get("trajectories", [])
@@ -52,7 +59,15 @@ def layout(group: dict[str, Any], advantages: dict[str, float | None]) -> tuple[
     longest = max(
         (sum(len(s.get("token_ids", [])) for s in t.get("segments", [])) for t in trajs), default=1
     )
-    scale = WIDTH / max(longest, 1)
+    # the shared prompt drawn as a short stub: a long prompt would squash the branches
+    prompt = min(_prompt_tokens(t) for t in trajs) if trajs else 0
+    scale = (WIDTH - PROMPT) / max(longest - prompt, 1)
+
+    def x(position: int) -> float:
+        if position <= prompt:
+            return LEFT + PROMPT * position / max(prompt, 1)
+        return LEFT + PROMPT + (position - prompt) * scale
+
     deltas: dict[str, float] = {}
     for t in trajs:
         for point in t.get("metadata", {}).get("branch_points", []) or []:
@@ -73,8 +88,8 @@ def layout(group: dict[str, Any], advantages: dict[str, float | None]) -> tuple[
                 traj_id=tid,
                 index=i,
                 row=row,
-                x0=LEFT + (pos or 0) * scale,
-                x1=LEFT + n_tok * scale,
+                x0=x(pos or 0),
+                x1=x(n_tok),
                 y=ROW * row + ROW / 2,
                 parent_row=rows.get(pid) if pid is not None else None,
                 fork_turn=fork_turn(by_id[pid][1], pos or 0) if pid is not None else None,

@@ -180,3 +180,19 @@ def test_bad_limits_fail_at_construction(sandbox=None):
         PythonTool(memory_md=256)
     with pytest.raises(ValueError, match="timeout must be > 0"):
         PythonTool(timeout=0)
+
+
+async def test_a_failed_run_is_recorded_as_the_calls_error(sandbox):
+    """An exception in the code (not in the tool) is still a failed call: the trace records
+    its last line as the call's error, and a successful call has none."""
+    tool = PythonTool(sandbox, timeout=5)
+    text = (
+        '<tool_call>{"name": "python", "arguments": {"code": "print(1"}}</tool_call>\n'
+        '<tool_call>{"name": "python", "arguments": {"code": "print(2)"}}</tool_call>'
+    )
+    calls = prepare_calls(text, [tool])
+    async with ToolContext() as ctx:
+        bad, good = [r.record for r in await run_tool_calls(calls, ctx)]
+    assert bad.error is not None and bad.error.startswith("SyntaxError")
+    assert "Traceback" in bad.result or "SyntaxError" in bad.result
+    assert good.error is None and good.result == "2"

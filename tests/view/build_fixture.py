@@ -1,4 +1,4 @@
-"""Builds tests/view/fixture_run: a real two-step ARPO training of the tiny model.
+"""Builds tests/view/fixture_run: a real three-step ARPO training of the tiny model.
 
     python -m tests.view.build_fixture [OUT]
 
@@ -39,7 +39,11 @@ ARPO = [
     "rollout.branching.alpha=1.0",
     "rollout.branching.tau=0.5",
     "algorithm.advantage=tree_grpo",
-    "orchestrator.max_steps=2",
+    "algorithm.dynamic_sampling=true",
+    "orchestrator.max_steps=3",
+    "orchestrator.eval_every=2",
+    "orchestrator.eval_tasks=2",
+    "orchestrator.eval_samples=2",
     "orchestrator.max_staleness=0",
     "logging.tensorboard=false",
 ]

@@ -2,9 +2,10 @@
 
     python -m tests.view.screenshots RUN_DIR [OUT=docs/view]
 
-The same browser as the tests (Debian's chromium through playwright); the pages shown are
-the run, a step's groups, the trajectory with the most tool calls (and its heatmap by
-entropy), a branched group's tree (the first group otherwise) and the step comparison.
+The same browser as the tests (Debian's chromium through playwright), at 1280x900; the
+pages shown are the run (with two more metrics picked), the groups list, a trajectory with a
+failed tool call (else the one with the most tool calls) and its heatmap by entropy, a
+branched group's tree (the first group otherwise) and the comparison page.
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ def take(run_dir: Path, out: Path) -> list[Path]:
         tree = next((g for g in run.groups if g.is_tree), run.groups[0])
         busiest = max(
             (t for g in run.groups for t in g.trajectories if t.status == "ok"),
-            key=lambda t: (t.tool_calls, t.reward, t.turns),
+            key=lambda t: (t.calls_failed, t.tool_calls, t.reward, t.turns),
         )
-        last = run.step_numbers()[-1]
         pages = {
-            "run": f"run?{q}",
-            "groups": f"groups?{q}&step={last}",
+            "run": f"run?{q}&m=trace/tool_success_rate&m=dist:reward&m=grad_norm&m=is_ratio/max",
+            "groups": f"groups?{q}",
             "trajectory": f"traj?{q}&id={busiest.traj_id}",
             "heatmap": f"traj?{q}&id={busiest.traj_id}&color=entropy",
             "tree": f"group?{q}&id={tree.group_id}",
@@ -41,11 +41,12 @@ def take(run_dir: Path, out: Path) -> list[Path]:
         saved = []
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1360, "height": 900})
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
             for name, path in pages.items():
                 page.goto(server.url + path)
                 if name == "run":
-                    page.wait_for_selector(".chart canvas")
+                    page.wait_for_selector(".chart[data-metric='is_ratio/max'] canvas")
+                    page.locator("#metric-search").fill("grad")
                 if name == "heatmap":
                     page.locator("#heatmap").scroll_into_view_if_needed()
                     page.screenshot(path=str(out / f"{name}.png"))  # the tokens, not the top

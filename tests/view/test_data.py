@@ -42,16 +42,111 @@ def test_run_index_of_the_fixture() -> None:
     cat = Catalog(FIXTURE)
     assert cat.refresh() and not cat.refresh()  # the second look finds nothing new
     run = cat.get("fixture_run")
-    assert [g.step for g in run.groups] == [1, 1, 2, 2] and all(g.trained for g in run.groups)
-    assert run.summary()["trajectories"] == 16 and run.summary()["state"] == "completed"
+    assert [g.step for g in run.groups] == [1, 1, 2, 2, 3, 3, 3]
+    dropped = [g for g in run.groups if not g.trained]
+    assert [g.dropped for g in dropped] == ["dropped_all_equal"] and dropped[0].equal_rewards
+    assert dropped[0].outcome == "dropped: dropped_all_equal"
+    assert run.summary()["trajectories"] == 28 and run.summary()["state"] == "completed"
     tree = next(g for g in run.groups if g.is_tree)
     raw = run.group(tree.group_id)
     assert raw["group_id"] == tree.group_id and len(raw["trajectories"]) == 4
     assert len(run.select(Filters(status="infra_error"))) == 1
-    assert len(run.select(Filters(q="maldives"))) == 2  # case-insensitive text search
-    assert run.select(Filters(step=2, task=run.groups[0].task_id))[0].step == 2
+    lines = (FIXTURE / "trajectories.jsonl").read_text().lower().splitlines()
+    maldives = sum("maldives" in line for line in lines)
+    assert maldives >= 1 and len(run.select(Filters(q="MALDIVES"))) == maldives
+    assert run.select(Filters(step=2, task=run.groups[2].task_id))[0].step == 2
+    assert [g.group_id for g in run.select(Filters(dropped=True))] == [dropped[0].group_id]
+    assert dropped[0] not in run.select(Filters(mixed=True))
+    by_reward = run.select(Filters(sort="-reward"))
+    assert [g.reward_mean for g in by_reward] == sorted(
+        (g.reward_mean for g in run.groups), reverse=True
+    )
     series = run.metric_series()
-    assert series["step"] == [1, 2] and len(series["reward/mean"]) == 2
+    assert series["step"] == [1, 2, 3] and len(series["reward/mean"]) == 3
+
+
+def test_the_headline_reward_is_every_finished_groups_recomputed_from_the_trace() -> None:
+    """trace/reward_mean per step: the mean of the group means (infra errors left out) of the
+    groups whose GroupFinished falls in that step, the dropped ones too; it is the number
+    the orchestrator logged as reward_mean, and not the trained batch's reward/mean."""
+    from agentrl.view.series import metric_payload
+
+    cat = Catalog(FIXTURE)
+    cat.refresh()
+    payload = metric_payload(cat.get("fixture_run"))
+    events = [json.loads(line) for line in (FIXTURE / "metrics.jsonl").open()]
+    finished = [e["step"] + 1 for e in events if e["event"] == "GroupFinished"]
+    groups = [json.loads(line) for line in (FIXTURE / "trajectories.jsonl").open()]
+    by_step: dict[int, list[float]] = {}
+    for step, g in zip(finished, groups, strict=True):
+        valid = [t["reward"] for t in g["trajectories"] if t["status"] != "infra_error"]
+        by_step.setdefault(step, []).append(sum(valid) / len(valid))
+    want = [sum(v) / len(v) for _, v in sorted(by_step.items())]
+    got = payload["series"]["trace/reward_mean"]
+    assert got == pytest.approx(want)
+    logged = [e["metrics"]["reward_mean"] for e in events if e["event"] == "BatchTrained"]
+    assert got == pytest.approx(logged)
+    trained = [e["metrics"]["reward/mean"] for e in events if e["event"] == "BatchTrained"]
+    assert trained != pytest.approx(got)  # dynamic sampling dropped a group at step 3
+    assert all(len(q) == 5 and q[0] <= q[2] <= q[4] for q in payload["dists"]["reward"])
+    assert "grad_norm" in payload["keys"] and "eval/mean_reward" in payload["keys"]
+
+
+def test_call_outcomes_and_cut_answers() -> None:
+    from agentrl.view.outcomes import call_error_text, call_outcome, cut_at_limit
+
+    ok = {"name": "search", "result": "1. Vienna ..."}
+    raised = {"name": "lookup", "error": "error: tool 'lookup' failed: KeyError: 'x'"}
+    ran_failed = {
+        "name": "python",
+        "result": "Traceback ...",
+        "error": "SyntaxError: '(' was never closed",
+    }
+    old_trace = {
+        "name": "python",
+        "result": "Traceback (most recent call last):\n  File ...\nTypeError: bad operand",
+    }
+    timeout = {
+        "name": "python",
+        "error": "error: tool 'python' timed out after 5s",
+        "timed_out": True,
+    }
+    infra = {"name": "python", "error": "error: the sandbox failed", "infra_error": True}
+    unparsed = {"name": "", "error": "error: invalid JSON in tool call"}
+    invalid = {"name": "search", "error": "error: argument 'query' is required"}
+    got = [
+        call_outcome(c)
+        for c in (ok, raised, ran_failed, old_trace, timeout, infra, unparsed, invalid)
+    ]
+    assert got == ["ok", "error", "error", "error", "timeout", "infra", "parse", "parse"]
+    assert call_error_text(old_trace) == "TypeError: bad operand"
+    syntax = {
+        "name": "python",
+        "result": '  File "<stdin>", line 1\n    print(1\nSyntaxError: never closed',
+    }
+    document = {"name": "search", "result": "1. Python docs\nValueError: raised when ..."}
+    assert [call_outcome(c) for c in (syntax, document)] == ["error", "ok"]
+    cut = {"status": "ok", "turns": [{"finish_reason": "length", "tool_calls": []}]}
+    stopped = {"status": "ok", "turns": [{"finish_reason": "stop", "tool_calls": []}]}
+    calling = {"status": "ok", "turns": [{"finish_reason": "length", "tool_calls": [ok]}]}
+    assert [cut_at_limit(t) for t in (cut, stopped, calling)] == [True, False, False]
+
+
+def test_held_out_tasks_per_evaluation_and_config_diff() -> None:
+    from agentrl.view.series import config_diff, eval_table
+
+    cat = Catalog(FIXTURE)
+    cat.refresh()
+    steps, rows = eval_table(cat.get("fixture_run"))
+    assert steps == [2, 3] and len(rows) == 2  # two held-out tasks, evaluated twice
+    assert all(sorted(r["by_step"]) == [2, 3] and r["target"] for r in rows)
+    a = {"learner": {"lr": 1e-3, "batch_groups": 2}, "env": {"name": "x"}}
+    b = {"learner": {"lr": 5e-4, "batch_groups": 2}, "seed": 1}
+    assert config_diff(a, b) == [
+        ("env.name", "x", "(absent)"),
+        ("learner.lr", 1e-3, 5e-4),
+        ("seed", "(absent)", 1),
+    ]
 
 
 def test_a_folder_of_runs_and_a_rollout_folder(tmp_path: Path) -> None:
@@ -64,10 +159,10 @@ def test_a_folder_of_runs_and_a_rollout_folder(tmp_path: Path) -> None:
     assert sorted(cat.runs) == ["a", "b"]
     b = cat.get("b")
     assert b.summary()["state"] == "rollout" and b.summary()["steps"] == 0
-    assert [g.step for g in b.groups] == [0, 0, 1, 1]  # from the weight versions
+    assert [g.step for g in b.groups] == [0, 0, 1, 1, 2, 2, 2]  # from the weight versions
     shutil.copytree(FIXTURE, tmp_path / "runs" / "c")  # a run started later shows up
     cat.refresh()
-    assert "c" in cat.runs and cat.get("c").num_trajectories == 16
+    assert "c" in cat.runs and cat.get("c").num_trajectories == 28
 
 
 def test_bad_folders_say_what_to_pass(tmp_path: Path) -> None:
@@ -112,7 +207,7 @@ def test_a_folder_of_runs_overlays_their_curves(tmp_path: Path) -> None:
             and "data-runs='[\"a\"]'" in page.text
         )
         series = client.get("/api/metrics?run=a&run=b").json()
-        assert sorted(series) == ["a", "b"] and series["a"]["series"]["step"] == [1, 2]
+        assert sorted(series) == ["a", "b"] and series["a"]["series"]["step"] == [1, 2, 3]
         assert client.get("/run").status_code == 400  # two runs: which one?
     finally:
         app.state.indexer.stop()

@@ -39,15 +39,21 @@ def test_follow_shows_new_steps_without_reload(page: Page, tmp_path: Path) -> No
         page.goto(server.url)
         page.evaluate("() => { window.__notReloaded = true; }")
         expect(page.locator("#steps-table tr.step-row")).to_have_count(1)
+        expect(page.locator("#n-groups")).to_have_text("2")
+        expect(page.locator("#run-state")).to_have_text("live")
         with (run / "trajectories.jsonl").open("a") as f:  # the writer finishes its line
-            f.write(groups[2][100:] + groups[3])
+            f.write(groups[2][100:] + "".join(groups[3:]))
         with (run / "metrics.jsonl").open("a") as f:
             f.write("".join(metrics[cut:]))
-        expect(page.locator("#steps-table tr.step-row")).to_have_count(2)
-        expect(page.locator("#steps-table")).to_have_attribute("data-groups", "4")
+        expect(page.locator("#steps-table tr.step-row")).to_have_count(3)
+        expect(page.locator("#steps-table")).to_have_attribute("data-groups", str(len(groups)))
+        # the summary cards follow too, not only the table
+        expect(page.locator("#n-groups")).to_have_text(str(len(groups)))
+        expect(page.locator("#summary .state-text")).to_have_text("completed")
+        expect(page.locator("#run-state")).to_have_text("completed")
         assert page.evaluate("() => window.__notReloaded === true")
         page.goto(f"{server.url}groups?run=growing&step=2")
-        expect(page.locator("section.group")).to_have_count(2)
+        expect(page.locator("tr.group-row")).to_have_count(2)
     finally:
         server.stop()
 
