@@ -224,8 +224,8 @@ class AlgorithmConfig(_Section):
     @register_advantage (docs/credit.md).
     Example: `rloo`"""
     policy_loss: str = "ppo"
-    """The policy loss: ppo | gspo | gspo_token | gmpo | gvpo | ppo_adaptive_kl, or a name
-    registered with @register_policy_loss.
+    """The policy loss: ppo | gspo | gspo_token | gmpo | gvpo | ppo_adaptive_kl | cispo | sapo | m2po
+    | dppo_kl (prime-rl's default), or a name registered with @register_policy_loss.
     Example: `gspo`"""
     agg: str = "token-mean"
     """How per-token losses become one: token-mean | seq-mean-token-mean | seq-mean-token-sum-norm,
@@ -302,8 +302,9 @@ class AlgorithmConfig(_Section):
     takes it (an option no selected function takes is an error): gae: whiten_advantages; grpo:
     eps, norm_by_std; gigpo: omega, step_gamma, norm_by_std, eps; grpo_lambda: top_fraction,
     length_coef, success, eps; lite_ppo, reinforce_pp, reinforce_pp_baseline, tree_grpo: eps;
-    gmpo: log_clip; gvpo: beta; ppo_adaptive_kl: kl_beta, kl_target; your registered functions:
-    their keyword parameters.
+    gmpo: log_clip; gvpo: beta; ppo_adaptive_kl: kl_beta, kl_target; cispo: eps_low_is; sapo:
+    tau_pos, tau_neg; m2po: m2_threshold; dppo_kl: dppo_mask_low, dppo_mask_high, adv_tau, kl_tau;
+    your registered functions: their keyword parameters.
     Example: `{norm_by_std: false}`"""
 
     @field_validator("proximal_bypass", mode="before")

@@ -11,12 +11,13 @@ importance weight) turns the gap the other way and fails these tests.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import pytest
 import torch
 
-from agentrl.algos import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
+from agentrl.algos import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, register_policy_loss
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
 from agentrl.run.settings import resolve
@@ -130,3 +131,29 @@ def test_off_policy_corrections_favour_rewarded_tokens(
     correction: str, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
     _check(f"off_policy {correction}", {"off_policy": correction}, fresh_model, groups)
+
+
+# the losses for stale data (agentrl.algos.stale): the suite above covers them from the
+# registry; this shows the check catches a sign error in each one
+STALE_LOSSES = ("cispo", "sapo", "m2po", "dppo_kl")
+
+
+@pytest.mark.parametrize("name", STALE_LOSSES)
+def test_a_sign_flipped_stale_loss_fails_the_direction_check(
+    name: str, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    fn = POLICY_LOSSES.get(name)
+
+    @functools.wraps(fn)  # keeps the signature: the same options and clip settings reach it
+    def flipped(logprobs, old_logprobs, advantages, mask, **kw):  # type: ignore[no-untyped-def]
+        return fn(logprobs, old_logprobs, -advantages, mask, **kw)
+
+    flipped_name = f"{name}_sign_flipped_test"
+    register_policy_loss(flipped_name, override=True)(flipped)
+    try:
+        gain = _gain({"advantage": "grpo", "policy_loss": flipped_name}, fresh_model, groups)
+    finally:
+        POLICY_LOSSES._fns.pop(flipped_name, None)
+    assert gain < -MIN_GAIN, (
+        f"{name} with the advantage's sign flipped moved the gap by {gain:+.4f}"
+    )
