@@ -789,13 +789,15 @@ class PreferenceConfig(_Section):
     """`agentrl dpo`: preference optimisation (docs/preference.md)."""
 
     loss: str = "dpo"
-    """A registered preference loss: dpo, cdpo, robust, ipo, hinge, kto, orpo, simpo, tdpo"""
+    """A registered preference loss: dpo, cdpo, robust, ipo, hinge, kto, orpo, simpo, tdpo, rpo (DPO +
+    alpha * the chosen answer's length-normalised NLL)"""
     beta: float | None = Field(None, gt=0.0)
     """The loss's beta; null = the loss's own default.
     Example: `0.1`"""
     options: dict[str, Any] = Field(default_factory=dict)
     """The loss's other keyword options: dpo, cdpo, robust: label_smoothing; ipo: length_normalize;
-    kto: lambda_d, lambda_u; orpo: lam; simpo: gamma, label_smoothing; tdpo: alpha, variant.
+    kto: lambda_d, lambda_u; orpo: lam; simpo: gamma, label_smoothing; tdpo: alpha, variant; rpo:
+    alpha (the NLL's weight, 1.0).
     Example: `{label_smoothing: 0.1}`"""
     epochs: int = Field(1, ge=1)
     """Passes over the preference data."""
