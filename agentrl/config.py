@@ -282,6 +282,11 @@ class AlgorithmConfig(_Section):
     on_max_dropped: Literal["error", "train"] = "error"
     """After max_dropped_groups all-equal groups in a row: error = stop naming the likely cause;
     train = train on them anyway."""
+    min_group_reward_std: float = Field(0.0, ge=0.0)
+    """Dynamic sampling also drops groups whose reward std (unbiased, over the valid samples) is
+    below this, under the same max_dropped_groups bound; 0 = only all-equal groups. Needs
+    dynamic_sampling: true.
+    Example: `0.1`"""
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     """DAPO's overlong reward shaping and filtering."""
     gamma: float = Field(1.0, ge=0.0, le=1.0)

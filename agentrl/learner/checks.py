@@ -77,3 +77,13 @@ def check_kl_in_reward(alg: Any) -> None:
             f"one of {', '.join(takes)}, or keep the KL in the loss "
             "(algorithm.kl_in_reward=false)"
         )
+
+
+def check_dynamic_sampling(alg: Any) -> None:
+    """``algorithm.min_group_reward_std`` is a threshold of dynamic sampling."""
+    if alg.min_group_reward_std > 0 and not alg.dynamic_sampling:
+        raise ConfigError(
+            f"algorithm.min_group_reward_std={alg.min_group_reward_std} drops groups (and "
+            "samples more) as dynamic sampling does: set algorithm.dynamic_sampling=true, or "
+            "remove algorithm.min_group_reward_std"
+        )

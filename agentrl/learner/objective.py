@@ -40,7 +40,12 @@ from agentrl.algos.registry import (
 )
 from agentrl.algos.stats import masked_mean
 from agentrl.learner.adaptive_kl import AdaptiveKLState
-from agentrl.learner.checks import check_critic, check_kl_in_reward, check_off_policy
+from agentrl.learner.checks import (
+    check_critic,
+    check_dynamic_sampling,
+    check_kl_in_reward,
+    check_off_policy,
+)
 from agentrl.learner.credit import Credit, turn_index
 from agentrl.learner.metrics import unscaled
 from agentrl.learner.options import CLIP_SETTINGS, clip_settings, lookup, route_options
@@ -101,6 +106,7 @@ class Objective:
         check_critic(alg, self.needs_critic)
         check_off_policy(alg)
         check_kl_in_reward(alg)
+        check_dynamic_sampling(alg)
         # use_kl: a reference model is needed; the KL goes into the loss or into the rewards
         self.use_kl = bool(alg.kl) and alg.kl_coef > 0
         self.kl_in_loss = self.use_kl and not alg.kl_in_reward

@@ -54,6 +54,7 @@ class AlgorithmSettings:
     dynamic_sampling: bool = False
     max_dropped_groups: int = 64
     on_max_dropped: str = "error"
+    min_group_reward_std: float = 0.0
     overlong: OverlongSettings = field(default_factory=OverlongSettings)
     gamma: float = 1.0
     lam: float = 1.0

@@ -97,6 +97,7 @@ class Orchestrator:
                 dynamic_sampling=cfg.algorithm.dynamic_sampling,
                 max_dropped=cfg.algorithm.max_dropped_groups,
                 on_max_dropped=cfg.algorithm.on_max_dropped,
+                min_reward_std=cfg.algorithm.min_group_reward_std,
                 # never below the permits in flight, so put() only waits when the learner lags
                 capacity=(cfg.orchestrator.max_staleness + 1) * cfg.learner.batch_groups,
                 on_evict=self._evicted,
