@@ -244,6 +244,10 @@ class AlgorithmConfig(_Section):
     Example: `k3`"""
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the KL term (loss, or reward with kl_in_reward); 0 = no KL, no reference model."""
+    ref_refresh_every: int = Field(0, ge=0)
+    """Every N learner steps the reference model becomes a copy of the current policy (0 = never:
+    the initial policy throughout). Needs a reference: a KL term or a loss that reads ref_logprobs.
+    Example: `50`"""
     kl_in_reward: bool = False
     """REINFORCE++: the KL penalty goes into the per-token reward (r_t - kl_coef * KL_t) instead of
     the loss; needs `kl`, kl_coef > 0 and a token-reward advantage"""

@@ -54,6 +54,13 @@ from agentrl.learner.metrics import WeightedMeans, as_floats, batch_metrics
 from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
 from agentrl.learner.proximal import bypass_blockers, current_blockers
+from agentrl.learner.reference import (
+    check_refreshable,
+    due,
+    load_reference_state,
+    reference_state,
+    refresh_reference,
+)
 from agentrl.learner.settings import LearnerSettings
 from agentrl.types import Batch, TrajectoryGroup
 
@@ -238,6 +245,7 @@ class Learner:
         if self.objective.needs_ref:
             ref = ref_model if ref_model is not None else copy.deepcopy(self.model)
             self.ref_model = self.strategy.wrap(ref.to(self.device).eval().requires_grad_(False))
+        check_refreshable(self.alg.ref_refresh_every, self.ref_model)
         # after the reference model's copy: a copy of a compiled layer would run the original
         self.compiled_layers = self.core.compile_layers(
             {"policy": self.model, "critic": self.critic, "reference model": self.ref_model},
@@ -390,6 +398,9 @@ class Learner:
         self.version += 1
         self.step_count += 1
         self.last_old_logprobs = inputs.used_old_lp
+        if self.ref_model is not None and due(self.alg.ref_refresh_every, self.step_count):
+            refresh_reference(self.ref_model, self.model)  # algorithm.ref_refresh_every
+            metrics["ref/refreshed"] = 1.0
         self._step_metrics(metrics, inputs, loop, start, rewards)
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["tokens_per_s"] = metrics["tokens/total"] / max(metrics["time/step_s"], 1e-9)
@@ -618,6 +629,7 @@ class Learner:
             state={
                 "generator": self.generator.get_state(),
                 "objective": self.objective.state_dict(),  # the adaptive-KL beta
+                **self._reference_checkpoint(),
             },
             meta={
                 "version": self.version,
@@ -633,6 +645,18 @@ class Learner:
         self.objective.load_state_dict(state.get("objective") or {})
         self.version = int(meta["version"])
         self.step_count = int(meta["step"])
+        if self._refreshed():  # the reference of the last refresh, not the initial policy
+            load_reference_state(
+                self.ref_model, state.get("reference"), self.model, self.step_count
+            )
+
+    def _refreshed(self) -> bool:
+        """Whether algorithm.ref_refresh_every has replaced the initial reference yet."""
+        every = self.alg.ref_refresh_every
+        return self.ref_model is not None and every > 0 and self.step_count >= every
+
+    def _reference_checkpoint(self) -> dict[str, Any]:
+        return {"reference": reference_state(self.ref_model)} if self._refreshed() else {}
 
     def wait_ready(self) -> None:
         """Ready when constructed (see :class:`~agentrl.learner.LearnerLike`)."""

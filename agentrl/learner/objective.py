@@ -39,6 +39,7 @@ from agentrl.algos.registry import (
     keyword_parameters,
 )
 from agentrl.algos.stats import masked_mean
+from agentrl.errors import ConfigError
 from agentrl.learner.adaptive_kl import AdaptiveKLState
 from agentrl.learner.checks import (
     check_critic,
@@ -124,6 +125,12 @@ class Objective:
         self.couples_group = POLICY_LOSSES.couples_group(alg.policy_loss)
         # a reference model is loaded for the KL term or for a loss that reads it
         self.needs_ref = self.use_kl or "ref_logprobs" in self.loss_inputs
+        if alg.ref_refresh_every and not self.needs_ref:
+            raise ConfigError(
+                f"algorithm.ref_refresh_every={alg.ref_refresh_every} refreshes the reference "
+                "model, but this run has none: set algorithm.kl and algorithm.kl_coef > 0 (or "
+                "pick a loss that reads ref_logprobs), or remove algorithm.ref_refresh_every"
+            )
         self.loss_options = {**clip_settings(alg, loss_fn), **routed[loss_label]}
         # a loss naming kl_beta and kl_target gets beta adapted between steps (adaptive-KL PPO)
         self.adaptive_kl: AdaptiveKLState | None = None

@@ -55,6 +55,7 @@ class AlgorithmSettings:
     max_dropped_groups: int = 64
     on_max_dropped: str = "error"
     min_group_reward_std: float = 0.0
+    ref_refresh_every: int = 0
     overlong: OverlongSettings = field(default_factory=OverlongSettings)
     gamma: float = 1.0
     lam: float = 1.0
