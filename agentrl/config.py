@@ -253,7 +253,13 @@ class AlgorithmConfig(_Section):
     the loss; needs `kl`, kl_coef > 0 and a token-reward advantage"""
     entropy_coef: float = 0.0
     """Entropy bonus: the loss subtracts entropy_coef * the aggregated entropy of the trained
-    tokens (0 = none)."""
+    tokens (0 = none); the start value under entropy_coef_schedule."""
+    entropy_coef_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """The entropy coefficient over the run: constant = entropy_coef; linear / cosine = from
+    entropy_coef at the first learner step to entropy_coef_end at the last (orchestrator.max_steps).
+    Example: `linear`"""
+    entropy_coef_end: float = 0.0
+    """The entropy coefficient at the last step under a linear or cosine entropy_coef_schedule."""
     off_policy: Literal["none", "tis", "decoupled"] = "none"
     """Off-policy corrections (docs/off_policy.md); the is_* keys act under tis / decoupled"""
     is_cap: float = Field(2.0, gt=0.0, description="cap of truncated importance weights")

@@ -87,3 +87,13 @@ def check_dynamic_sampling(alg: Any) -> None:
             "samples more) as dynamic sampling does: set algorithm.dynamic_sampling=true, or "
             "remove algorithm.min_group_reward_std"
         )
+
+
+def check_entropy_schedule(alg: Any) -> None:
+    """``algorithm.entropy_coef_end`` acts only under a schedule that moves the coefficient."""
+    if alg.entropy_coef_schedule == "constant" and "entropy_coef_end" in alg.explicit:
+        raise ConfigError(
+            "algorithm.entropy_coef_end is set but algorithm.entropy_coef_schedule is constant "
+            "(the coefficient stays algorithm.entropy_coef): set "
+            "algorithm.entropy_coef_schedule=linear or cosine, or remove algorithm.entropy_coef_end"
+        )

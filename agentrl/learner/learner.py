@@ -360,6 +360,8 @@ class Learner:
         layout = self.layout(batch)
         B, T = batch.input_ids.shape
         rewards, metrics = objective.shaped_rewards(batch)
+        if alg.entropy_coef_schedule != "constant":
+            metrics["entropy_coef"] = objective.begin_step(self.step_count, self.total_steps)
 
         # 2. credit inputs: proximal log-probs, values, reference log-probs
         start = self._start_pass(batch, layout, metrics)
@@ -443,7 +445,7 @@ class Learner:
                 trained_rows,
                 self.ranks,
                 with_values=self.use_critic,
-                with_entropy=not alg.entropy_coef,
+                with_entropy=not self.objective.entropy_coef,
             )
         if self.ref_model is not None and len(trained_rows):
             no_grad_passes += 1
@@ -458,7 +460,7 @@ class Learner:
     def _update_loop(self, inputs: _UpdateInputs, measure_entropy: bool) -> _Loop:
         """``ppo_epochs`` x ``minibatches`` updates of the trainer core, each over this
         rank's micro-batches of the minibatch; the lr schedule steps once at the end."""
-        alg, lcfg, objective = self.alg, self.lcfg, self.objective
+        lcfg, objective = self.lcfg, self.objective
         batch, loss_mask = inputs.batch, inputs.loss_mask
         trained_rows = torch.nonzero(loss_mask.sum(dim=1) > 0).flatten()
         loop = _Loop()
@@ -466,7 +468,7 @@ class Learner:
         for epoch in range(lcfg.ppo_epochs):
             perm = trained_rows[torch.randperm(len(trained_rows), generator=self.generator)]
             # entropy through the graph only when it is in the loss or not yet measured
-            inputs.with_entropy = bool(alg.entropy_coef) or (measure_entropy and epoch == 0)
+            inputs.with_entropy = bool(objective.entropy_coef) or (measure_entropy and epoch == 0)
             inputs.epoch = epoch
             for mb_rows in minibatch_rows(
                 perm, batch.group_index, lcfg.minibatches, objective.couples_group

@@ -44,12 +44,14 @@ from agentrl.learner.adaptive_kl import AdaptiveKLState
 from agentrl.learner.checks import (
     check_critic,
     check_dynamic_sampling,
+    check_entropy_schedule,
     check_kl_in_reward,
     check_off_policy,
 )
 from agentrl.learner.credit import Credit, turn_index
 from agentrl.learner.metrics import unscaled
 from agentrl.learner.options import CLIP_SETTINGS, clip_settings, lookup, route_options
+from agentrl.learner.schedule import coef_at
 from agentrl.learner.settings import AlgorithmSettings, ObjectiveSettings
 from agentrl.types import Batch
 
@@ -108,6 +110,11 @@ class Objective:
         check_off_policy(alg)
         check_kl_in_reward(alg)
         check_dynamic_sampling(alg)
+        check_entropy_schedule(alg)
+        # the step's entropy coefficient (algorithm.entropy_coef_schedule: begin_step)
+        self.entropy_coef = coef_at(
+            alg.entropy_coef_schedule, alg.entropy_coef, alg.entropy_coef_end, 0, 1
+        )
         # use_kl: a reference model is needed; the KL goes into the loss or into the rewards
         self.use_kl = bool(alg.kl) and alg.kl_coef > 0
         self.kl_in_loss = self.use_kl and not alg.kl_in_reward
@@ -181,6 +188,15 @@ class Objective:
     @property
     def _step_inputs(self) -> dict[str, Tensor]:
         return self.credit.step_inputs
+
+    def begin_step(self, step: int, total_steps: int) -> float:
+        """Set the entropy coefficient of learner step `step` (0-based) of `total_steps`
+        (``algorithm.entropy_coef_schedule``) and return it."""
+        alg = self.alg
+        self.entropy_coef = coef_at(
+            alg.entropy_coef_schedule, alg.entropy_coef, alg.entropy_coef_end, step, total_steps
+        )
+        return self.entropy_coef
 
     # --- adaptive KL across steps (agentrl.learner.adaptive_kl) --------------------------
 
@@ -272,12 +288,12 @@ class Objective:
         metrics["loss/pg"] = unscaled(pg, mask, denominator, self._unit_agg)
         if entropy is not None:
             # through the graph only when it is in the loss
-            ent = entropy if alg.entropy_coef else entropy.detach()
+            ent = entropy if self.entropy_coef else entropy.detach()
             ent_term = aggregate(alg.agg, ent, mask, **agg_kw)
             metrics["loss/entropy"] = unscaled(ent_term, mask, denominator, self._unit_agg)
             metrics["entropy"] = masked_mean(entropy, mask)
-            if alg.entropy_coef:
-                loss = loss - alg.entropy_coef * ent_term
+            if self.entropy_coef:
+                loss = loss - self.entropy_coef * ent_term
         if ref_logprobs is not None and self.kl_in_loss:
             assert alg.kl is not None
             kl_tok = kl_divergence(alg.kl, logprobs, ref_logprobs)

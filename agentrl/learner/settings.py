@@ -42,6 +42,8 @@ class AlgorithmSettings:
     kl_coef: float = 0.0
     kl_in_reward: bool = False
     entropy_coef: float = 0.0
+    entropy_coef_schedule: str = "constant"
+    entropy_coef_end: float = 0.0
     off_policy: str = "none"
     is_cap: float = 2.0
     is_mode: str = "truncate"
