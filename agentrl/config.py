@@ -220,12 +220,14 @@ class OverlongConfig(_Section):
 class AlgorithmConfig(_Section):
     advantage: str = "grpo"
     """The advantage estimator: gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline
-    | gigpo | grpo_lambda | lite_ppo | reinforce_mean | tree_grpo, or a name registered with
-    @register_advantage (docs/credit.md).
+    | gigpo | grpo_lambda | lite_ppo | reinforce_mean | tree_grpo | raft (rejection sampling: each
+    group's best samples, the rest leave the loss), or a name registered with @register_advantage
+    (docs/credit.md).
     Example: `rloo`"""
     policy_loss: str = "ppo"
     """The policy loss: ppo | gspo | gspo_token | gmpo | gvpo | ppo_adaptive_kl | cispo | sapo | m2po
-    | dppo_kl (prime-rl's default), or a name registered with @register_policy_loss.
+    | dppo_kl (prime-rl's default) | reinforce (-A log pi: with advantage raft, RAFT's NLL), or a
+    name registered with @register_policy_loss.
     Example: `gspo`"""
     agg: str = "token-mean"
     """How per-token losses become one: token-mean | seq-mean-token-mean | seq-mean-token-sum-norm,
@@ -319,7 +321,7 @@ class AlgorithmConfig(_Section):
     length_coef, success, eps; lite_ppo, reinforce_pp, reinforce_pp_baseline, tree_grpo: eps;
     gmpo: log_clip; gvpo: beta; ppo_adaptive_kl: kl_beta, kl_target; cispo: eps_low_is; sapo:
     tau_pos, tau_neg; m2po: m2_threshold; dppo_kl: dppo_mask_low, dppo_mask_high, adv_tau, kl_tau;
-    your registered functions: their keyword parameters.
+    raft: min_reward; your registered functions: their keyword parameters.
     Example: `{norm_by_std: false}`"""
 
     @field_validator("proximal_bypass", mode="before")

@@ -42,6 +42,7 @@ from agentrl.algos.policy import (
     policy_loss,
     value_loss,
 )
+from agentrl.algos.raft import raft as raft  # registers RAFT and the reinforce loss
 from agentrl.algos.registry import (
     ADVANTAGES,
     AGGREGATIONS,

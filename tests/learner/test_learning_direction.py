@@ -44,6 +44,8 @@ KNOWN_ADVANTAGES = {
     "reinforce_pp_baseline",
     "gae",
     "tree_grpo",
+    "gigpo",
+    "raft",
 }
 
 
@@ -154,13 +156,13 @@ def test_off_policy_corrections_favour_rewarded_tokens(
     _check(f"off_policy {correction}", {"off_policy": correction}, fresh_model, groups)
 
 
-# the losses for stale data (agentrl.algos.stale): the suite above covers them from the
-# registry; this shows the check catches a sign error in each one
-STALE_LOSSES = ("cispo", "sapo", "m2po", "dppo_kl")
+# the losses for stale data (agentrl.algos.stale) and RAFT's (agentrl.algos.raft): the
+# suite above covers them from the registry; this shows the check catches a sign error in each
+NEW_LOSSES = ("cispo", "sapo", "m2po", "dppo_kl", "reinforce")
 
 
-@pytest.mark.parametrize("name", STALE_LOSSES)
-def test_a_sign_flipped_stale_loss_fails_the_direction_check(
+@pytest.mark.parametrize("name", NEW_LOSSES)
+def test_a_sign_flipped_new_loss_fails_the_direction_check(
     name: str, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
     fn = POLICY_LOSSES.get(name)
