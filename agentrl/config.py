@@ -445,6 +445,13 @@ class OrchestratorConfig(_Section):
     Example: `3600`"""
     seed: int = 0
     """Seed of the run: task order, torch, and the samplers' seeded streams."""
+    curriculum: Literal["off", "learnability"] = "off"
+    """learnability = a task (by its id) is issued with probability max(curriculum_min_weight,
+    4 p (1 - p)), p its running success rate (an EMA of its groups' mean reward clipped to
+    [0, 1]): tasks solved about half the time come most, always- or never-solved ones rarely.
+    Acts on tasks whose ids recur across epochs (docs/credit.md)."""
+    curriculum_min_weight: float = Field(0.1, gt=0.0, le=1.0)
+    """The issue probability of a task that is always or never solved under curriculum."""
     backend: Literal["local", "ray"] = "local"
     """Where the run's parts live: local = this process (plus the learner child); ray = the same
     classes in Ray actors sized by the `ray` section (see docs/ray.md)"""
