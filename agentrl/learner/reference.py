@@ -39,9 +39,26 @@ def due(every: int, step: int) -> bool:
     return every > 0 and step > 0 and step % every == 0
 
 
+def _sharded(model: Any) -> bool:
+    return any(type(t).__name__ == "DTensor" for _, t in _tensors(model))
+
+
+def _reshard(model: Any) -> None:
+    """FSDP2 keeps a root unit's parameters gathered (plain tensors) after a forward: put
+    every unit back to its shards, so both models hold the same DTensors."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 @torch.no_grad()
 def refresh_reference(ref_model: Any, policy: Any) -> None:
     """reference <- policy, in place."""
+    if _sharded(ref_model) or _sharded(policy):
+        _reshard(ref_model)
+        _reshard(policy)
     ref, pol = _tensors(ref_model), _tensors(policy)
     if [t.shape for _, t in ref] != [t.shape for _, t in pol]:
         raise RuntimeError("the reference model's tensors do not match the policy's")
@@ -52,10 +69,9 @@ def refresh_reference(ref_model: Any, policy: Any) -> None:
 def reference_state(ref_model: Any) -> dict[str, Tensor]:
     """The reference's tensors for a checkpoint (on the CPU; a sharded one: this rank's
     local shards are not enough to rebuild it, so it is left out)."""
-    tensors = _tensors(ref_model)
-    if any(type(t).__name__ == "DTensor" for _, t in tensors):
+    if _sharded(ref_model):
         return {}
-    return {name: t.detach().to("cpu", copy=True) for name, t in tensors}
+    return {name: t.detach().to("cpu", copy=True) for name, t in _tensors(ref_model)}
 
 
 @torch.no_grad()
