@@ -5,7 +5,7 @@
   loss mask (``selects_rows``), so the loss averages over the kept samples' tokens only.
 * ``policy_loss: reinforce`` is ``-A log pi_theta``: with RAFT's advantages, the SFT
   negative log-likelihood of the kept samples (RAFT, Dong et al. 2023, arXiv 2304.06767).
-* RAFT++ (Xiong et al. 2025, arXiv 2504.11343, sec. 3): the same kept samples through the
+* RAFT++ (Xiong et al. 2025, arXiv 2504.11343): the same kept samples through the
   clipped importance-weighted loss, ``advantage: raft`` with ``policy_loss: ppo``:
   L_t = -min(r_t, clip(r_t, 1 - eps_low, 1 + eps_high)), r_t = pi_theta / pi_behaviour.
 """

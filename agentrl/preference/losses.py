@@ -203,8 +203,9 @@ def robust_dpo(pi: PairLogps, *, beta: float = 0.1, label_smoothing: float = 0.1
     return _out(loss.mean(), r_w, r_l)
 
 
-# RPO (Iterative RPO, Pang et al. 2024, arXiv 2404.19733, Eq. 1):
-#   L = L_DPO + alpha * L_NLL,  L_NLL = -log pi(y_w|x) / |y_w|  (length-normalised, per pair)
+# RPO (Iterative RPO, Pang et al. 2024, arXiv 2404.19733: DPO plus the winner's NLL):
+#   L = L_DPO + alpha * L_NLL,  L_NLL = -log pi(y_w|x) / |y_w|  (length-normalised, per pair);
+#   alpha weighs the NLL term, as TRL's rpo_alpha does (1: the two terms summed)
 @register_preference_loss("rpo")
 def rpo(pi: PairLogps, *, beta: float = 0.1, alpha: float = 1.0) -> PreferenceLoss:
     if alpha < 0:

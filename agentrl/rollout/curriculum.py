@@ -7,7 +7,7 @@
 Each task (by its ``id``) has a running success rate p: an exponential moving average of
 its groups' mean reward clipped to [0, 1] (the success rate for 0/1 rewards). A task is
 issued with probability ``max(min_weight, 4 p (1 - p))``: 1 at p = 0.5, where a GRPO group
-has the most signal (Foster & Foerster 2025, "learnability" p (1 - p)), down to
+has the most signal (Foster et al. 2025, arXiv 2502.12272: "learnability" p (1 - p)), down to
 ``min_weight`` for tasks always or never solved, which still come back now and then. A task
 never seen has weight 1. The draw for stream index i is a hash of (seed, i), so a resumed
 run (the stats travel in the checkpoint) makes the same choices.
