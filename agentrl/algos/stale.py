@@ -30,7 +30,7 @@ def _log_ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
     return (logprobs - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
 
 
-# CISPO (MiniMax-M1, Chen et al. 2025, arXiv 2506.13585, eq. 4-5):
+# CISPO (MiniMax-M1, Chen et al. 2025, arXiv 2506.13585, eq. 4):
 # L_t = -sg(clip(r_t, 1 - eps_low_is, 1 + eps_high)) * A_t * log pi_theta(y_t),
 # r_t = pi_theta / pi_old. The paper sets no lower bound (eps_low_is = None) and tunes eps_high.
 @register_policy_loss("cispo")
