@@ -220,12 +220,14 @@ class OverlongConfig(_Section):
 class AlgorithmConfig(_Section):
     advantage: str = "grpo"
     """The advantage estimator: gae | grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline
-    | gigpo | grpo_lambda | lite_ppo | reinforce_mean | tree_grpo, or a name registered with
-    @register_advantage (docs/credit.md).
+    | gigpo | grpo_lambda | lite_ppo | reinforce_mean | tree_grpo | raft (rejection sampling: each
+    group's best samples, the rest leave the loss), or a name registered with @register_advantage
+    (docs/credit.md).
     Example: `rloo`"""
     policy_loss: str = "ppo"
-    """The policy loss: ppo | gspo | gspo_token | gmpo | gvpo | ppo_adaptive_kl, or a name
-    registered with @register_policy_loss.
+    """The policy loss: ppo | gspo | gspo_token | gmpo | gvpo | ppo_adaptive_kl | cispo | sapo | m2po
+    | dppo_kl (prime-rl's default) | reinforce (-A log pi: with advantage raft, RAFT's NLL), or a
+    name registered with @register_policy_loss.
     Example: `gspo`"""
     agg: str = "token-mean"
     """How per-token losses become one: token-mean | seq-mean-token-mean | seq-mean-token-sum-norm,
@@ -244,12 +246,22 @@ class AlgorithmConfig(_Section):
     Example: `k3`"""
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the KL term (loss, or reward with kl_in_reward); 0 = no KL, no reference model."""
+    ref_refresh_every: int = Field(0, ge=0)
+    """Every N learner steps the reference model becomes a copy of the current policy (0 = never:
+    the initial policy throughout). Needs a reference: a KL term or a loss that reads ref_logprobs.
+    Example: `50`"""
     kl_in_reward: bool = False
     """REINFORCE++: the KL penalty goes into the per-token reward (r_t - kl_coef * KL_t) instead of
     the loss; needs `kl`, kl_coef > 0 and a token-reward advantage"""
     entropy_coef: float = 0.0
     """Entropy bonus: the loss subtracts entropy_coef * the aggregated entropy of the trained
-    tokens (0 = none)."""
+    tokens (0 = none); the start value under entropy_coef_schedule."""
+    entropy_coef_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """The entropy coefficient over the run: constant = entropy_coef; linear / cosine = from
+    entropy_coef at the first learner step to entropy_coef_end at the last (orchestrator.max_steps).
+    Example: `linear`"""
+    entropy_coef_end: float = 0.0
+    """The entropy coefficient at the last step under a linear or cosine entropy_coef_schedule."""
     off_policy: Literal["none", "tis", "decoupled"] = "none"
     """Off-policy corrections (docs/off_policy.md); the is_* keys act under tis / decoupled"""
     is_cap: float = Field(2.0, gt=0.0, description="cap of truncated importance weights")
@@ -282,6 +294,11 @@ class AlgorithmConfig(_Section):
     on_max_dropped: Literal["error", "train"] = "error"
     """After max_dropped_groups all-equal groups in a row: error = stop naming the likely cause;
     train = train on them anyway."""
+    min_group_reward_std: float = Field(0.0, ge=0.0)
+    """Dynamic sampling also drops groups whose reward std (unbiased, over the valid samples) is
+    below this, under the same max_dropped_groups bound; 0 = only all-equal groups. Needs
+    dynamic_sampling: true.
+    Example: `0.1`"""
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     """DAPO's overlong reward shaping and filtering."""
     gamma: float = Field(1.0, ge=0.0, le=1.0)
@@ -302,8 +319,9 @@ class AlgorithmConfig(_Section):
     takes it (an option no selected function takes is an error): gae: whiten_advantages; grpo:
     eps, norm_by_std; gigpo: omega, step_gamma, norm_by_std, eps; grpo_lambda: top_fraction,
     length_coef, success, eps; lite_ppo, reinforce_pp, reinforce_pp_baseline, tree_grpo: eps;
-    gmpo: log_clip; gvpo: beta; ppo_adaptive_kl: kl_beta, kl_target; your registered functions:
-    their keyword parameters.
+    gmpo: log_clip; gvpo: beta; ppo_adaptive_kl: kl_beta, kl_target; cispo: eps_low_is; sapo:
+    tau_pos, tau_neg; m2po: m2_threshold; dppo_kl: dppo_mask_low, dppo_mask_high, adv_tau, kl_tau;
+    raft: min_reward; your registered functions: their keyword parameters.
     Example: `{norm_by_std: false}`"""
 
     @field_validator("proximal_bypass", mode="before")
@@ -427,6 +445,13 @@ class OrchestratorConfig(_Section):
     Example: `3600`"""
     seed: int = 0
     """Seed of the run: task order, torch, and the samplers' seeded streams."""
+    curriculum: Literal["off", "learnability"] = "off"
+    """learnability = a task (by its id) is issued with probability max(curriculum_min_weight,
+    4 p (1 - p)), p its running success rate (an EMA of its groups' mean reward clipped to
+    [0, 1]): tasks solved about half the time come most, always- or never-solved ones rarely.
+    Acts on tasks whose ids recur across epochs (docs/credit.md)."""
+    curriculum_min_weight: float = Field(0.1, gt=0.0, le=1.0)
+    """The issue probability of a task that is always or never solved under curriculum."""
     backend: Literal["local", "ray"] = "local"
     """Where the run's parts live: local = this process (plus the learner child); ray = the same
     classes in Ray actors sized by the `ray` section (see docs/ray.md)"""
@@ -788,13 +813,15 @@ class PreferenceConfig(_Section):
     """`agentrl dpo`: preference optimisation (docs/preference.md)."""
 
     loss: str = "dpo"
-    """A registered preference loss: dpo, cdpo, robust, ipo, hinge, kto, orpo, simpo, tdpo"""
+    """A registered preference loss: dpo, cdpo, robust, ipo, hinge, kto, orpo, simpo, tdpo, rpo (DPO +
+    alpha * the chosen answer's length-normalised NLL)"""
     beta: float | None = Field(None, gt=0.0)
     """The loss's beta; null = the loss's own default.
     Example: `0.1`"""
     options: dict[str, Any] = Field(default_factory=dict)
     """The loss's other keyword options: dpo, cdpo, robust: label_smoothing; ipo: length_normalize;
-    kto: lambda_d, lambda_u; orpo: lam; simpo: gamma, label_smoothing; tdpo: alpha, variant.
+    kto: lambda_d, lambda_u; orpo: lam; simpo: gamma, label_smoothing; tdpo: alpha, variant; rpo:
+    alpha (the NLL's weight, 1.0).
     Example: `{label_smoothing: 0.1}`"""
     epochs: int = Field(1, ge=1)
     """Passes over the preference data."""

@@ -305,3 +305,63 @@ def test_dynamic_sampling_can_train_on_what_there_is():
 
     anyio.run(main)
     assert buf.counters["admitted_all_equal"] == 2 and buf.counters["dropped_all_equal"] == 2
+
+
+@pytest.mark.parametrize(
+    ("rewards", "reason"),
+    [
+        # unbiased std by hand: [0, 1] -> 0.7071; [0, 0, 0, 1] -> sqrt(0.75 / 3) = 0.5;
+        # [0.5, 0.6] -> 0.0707; [0, 0, 0, 0, 0, 0, 0, 1] -> sqrt(0.875 / 7) = 0.3536
+        ([0.0, 1.0], None),
+        ([0.0, 0.0, 0.0, 1.0], None),
+        ([0.5, 0.6], "dropped_low_std"),
+        ([0.0] * 7 + [1.0], "dropped_low_std"),
+        ([1.0, 1.0], "dropped_all_equal"),  # still counted as all-equal
+    ],
+)
+def test_min_group_reward_std_drops_groups_below_it(rewards, reason) -> None:
+    import torch
+
+    buf = Buffer(max_staleness=None, dynamic_sampling=True, min_reward_std=0.4)
+    assert buf.check(make_group(rewards)) == reason
+    keep = dynamic_sampling_mask(
+        torch.tensor(rewards, dtype=torch.float64),
+        torch.zeros(len(rewards), dtype=torch.long),
+        min_std=0.4,
+    )
+    assert keep.tolist() == [reason is None] * len(rewards)
+
+
+def test_low_std_groups_follow_the_dynamic_sampling_bound(caplog) -> None:
+    from agentrl.errors import TrainingStalledError
+
+    buf = Buffer(dynamic_sampling=True, max_dropped=3, min_reward_std=0.4, capacity=8)
+
+    async def main() -> None:
+        assert (await buf.put(make_group([0.5, 0.6], task_id="a"))).reason == "dropped_low_std"
+        assert (await buf.put(make_group([1.0, 1.0], task_id="b"))).reason == "dropped_all_equal"
+        with pytest.raises(TrainingStalledError, match=r"min_group_reward_std=0\.4"):
+            await buf.put(make_group([0.5, 0.55], task_id="c"))
+
+    anyio.run(main)
+    assert buf.counters["dropped_low_std"] == 1 and buf.counters["dropped_all_equal"] == 1
+    forgiving = Buffer(
+        dynamic_sampling=True, max_dropped=1, min_reward_std=0.4, on_max_dropped="train"
+    )
+    assert anyio.run(forgiving.put, make_group([0.5, 0.6]))  # the bound: admitted
+    assert forgiving.counters["admitted_low_std"] == 1
+
+
+def test_min_group_reward_std_needs_dynamic_sampling() -> None:
+    from agentrl.config import load_config
+    from agentrl.errors import ConfigError
+    from agentrl.learner.objective import check_algorithm
+    from agentrl.run.settings import objective_settings
+
+    cfg = load_config(None, ["algorithm.min_group_reward_std=0.1"])
+    with pytest.raises(ConfigError, match=r"set algorithm\.dynamic_sampling=true"):
+        check_algorithm(objective_settings(cfg))
+    cfg = load_config(
+        None, ["algorithm.min_group_reward_std=0.1", "algorithm.dynamic_sampling=true"]
+    )
+    assert check_algorithm(objective_settings(cfg)).alg.min_group_reward_std == 0.1

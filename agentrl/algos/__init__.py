@@ -42,6 +42,7 @@ from agentrl.algos.policy import (
     policy_loss,
     value_loss,
 )
+from agentrl.algos.raft import raft as raft  # registers RAFT and the reinforce loss
 from agentrl.algos.registry import (
     ADVANTAGES,
     AGGREGATIONS,
@@ -62,6 +63,7 @@ from agentrl.algos.registry import (
     register_tree_attribution,
 )
 from agentrl.algos.shaping import kl_penalized_rewards, overlong_filter, overlong_penalty
+from agentrl.algos.stale import cispo_loss as cispo_loss  # registers the stale-data losses
 from agentrl.algos.tree import TreeAttribution, tree_advantages, tree_from_ids, tree_owner
 from agentrl.algos.tree_grpo import tree_grpo as tree_grpo  # registers "tree_grpo"
 

@@ -327,12 +327,17 @@ def gae(
 
 
 def dynamic_sampling_mask(
-    rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None, atol: float = 0.0
+    rewards: Tensor,
+    group_ids: Tensor,
+    valid: Tensor | None = None,
+    atol: float = 0.0,
+    min_std: float = 0.0,
 ) -> Tensor:
     """DAPO dynamic sampling (Yu et al. 2025, eq. 11): keep groups whose rewards differ.
 
     Returns a bool ``[B]``: True for rows of groups whose valid rewards are not all equal
-    (within ``atol``). Groups with fewer than two valid rows are dropped too.
+    (within ``atol``) and, when ``min_std > 0``, whose unbiased std (the one GRPO divides
+    by) is at least ``min_std``. Groups with fewer than two valid rows are dropped too.
     """
     v = _check_rows(rewards, group_ids, valid)
     inverse, n_groups = _group_index(group_ids)
@@ -345,5 +350,7 @@ def dynamic_sampling_mask(
         0, inverse, torch.where(v > 0, r, torch.full_like(r, big)), reduce="amin"
     )
     count = torch.zeros(n_groups, dtype=v.dtype, device=r.device).index_add_(0, inverse, v)
-    keep = (count >= 2) & ((hi - lo) > atol)
-    return keep[inverse]
+    keep = ((count >= 2) & ((hi - lo) > atol))[inverse]
+    if min_std > 0:
+        keep = keep & (group_stats(rewards, group_ids, v)[3] >= min_std)
+    return keep

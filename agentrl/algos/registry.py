@@ -108,6 +108,7 @@ class AdvantageRegistry(Registry[Callable[..., Any]]):
         self._needs_critic: dict[str, bool] = {}
         self._token_rewards: dict[str, bool] = {}
         self._inputs: dict[str, tuple[str, ...]] = {}
+        self._selects_rows: dict[str, bool] = {}
 
     def register(
         self,
@@ -117,6 +118,7 @@ class AdvantageRegistry(Registry[Callable[..., Any]]):
         needs_critic: bool = False,
         token_rewards: bool = False,
         inputs: Sequence[str] | None = None,
+        selects_rows: bool = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         add = super().register(name, override=override)
 
@@ -126,9 +128,16 @@ class AdvantageRegistry(Registry[Callable[..., Any]]):
             self._needs_critic[name] = needs_critic
             self._token_rewards[name] = token_rewards or needs_critic
             self._inputs[name] = declared
+            self._selects_rows[name] = selects_rows
             return fn
 
         return deco
+
+    def selects_rows(self, name: str) -> bool:
+        """Whether rows given advantage 0 by `name` leave the loss (rejection sampling):
+        the loss then averages over the kept rows' tokens only."""
+        self.get(name)
+        return self._selects_rows.get(name, False)
 
     def inputs(self, name: str) -> tuple[str, ...]:
         """The :class:`AdvantageInputs` fields the estimator `name` reads."""
@@ -231,6 +240,7 @@ def register_advantage(
     needs_critic: bool = False,
     token_rewards: bool = False,
     inputs: Sequence[str] | None = None,
+    selects_rows: bool = False,
 ) -> Callable[[F], F]:
     """Register ``fn(rewards [B], group_ids [B], *, valid=None, **options) -> advantages``.
 
@@ -239,7 +249,9 @@ def register_advantage(
     ``token_rewards=True`` (implied by ``needs_critic``): ``fn`` also accepts per-token
     rewards ``[B, T]`` with ``mask=`` and ``gamma=`` (``algorithm.kl_in_reward`` needs it).
     ``inputs``: the :class:`AdvantageInputs` fields ``fn`` reads, each passed as a keyword
-    (None: its keyword parameters that are fields).
+    (None: its keyword parameters that are fields). ``selects_rows=True``: rows ``fn``
+    gives advantage 0 leave the loss mask (RAFT's rejection sampling), so the loss is
+    averaged over the kept rows only.
     """
     return ADVANTAGES.register(  # type: ignore[return-value]
         name,
@@ -247,6 +259,7 @@ def register_advantage(
         needs_critic=needs_critic,
         token_rewards=token_rewards,
         inputs=inputs,
+        selects_rows=selects_rows,
     )
 
 

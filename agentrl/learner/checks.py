@@ -77,3 +77,23 @@ def check_kl_in_reward(alg: Any) -> None:
             f"one of {', '.join(takes)}, or keep the KL in the loss "
             "(algorithm.kl_in_reward=false)"
         )
+
+
+def check_dynamic_sampling(alg: Any) -> None:
+    """``algorithm.min_group_reward_std`` is a threshold of dynamic sampling."""
+    if alg.min_group_reward_std > 0 and not alg.dynamic_sampling:
+        raise ConfigError(
+            f"algorithm.min_group_reward_std={alg.min_group_reward_std} drops groups (and "
+            "samples more) as dynamic sampling does: set algorithm.dynamic_sampling=true, or "
+            "remove algorithm.min_group_reward_std"
+        )
+
+
+def check_entropy_schedule(alg: Any) -> None:
+    """``algorithm.entropy_coef_end`` acts only under a schedule that moves the coefficient."""
+    if alg.entropy_coef_schedule == "constant" and "entropy_coef_end" in alg.explicit:
+        raise ConfigError(
+            "algorithm.entropy_coef_end is set but algorithm.entropy_coef_schedule is constant "
+            "(the coefficient stays algorithm.entropy_coef): set "
+            "algorithm.entropy_coef_schedule=linear or cosine, or remove algorithm.entropy_coef_end"
+        )

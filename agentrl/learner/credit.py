@@ -57,6 +57,7 @@ class Credit:
         self.token_level = ADVANTAGES.takes_token_rewards(name)
         self.inputs = ADVANTAGES.inputs(name)
         self.per_turn = "turn_rewards" in self.inputs  # it credits the turns itself
+        self.selects_rows = ADVANTAGES.selects_rows(name)  # rejection sampling (RAFT)
         # the step's per-row inputs a policy loss may read (LossInputs): set by advantages()
         self.step_inputs: dict[str, Tensor] = {}
 
@@ -175,8 +176,15 @@ class Credit:
                 kwargs[key] = self.input(key, batch)
         out = self.fn(rewards, batch.group_index, **kwargs, **self.options)
         adv, returns = out if self.needs_critic else (out, None)
+        if self.selects_rows:  # the rejected rows leave the loss and its mean
+            kept = (adv != 0) if adv.dim() == 1 else (adv != 0).any(dim=1)
+            mask = mask * kept[:, None].to(mask.dtype)
         if any(t.parent_id is not None for t in batch.trajectories):
-            return self._attribute_to_tree(batch, adv, returns)
+            tree_adv, tree_mask, returns = self._attribute_to_tree(batch, adv, returns)
+            if self.selects_rows:
+                tree_mask = tree_mask * kept[:, None].to(tree_mask.dtype)
+                tree_adv = tree_adv * tree_mask
+            return tree_adv, tree_mask, returns
         if self.needs_critic:
             return adv, mask, returns
         return (adv[:, None] if adv.dim() == 1 else adv) * mask, mask, returns

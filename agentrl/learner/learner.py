@@ -54,6 +54,13 @@ from agentrl.learner.metrics import WeightedMeans, as_floats, batch_metrics
 from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
 from agentrl.learner.proximal import bypass_blockers, current_blockers
+from agentrl.learner.reference import (
+    check_refreshable,
+    due,
+    load_reference_state,
+    reference_state,
+    refresh_reference,
+)
 from agentrl.learner.settings import LearnerSettings
 from agentrl.types import Batch, TrajectoryGroup
 
@@ -238,6 +245,7 @@ class Learner:
         if self.objective.needs_ref:
             ref = ref_model if ref_model is not None else copy.deepcopy(self.model)
             self.ref_model = self.strategy.wrap(ref.to(self.device).eval().requires_grad_(False))
+        check_refreshable(self.alg.ref_refresh_every, self.ref_model)
         # after the reference model's copy: a copy of a compiled layer would run the original
         self.compiled_layers = self.core.compile_layers(
             {"policy": self.model, "critic": self.critic, "reference model": self.ref_model},
@@ -352,6 +360,8 @@ class Learner:
         layout = self.layout(batch)
         B, T = batch.input_ids.shape
         rewards, metrics = objective.shaped_rewards(batch)
+        if alg.entropy_coef_schedule != "constant":
+            metrics["entropy_coef"] = objective.begin_step(self.step_count, self.total_steps)
 
         # 2. credit inputs: proximal log-probs, values, reference log-probs
         start = self._start_pass(batch, layout, metrics)
@@ -390,6 +400,9 @@ class Learner:
         self.version += 1
         self.step_count += 1
         self.last_old_logprobs = inputs.used_old_lp
+        if self.ref_model is not None and due(self.alg.ref_refresh_every, self.step_count):
+            refresh_reference(self.ref_model, self.model)  # algorithm.ref_refresh_every
+            metrics["ref/refreshed"] = 1.0
         self._step_metrics(metrics, inputs, loop, start, rewards)
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["tokens_per_s"] = metrics["tokens/total"] / max(metrics["time/step_s"], 1e-9)
@@ -432,7 +445,7 @@ class Learner:
                 trained_rows,
                 self.ranks,
                 with_values=self.use_critic,
-                with_entropy=not alg.entropy_coef,
+                with_entropy=not self.objective.entropy_coef,
             )
         if self.ref_model is not None and len(trained_rows):
             no_grad_passes += 1
@@ -447,7 +460,7 @@ class Learner:
     def _update_loop(self, inputs: _UpdateInputs, measure_entropy: bool) -> _Loop:
         """``ppo_epochs`` x ``minibatches`` updates of the trainer core, each over this
         rank's micro-batches of the minibatch; the lr schedule steps once at the end."""
-        alg, lcfg, objective = self.alg, self.lcfg, self.objective
+        lcfg, objective = self.lcfg, self.objective
         batch, loss_mask = inputs.batch, inputs.loss_mask
         trained_rows = torch.nonzero(loss_mask.sum(dim=1) > 0).flatten()
         loop = _Loop()
@@ -455,7 +468,7 @@ class Learner:
         for epoch in range(lcfg.ppo_epochs):
             perm = trained_rows[torch.randperm(len(trained_rows), generator=self.generator)]
             # entropy through the graph only when it is in the loss or not yet measured
-            inputs.with_entropy = bool(alg.entropy_coef) or (measure_entropy and epoch == 0)
+            inputs.with_entropy = bool(objective.entropy_coef) or (measure_entropy and epoch == 0)
             inputs.epoch = epoch
             for mb_rows in minibatch_rows(
                 perm, batch.group_index, lcfg.minibatches, objective.couples_group
@@ -618,6 +631,7 @@ class Learner:
             state={
                 "generator": self.generator.get_state(),
                 "objective": self.objective.state_dict(),  # the adaptive-KL beta
+                **self._reference_checkpoint(),
             },
             meta={
                 "version": self.version,
@@ -633,6 +647,18 @@ class Learner:
         self.objective.load_state_dict(state.get("objective") or {})
         self.version = int(meta["version"])
         self.step_count = int(meta["step"])
+        if self._refreshed():  # the reference of the last refresh, not the initial policy
+            load_reference_state(
+                self.ref_model, state.get("reference"), self.model, self.step_count
+            )
+
+    def _refreshed(self) -> bool:
+        """Whether algorithm.ref_refresh_every has replaced the initial reference yet."""
+        every = self.alg.ref_refresh_every
+        return self.ref_model is not None and every > 0 and self.step_count >= every
+
+    def _reference_checkpoint(self) -> dict[str, Any]:
+        return {"reference": reference_state(self.ref_model)} if self._refreshed() else {}
 
     def wait_ready(self) -> None:
         """Ready when constructed (see :class:`~agentrl.learner.LearnerLike`)."""

@@ -39,11 +39,19 @@ from agentrl.algos.registry import (
     keyword_parameters,
 )
 from agentrl.algos.stats import masked_mean
+from agentrl.errors import ConfigError
 from agentrl.learner.adaptive_kl import AdaptiveKLState
-from agentrl.learner.checks import check_critic, check_kl_in_reward, check_off_policy
+from agentrl.learner.checks import (
+    check_critic,
+    check_dynamic_sampling,
+    check_entropy_schedule,
+    check_kl_in_reward,
+    check_off_policy,
+)
 from agentrl.learner.credit import Credit, turn_index
 from agentrl.learner.metrics import unscaled
 from agentrl.learner.options import CLIP_SETTINGS, clip_settings, lookup, route_options
+from agentrl.learner.schedule import coef_at
 from agentrl.learner.settings import AlgorithmSettings, ObjectiveSettings
 from agentrl.types import Batch
 
@@ -101,6 +109,12 @@ class Objective:
         check_critic(alg, self.needs_critic)
         check_off_policy(alg)
         check_kl_in_reward(alg)
+        check_dynamic_sampling(alg)
+        check_entropy_schedule(alg)
+        # the step's entropy coefficient (algorithm.entropy_coef_schedule: begin_step)
+        self.entropy_coef = coef_at(
+            alg.entropy_coef_schedule, alg.entropy_coef, alg.entropy_coef_end, 0, 1
+        )
         # use_kl: a reference model is needed; the KL goes into the loss or into the rewards
         self.use_kl = bool(alg.kl) and alg.kl_coef > 0
         self.kl_in_loss = self.use_kl and not alg.kl_in_reward
@@ -118,6 +132,12 @@ class Objective:
         self.couples_group = POLICY_LOSSES.couples_group(alg.policy_loss)
         # a reference model is loaded for the KL term or for a loss that reads it
         self.needs_ref = self.use_kl or "ref_logprobs" in self.loss_inputs
+        if alg.ref_refresh_every and not self.needs_ref:
+            raise ConfigError(
+                f"algorithm.ref_refresh_every={alg.ref_refresh_every} refreshes the reference "
+                "model, but this run has none: set algorithm.kl and algorithm.kl_coef > 0 (or "
+                "pick a loss that reads ref_logprobs), or remove algorithm.ref_refresh_every"
+            )
         self.loss_options = {**clip_settings(alg, loss_fn), **routed[loss_label]}
         # a loss naming kl_beta and kl_target gets beta adapted between steps (adaptive-KL PPO)
         self.adaptive_kl: AdaptiveKLState | None = None
@@ -168,6 +188,15 @@ class Objective:
     @property
     def _step_inputs(self) -> dict[str, Tensor]:
         return self.credit.step_inputs
+
+    def begin_step(self, step: int, total_steps: int) -> float:
+        """Set the entropy coefficient of learner step `step` (0-based) of `total_steps`
+        (``algorithm.entropy_coef_schedule``) and return it."""
+        alg = self.alg
+        self.entropy_coef = coef_at(
+            alg.entropy_coef_schedule, alg.entropy_coef, alg.entropy_coef_end, step, total_steps
+        )
+        return self.entropy_coef
 
     # --- adaptive KL across steps (agentrl.learner.adaptive_kl) --------------------------
 
@@ -259,12 +288,12 @@ class Objective:
         metrics["loss/pg"] = unscaled(pg, mask, denominator, self._unit_agg)
         if entropy is not None:
             # through the graph only when it is in the loss
-            ent = entropy if alg.entropy_coef else entropy.detach()
+            ent = entropy if self.entropy_coef else entropy.detach()
             ent_term = aggregate(alg.agg, ent, mask, **agg_kw)
             metrics["loss/entropy"] = unscaled(ent_term, mask, denominator, self._unit_agg)
             metrics["entropy"] = masked_mean(entropy, mask)
-            if alg.entropy_coef:
-                loss = loss - alg.entropy_coef * ent_term
+            if self.entropy_coef:
+                loss = loss - self.entropy_coef * ent_term
         if ref_logprobs is not None and self.kl_in_loss:
             assert alg.kl is not None
             kl_tok = kl_divergence(alg.kl, logprobs, ref_logprobs)

@@ -1,4 +1,5 @@
-"""Learning-rate schedules: linear warmup, then constant, linear or cosine decay."""
+"""Schedules: the learning rate (linear warmup, then constant, linear or cosine decay) and
+the entropy coefficient (constant, or linear / cosine from its start to its end value)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,27 @@ def lr_lambda(
             return 1.0
         span = max(1, total_steps - warmup_steps)
         progress = min(1.0, (step - warmup_steps) / span)
-        if schedule == "linear":
-            decay = 1.0 - progress
-        else:
-            decay = 0.5 * (1.0 + math.cos(math.pi * progress))
-        return min_ratio + (1.0 - min_ratio) * decay
+        return min_ratio + (1.0 - min_ratio) * _decay(schedule, progress)
 
     return fn
+
+
+def _decay(schedule: str, progress: float) -> float:
+    """1 at progress 0, 0 at progress 1: a straight line or half a cosine."""
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def coef_at(schedule: str, start: float, end: float, step: int, total_steps: int) -> float:
+    """A coefficient at learner step `step` (0-based): `start` throughout (``constant``),
+    or from `start` at step 0 to `end` at the last step ``total_steps - 1``."""
+    if schedule not in SCHEDULES:
+        raise ValueError(
+            f"algorithm.entropy_coef_schedule must be one of {', '.join(SCHEDULES)} "
+            f"(got {schedule!r})"
+        )
+    if schedule == "constant":
+        return start
+    progress = min(1.0, max(0, step) / max(1, total_steps - 1))
+    return end + (start - end) * _decay(schedule, progress)

@@ -42,6 +42,8 @@ class AlgorithmSettings:
     kl_coef: float = 0.0
     kl_in_reward: bool = False
     entropy_coef: float = 0.0
+    entropy_coef_schedule: str = "constant"
+    entropy_coef_end: float = 0.0
     off_policy: str = "none"
     is_cap: float = 2.0
     is_mode: str = "truncate"
@@ -54,6 +56,8 @@ class AlgorithmSettings:
     dynamic_sampling: bool = False
     max_dropped_groups: int = 64
     on_max_dropped: str = "error"
+    min_group_reward_std: float = 0.0
+    ref_refresh_every: int = 0
     overlong: OverlongSettings = field(default_factory=OverlongSettings)
     gamma: float = 1.0
     lam: float = 1.0

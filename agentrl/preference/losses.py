@@ -203,6 +203,20 @@ def robust_dpo(pi: PairLogps, *, beta: float = 0.1, label_smoothing: float = 0.1
     return _out(loss.mean(), r_w, r_l)
 
 
+# RPO (Iterative RPO, Pang et al. 2024, arXiv 2404.19733: DPO plus the winner's NLL):
+#   L = L_DPO + alpha * L_NLL,  L_NLL = -log pi(y_w|x) / |y_w|  (length-normalised, per pair);
+#   alpha weighs the NLL term, as TRL's rpo_alpha does (1: the two terms summed)
+@register_preference_loss("rpo")
+def rpo(pi: PairLogps, *, beta: float = 0.1, alpha: float = 1.0) -> PreferenceLoss:
+    if alpha < 0:
+        raise ConfigError(f"rpo: preference.options.alpha must be >= 0 (got {alpha})")
+    out = dpo(pi, beta=beta)
+    nll = (-pi.logp_w / pi.len_w.clamp(min=1)).mean()
+    return _out(
+        out.loss + alpha * nll, out.chosen_rewards, out.rejected_rewards, nll=float(nll.detach())
+    )
+
+
 # IPO, Azar et al. 2023, Eq. 17 (tau is the regularisation, written beta here):
 #   h = log [pi(y_w|x) pi_ref(y_l|x)] / [pi(y_l|x) pi_ref(y_w|x)],  L = (h - 1/(2 tau))^2
 # length_normalize averages the log-probs over tokens first (what TRL's "ipo" does)

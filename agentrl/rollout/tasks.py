@@ -4,6 +4,7 @@
     index, task = cursor.take()         # in flight from now on (None when the tasks ran out)
     cursor.settle(index)                # its group was buffered, trained or dropped
     state = cursor.state_dict()         # a checkpoint: tasks in flight are re-issued
+    cursor.keep = curriculum.keep       # optional: may pass over a task (agentrl.rollout.curriculum)
 
 Tasks are indexed in the order the source generates them, one epoch after another (epoch
 e of an environment is ``env.tasks(split, seed + e)``), generated lazily and memoised so a
@@ -18,6 +19,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from agentrl.errors import DatasetError
+
+# a keep() that passes over this many tasks in a row issues the next one anyway
+MAX_SKIPS = 10_000
 
 
 class TaskCursor:
@@ -41,6 +45,8 @@ class TaskCursor:
         self.next_index = 0
         self.reissue: list[int] = []
         self.in_flight: set[int] = set()
+        # (task, index) -> whether to issue it (a curriculum); None: every task
+        self.keep: Callable[[dict[str, Any], int], bool] | None = None
 
     @classmethod
     def for_env(
@@ -80,10 +86,16 @@ class TaskCursor:
         if self.reissue:
             index = self.reissue.pop(0)
         else:
-            index = self.next_index
-            if self.task(index) is None:
-                return None
-            self.next_index += 1
+            skips = 0
+            while True:
+                index = self.next_index
+                candidate = self.task(index)
+                if candidate is None:
+                    return None
+                self.next_index += 1
+                if self.keep is None or skips >= MAX_SKIPS or self.keep(candidate, index):
+                    break
+                skips += 1  # passed over: never in flight, never re-issued
         task = self.task(index)
         assert task is not None  # re-issued indices were handed out before
         self.in_flight.add(index)

@@ -10,7 +10,8 @@ Actors ``put`` finished :class:`~agentrl.types.TrajectoryGroup` s; the learner t
   advantage everywhere and is dropped; actors keep sampling until the batch is full, but
   not forever: after ``max_dropped`` such groups in a row (a warning half way) the buffer
   raises :class:`~agentrl.errors.TrainingStalledError`, or with ``on_max_dropped="train"``
-  admits them until a group with differing rewards comes;
+  admits them until a group with differing rewards comes; with ``min_reward_std`` a group
+  whose reward std is below it is dropped (``dropped_low_std``) under the same bound;
 * the staleness gate -- ``learner_version - oldest token version <= max_staleness``,
   checked on admission and again on release, since the learner moves on while a group
   waits.
@@ -46,10 +47,16 @@ COUNTER_NAMES = (
     "dropped_stale_in_buffer",  # went stale while waiting in the buffer
     "dropped_all_equal",  # dynamic sampling
     "admitted_all_equal",  # dynamic sampling gave up waiting (on_max_dropped: train)
+    "dropped_low_std",  # dynamic sampling: reward std below min_reward_std (not all equal)
+    "admitted_low_std",  # the same, admitted after giving up waiting
     "dropped_infra",  # fewer than min_valid valid samples
     "masked_infra_trajectories",  # infra_error samples masked inside admitted groups
     "trajectories_admitted",
 )
+
+
+# a dynamic-sampling drop -> the counter of the same group admitted after giving up waiting
+_FORCED = {"dropped_all_equal": "admitted_all_equal", "dropped_low_std": "admitted_low_std"}
 
 
 class BufferClosedError(RuntimeError):
@@ -73,14 +80,16 @@ class Admission:
 ADMITTED = Admission()
 
 
-def _all_rewards_equal(group: TrajectoryGroup) -> bool:
+def _all_rewards_equal(group: TrajectoryGroup, min_std: float = 0.0) -> bool:
     """DAPO's dynamic-sampling test on one group's valid samples, by the algos function
-    the learner's tests pin down (:func:`agentrl.algos.dynamic_sampling_mask`)."""
+    the learner's tests pin down (:func:`agentrl.algos.dynamic_sampling_mask`): True when
+    they are all equal or (``min_std > 0``) their std is below ``min_std``."""
     import torch
 
     rewards = torch.tensor(group.rewards, dtype=torch.float64)
     valid = torch.tensor([t.status != "infra_error" for t in group.trajectories])
-    keep = dynamic_sampling_mask(rewards, torch.zeros_like(rewards, dtype=torch.long), valid)
+    ids = torch.zeros_like(rewards, dtype=torch.long)
+    keep = dynamic_sampling_mask(rewards, ids, valid, min_std=min_std)
     return not bool(keep.any())
 
 
@@ -97,6 +106,7 @@ class Buffer:
         on_evict: Callable[[list[TrajectoryGroup]], None] | None = None,
         max_dropped: int = 64,
         on_max_dropped: str = "error",
+        min_reward_std: float = 0.0,
     ) -> None:
         if max_staleness is not None and max_staleness < 0:
             raise ValueError(
@@ -110,6 +120,8 @@ class Buffer:
             raise ValueError(f"max_dropped must be >= 1 (got {max_dropped})")
         if on_max_dropped not in ("error", "train"):
             raise ValueError(f"on_max_dropped must be 'error' or 'train' (got {on_max_dropped!r})")
+        if min_reward_std < 0:
+            raise ValueError(f"min_reward_std must be >= 0 (got {min_reward_std})")
         self.max_staleness = max_staleness
         self.capacity = capacity
         self.dynamic_sampling = dynamic_sampling
@@ -118,6 +130,7 @@ class Buffer:
         self.on_evict = on_evict
         self.max_dropped = max_dropped
         self.on_max_dropped = on_max_dropped
+        self.min_reward_std = min_reward_std
         self.dropped_in_a_row = 0  # all-equal groups since the last admitted one
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self._groups: deque[TrajectoryGroup] = deque()
@@ -156,8 +169,8 @@ class Buffer:
         valid = group.valid()
         if len(valid) < self.min_valid:
             return "dropped_infra"
-        if self.dynamic_sampling and _all_rewards_equal(group):
-            return "dropped_all_equal"
+        if self.dynamic_sampling and _all_rewards_equal(group, self.min_reward_std):
+            return "dropped_all_equal" if _all_rewards_equal(group) else "dropped_low_std"
         if self._is_stale(group):
             return "dropped_stale"
         return None
@@ -168,9 +181,9 @@ class Buffer:
         """Admit `group` (waiting while the buffer is full); says why when it is dropped."""
         self.counters["received"] += 1
         reason = self.check(group)
-        forced = reason == "dropped_all_equal" and not self._keep_waiting(group)
+        forced = reason is not None and reason in _FORCED and not self._keep_waiting(group, reason)
         if forced:
-            self.counters["admitted_all_equal"] += 1
+            self.counters[_FORCED[str(reason)]] += 1
             reason = "dropped_stale" if self._is_stale(group) else None
         if reason is not None:
             self.counters[reason] += 1
@@ -195,22 +208,31 @@ class Buffer:
             self._cond.notify_all()
         return ADMITTED
 
-    def _keep_waiting(self, group: TrajectoryGroup) -> bool:
+    def _keep_waiting(self, group: TrajectoryGroup, reason: str = "dropped_all_equal") -> bool:
         """Dynamic sampling's bound (verl's ``max_num_gen_batches``): True while dropping
         all-equal groups may still lead somewhere; warns half way, then raises
         :class:`TrainingStalledError` or (``on_max_dropped="train"``) admits the group."""
         self.dropped_in_a_row += 1
         n, limit = self.dropped_in_a_row, self.max_dropped
-        cause = (
-            f"{n} groups in a row had all rewards equal (last: {group.rewards[0]:g} for every "
-            "sample), so dynamic sampling dropped them: the model never (or always) succeeds "
-            "at these tasks"
-        )
+        if reason == "dropped_low_std":
+            cause = (
+                f"{n} groups in a row had all rewards equal or a reward std below "
+                f"algorithm.min_group_reward_std={self.min_reward_std:g} (last: "
+                f"{[round(r, 4) for r in group.rewards]}), so dynamic sampling dropped them"
+            )
+        else:
+            cause = (
+                f"{n} groups in a row had all rewards equal (last: {group.rewards[0]:g} for "
+                "every sample), so dynamic sampling dropped them: the model never (or always) "
+                "succeeds at these tasks"
+            )
         fix = (
             "make the tasks easier (or harder), raise rollout.group_size, raise "
             "algorithm.max_dropped_groups, set algorithm.on_max_dropped=train to train on "
             "them anyway, or turn algorithm.dynamic_sampling off"
         )
+        if reason == "dropped_low_std":
+            fix += " (or lower algorithm.min_group_reward_std)"
         if n == max(limit // 2, 1) and n < limit:
             log.warning("%s; still sampling (gives up after %d). To fix: %s", cause, limit, fix)
         if n < limit:

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 
 from agentrl.config import Config
+from agentrl.rollout.curriculum import Curriculum
 from agentrl.rollout.tasks import TaskCursor
 from agentrl.run.buffer import Buffer
 from agentrl.run.evaluation import Evaluator
@@ -98,11 +99,18 @@ class Orchestrator:
                 dynamic_sampling=cfg.algorithm.dynamic_sampling,
                 max_dropped=cfg.algorithm.max_dropped_groups,
                 on_max_dropped=cfg.algorithm.on_max_dropped,
+                min_reward_std=cfg.algorithm.min_group_reward_std,
                 # never below the permits in flight, so put() only waits when the learner lags
                 capacity=(cfg.orchestrator.max_staleness + 1) * cfg.learner.batch_groups,
                 on_evict=self._evicted,
             )
             self.tasks = TaskCursor.for_env(self.env, cfg.orchestrator.seed)  # endless: epochs
+            self.curriculum: Curriculum | None = None
+            if cfg.orchestrator.curriculum != "off":  # learnability: by running success rate
+                self.curriculum = Curriculum(
+                    cfg.orchestrator.curriculum_min_weight, cfg.orchestrator.seed
+                )
+                self.tasks.keep = self.curriculum.keep
             self.evaluator = None
             if cfg.orchestrator.eval_every:  # held-out tasks through the training sampler
                 self.evaluator = Evaluator.for_training(cfg, self.sampler)
@@ -203,6 +211,8 @@ class Orchestrator:
         assert taken is not None  # the training stream is endless
         index, task = taken
         group = await self.rollout.run_task(task, index=index)
+        if self.curriculum is not None:
+            self.curriculum.observe(group)
         self._rollout_tokens += sum(t.num_model_tokens for t in group.trajectories)
         self._finished.append(summarize_group(group))
         self.events.publish(GroupFinished(group=group, step=self.step))
@@ -346,6 +356,8 @@ class Orchestrator:
         # a placement's own counters (ray: requests lost with a replica, weights missed)
         out.update({k: v for k, v in stats.items() if k.startswith("placement/")})
         out.update(self.buffer.metrics())
+        if self.curriculum is not None:
+            out.update(self.curriculum.metrics())
         return out
 
     # --- checkpoints ---------------------------------------------------------------
@@ -361,6 +373,7 @@ class Orchestrator:
             "version": self.learner.version,
             "cursor": self.tasks.state_dict(),
             "buffer": self.buffer.state_dict(),
+            **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),
         }
 
     async def save_checkpoint(self) -> Path:
@@ -394,6 +407,8 @@ class Orchestrator:
         self.step = int(state["step"])
         self._saved_step = self.step
         self.tasks.load_state_dict(state["cursor"])
+        if self.curriculum is not None:
+            self.curriculum.load_state_dict(state.get("curriculum") or {})
         self.buffer.load_state_dict(state["buffer"])
         self.buffer.learner_version = self.learner.version
         log.info("resumed from %s (step %d, version %d)", ckpt, self.step, self.learner.version)

@@ -37,6 +37,12 @@ CASES: dict[str, dict[str, Any]] = {
         "learner": {"parallel": "fsdp"},
         "algorithm": {"advantage": "gae", "critic": True, "lam": 0.95, "vf_coef": 0.5},
     },
+    # algorithm.ref_refresh_every: each rank copies its own shards of the policy into the
+    # sharded reference; a wrong copy puts a KL gradient where one process has none
+    "fsdp_ref_refresh": {
+        "learner": {"parallel": "fsdp", "ppo_epochs": 2},
+        "algorithm": {"kl": "k3", "kl_coef": 0.5, "ref_refresh_every": 1},
+    },
 }
 
 

@@ -27,6 +27,7 @@ def two_ranks(out: Path, case: str) -> Path:
         "fsdp",
         pytest.param("ddp", marks=pytest.mark.integration),
         pytest.param("fsdp_critic", marks=pytest.mark.integration),
+        pytest.param("fsdp_ref_refresh", marks=pytest.mark.integration),
     ],
 )
 def test_two_ranks_match_one_process(tmp_path: Path, case: str) -> None:
@@ -42,6 +43,8 @@ def test_two_ranks_match_one_process(tmp_path: Path, case: str) -> None:
         # loss/total is the global minibatch loss; loss/pg averages micro-batch means, which
         # depend on how rows are cut into micro-batches unless the loss is a token mean
         keys = ["loss/total", "grad_norm", "tokens/trained", "entropy"]
+        if "kl" in one:
+            keys.append("kl")
         if CASES[case]["algorithm"].get("agg") == "token-mean":
             keys.append("loss/pg")
         for key in keys:

@@ -11,16 +11,19 @@ importance weight) turns the gap the other way and fails these tests.
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Callable
 
 import pytest
 import torch
 
-from agentrl.algos import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
+from agentrl.algos import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, register_policy_loss
 from agentrl.errors import ConfigError
 from agentrl.learner import Learner
+from agentrl.learner.objective import Objective, turn_index
 from agentrl.run.settings import resolve
-from agentrl.types import TrajectoryGroup
+from agentrl.types import Batch, TrajectoryGroup, Turn
 from tests.learner.conftest import make_cfg
 from tests.learner.test_learner import ALGORITHMS
 
@@ -41,6 +44,8 @@ KNOWN_ADVANTAGES = {
     "reinforce_pp_baseline",
     "gae",
     "tree_grpo",
+    "gigpo",
+    "raft",
 }
 
 
@@ -91,11 +96,30 @@ def _advantage_setting(name: str) -> dict:
     return setting
 
 
+@pytest.fixture(scope="module")
+def turn_groups(groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+    """The same samples with a state key per turn: every first turn acts from the task's
+    start state, the second from one of two cells, each cell reached by one rewarded and
+    one unrewarded sample of the group (so GiGPO's step groups carry a signal)."""
+    out = copy.deepcopy(groups)
+    for group in out:
+        seen: dict[float, int] = {}
+        for traj in group.trajectories:
+            cell = seen[traj.reward] = seen.get(traj.reward, -1) + 1
+            traj.turns = [Turn(index=0, state="start"), Turn(index=1, state=f"cell{cell % 2}")]
+    return out
+
+
 @pytest.mark.parametrize("name", ADVANTAGES.names())
 def test_every_advantage_favours_rewarded_tokens(
-    name: str, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+    name: str,
+    fresh_model: Callable[[], torch.nn.Module],
+    groups: list[TrajectoryGroup],
+    turn_groups: list[TrajectoryGroup],
 ) -> None:
     setting = _advantage_setting(name)
+    if "turn_states" in ADVANTAGES.inputs(name):  # GiGPO: with states, not GRPO in disguise
+        groups = turn_groups
     try:
         _check(f"advantage {name}", setting, fresh_model, groups)
     except ConfigError as err:
@@ -130,3 +154,47 @@ def test_off_policy_corrections_favour_rewarded_tokens(
     correction: str, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
 ) -> None:
     _check(f"off_policy {correction}", {"off_policy": correction}, fresh_model, groups)
+
+
+# the losses for stale data (agentrl.algos.stale) and RAFT's (agentrl.algos.raft): the
+# suite above covers them from the registry; this shows the check catches a sign error in each
+NEW_LOSSES = ("cispo", "sapo", "m2po", "dppo_kl", "reinforce")
+
+
+@pytest.mark.parametrize("name", NEW_LOSSES)
+def test_a_sign_flipped_new_loss_fails_the_direction_check(
+    name: str, fresh_model: Callable[[], torch.nn.Module], groups: list[TrajectoryGroup]
+) -> None:
+    fn = POLICY_LOSSES.get(name)
+
+    @functools.wraps(fn)  # keeps the signature: the same options and clip settings reach it
+    def flipped(logprobs, old_logprobs, advantages, mask, **kw):  # type: ignore[no-untyped-def]
+        return fn(logprobs, old_logprobs, -advantages, mask, **kw)
+
+    flipped_name = f"{name}_sign_flipped_test"
+    register_policy_loss(flipped_name, override=True)(flipped)
+    try:
+        gain = _gain({"advantage": "grpo", "policy_loss": flipped_name}, fresh_model, groups)
+    finally:
+        POLICY_LOSSES._fns.pop(flipped_name, None)
+    assert gain < -MIN_GAIN, (
+        f"{name} with the advantage's sign flipped moved the gap by {gain:+.4f}"
+    )
+
+
+def test_gigpos_turn_states_reach_its_step_groups(
+    groups: list[TrajectoryGroup], turn_groups: list[TrajectoryGroup]
+) -> None:
+    """The groups GiGPO's direction case trains on give it step groups: its advantages
+    differ from the stateless ones (GRPO's) on both turns."""
+    cfg = make_cfg(algorithm={"advantage": "gigpo"})
+    objective = Objective.from_settings(resolve(cfg).objective)
+    with_states = Batch.from_groups(turn_groups)
+    without = Batch.from_groups(groups)
+    assert all(s is not None for row in with_states.turn_states for s in row)
+    a1, mask, _ = objective.advantages(with_states, with_states.rewards, None)
+    a0, _, _ = objective.advantages(without, without.rewards, None)
+    ti = turn_index(with_states.turn_ends, with_states.loss_mask)
+    for k in (0, 1):
+        on_turn = (ti == k) & (mask > 0)
+        assert not torch.allclose(a1[on_turn], a0[on_turn]), f"turn {k} got GRPO's advantage"

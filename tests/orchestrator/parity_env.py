@@ -84,3 +84,14 @@ class LaggingParityEnv(ParityEnv):
             with anyio.move_on_after(float(self.options.get("max_wait_s", 2.0))):
                 await self._event(index + int(self.options.get("lag", 7))).wait()
         return await super().reset(task)
+
+
+class RecurringParityEnv(ParityEnv):
+    """The same `size` task ids every epoch (a dataset's tasks recur; a curriculum tracks them)."""
+
+    name = "recurring_parity"
+
+    def tasks(self, split: str = "train", seed: int = 0) -> Iterator[dict[str, Any]]:
+        n = int(self.options.get("size", 3))
+        for i in range(n):
+            yield {"id": f"{split}-{(i + seed) % n}", "question": f"Say something ({i})."}

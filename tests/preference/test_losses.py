@@ -113,6 +113,20 @@ def test_orpo_eqs_4_to_7() -> None:
     assert not PREFERENCE_LOSSES.needs_reference("orpo")
 
 
+def test_rpo_is_dpo_plus_the_chosen_answers_length_normalised_nll() -> None:
+    beta, alpha = 0.1, 0.7
+    dpo = mean([-log_sigmoid(beta * h(i)) for i in range(2)])
+    nll = mean([-LOGP_W[i] / LEN_W[i] for i in range(2)])  # 12/6 and 30.5/20
+    out = preference_loss("rpo", pairs(), beta=beta, alpha=alpha)
+    assert float(out.loss) == pytest.approx(dpo + alpha * nll, rel=1e-12)
+    assert out.metrics["nll"] == pytest.approx((2.0 + 1.525) / 2)
+    assert out.chosen_rewards.tolist() == pytest.approx([beta * 1.0, beta * -1.5])
+    # alpha 0 is DPO
+    assert float(preference_loss("rpo", pairs(), beta=beta, alpha=0.0).loss) == pytest.approx(dpo)
+    with pytest.raises(ConfigError, match="alpha must be >= 0"):
+        preference_loss("rpo", pairs(), alpha=-1.0)
+
+
 def test_simpo_eq6() -> None:
     beta, gamma = 2.5, 1.0
     want = mean(

@@ -46,7 +46,7 @@ def mixed_pairs() -> list[dict]:
     return [row for a in range(3) for row in (text_pairs(a + 1)[-1], tool_pair(a, a + 3))]
 
 
-@pytest.mark.parametrize("loss", ["dpo", "ipo", "kto", "orpo", "simpo", "tdpo"])
+@pytest.mark.parametrize("loss", ["dpo", "ipo", "kto", "orpo", "simpo", "tdpo", "rpo"])
 def test_each_loss_trains_end_to_end(tmp_path: Path, loss: str) -> None:
     data = write(tmp_path / "pairs.jsonl", mixed_pairs())
     cfg = load_config(overrides=[*BASE, f"preference.loss={loss}", "preference.epochs=2"])
@@ -66,7 +66,7 @@ def test_each_loss_trains_end_to_end(tmp_path: Path, loss: str) -> None:
         assert report.examples == 4 and report.eval_examples == 2
     assert {"accuracy", "loss"} <= set(report.eval_after)
     cache = tmp_path / "run" / REFERENCE_CACHE
-    assert cache.is_file() == (loss in ("dpo", "ipo", "kto", "tdpo"))  # ORPO / SimPO: none
+    assert cache.is_file() == (loss in ("dpo", "ipo", "kto", "tdpo", "rpo"))  # ORPO / SimPO: none
     assert (Path(report.model) / "config.json").is_file()
 
 
