@@ -39,9 +39,11 @@ from agentrl.run.events import (
     WeightsPublished,
     summarize_group,
 )
+from agentrl.run.monitors import RunMonitor
 from agentrl.run.preflight import check_run_config
 from agentrl.run.process_settings import apply_process_settings
 from agentrl.run.runtime import assemble
+from agentrl.run.settings import monitor_settings
 from agentrl.run.subscribers import subscribers_for
 from agentrl.runfolder import CONFIG, has_checkpoint, load_run_checkpoint, save_run_checkpoint
 from agentrl.types import TrajectoryGroup
@@ -60,6 +62,8 @@ class Orchestrator:
         self.resume = resume
         self.step = 0
         self.events = EventBus()
+        # length drift across steps and monitors.alerts (agentrl.run.monitors)
+        self.monitor = RunMonitor(monitor_settings(cfg), self.events)
         self._permits: anyio.Semaphore | None = None
         # groups the remaining steps still need started: a started group takes one, a
         # dropped or evicted group gives it back (its replacement is needed)
@@ -273,6 +277,7 @@ class Orchestrator:
                     )
                 if self._eval_due():
                     metrics.update(await self.evaluator.run())
+                self.monitor.observe(self.step, metrics)
                 self.events.publish(
                     BatchTrained(
                         step=self.step,
@@ -354,6 +359,7 @@ class Orchestrator:
             "version": self.learner.version,
             "cursor": self.tasks.state_dict(),
             "buffer": self.buffer.state_dict(),
+            "monitor": self.monitor.state_dict(),
         }
 
     async def save_checkpoint(self) -> Path:
@@ -388,6 +394,7 @@ class Orchestrator:
         self._saved_step = self.step
         self.tasks.load_state_dict(state["cursor"])
         self.buffer.load_state_dict(state["buffer"])
+        self.monitor.load_state_dict(state.get("monitor") or {})
         self.buffer.learner_version = self.learner.version
         log.info("resumed from %s (step %d, version %d)", ckpt, self.step, self.learner.version)
 
