@@ -57,7 +57,14 @@ class ServerTeacher:
     ``choices[i].prompt_logprobs[t]`` maps token ids (as strings) to ``{"logprob": ...}``
     and always holds the prompt's own token at ``t`` (``None`` at 0)."""
 
-    def __init__(self, settings: TeacherSettings, label: str, *, batch_rows: int = 16) -> None:
+    def __init__(
+        self,
+        settings: TeacherSettings,
+        label: str,
+        *,
+        batch_rows: int = 16,
+        transport: Any = None,
+    ) -> None:
         import httpx
 
         assert settings.base_url is not None
@@ -66,7 +73,8 @@ class ServerTeacher:
         self.label = label
         self.batch_rows = batch_rows
         headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-        self.client = httpx.Client(timeout=settings.timeout_s, headers=headers)
+        # transport: an httpx transport a test injects (None: the network)
+        self.client = httpx.Client(timeout=settings.timeout_s, headers=headers, transport=transport)
         self.model = settings.model or self._served_model()
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
@@ -174,6 +182,7 @@ class Teachers:
         *,
         device: torch.device,
         wrap: Callable[[Any], Any] = lambda m: m,
+        transport: Any = None,
     ) -> None:
         self.settings = settings
         specs = dict(settings.teachers)
@@ -184,7 +193,7 @@ class Teachers:
         for key, spec in specs.items():
             label = "distill.teacher" if key == DEFAULT_KEY else f"distill.teachers.{key}"
             if spec.base_url:
-                server = ServerTeacher(spec, label)
+                server = ServerTeacher(spec, label, transport=transport)
                 if tokenizer is not None:
                     server.check_tokenizer(tokenizer)
                 self.servers[key] = server
