@@ -164,6 +164,11 @@ def test_the_learner_trains_on_the_teacher_s_reverse_kl(folders, tokenizer, fres
     # distillation alone: the advantage of each token is minus its reverse KL
     assert metrics["advantage/mean"] == pytest.approx(-float(rkl.mean()), abs=1e-4)
     assert metrics["advantage/min"] == pytest.approx(-float(rkl.max()), abs=1e-4)
+    # the same rows again, now a version old (an asynchronous run): the teacher scores what
+    # was sampled against the sampler's log-probs, whatever the learner's weights are now
+    stale = learner.step(groups)
+    assert stale["staleness/max"] == 1
+    assert stale["distill/reverse_kl"] == pytest.approx(float(rkl.mean()), abs=1e-4)
 
     # the policy's own weights as the teacher: nothing to learn, every advantage 0
     same = Learner(
