@@ -101,7 +101,7 @@ def main() -> None:
                 "method": method, "seed": seed, "steps": args.steps, "minutes": minutes,
                 "heldout_pass@1": result["metrics"]["pass@1"],
                 "last_reverse_kl": last_metric(run_dir, "distill/reverse_kl"),
-                "last_reward_mean": last_metric(run_dir, "reward_mean"),
+                "last_reward_mean": last_metric(run_dir, "reward/mean"),
             })  # fmt: skip
             summary = summarise(runs)
             results_path.write_text(json.dumps(

@@ -246,6 +246,12 @@ class Learner:
         # on-policy distillation: the teachers that score the sampled tokens (distill.*)
         self.teachers: Teachers | None = None
         if settings.distill.enabled:
+            if self.alg.dynamic_sampling:
+                log.warning(
+                    "distill with algorithm.dynamic_sampling: groups whose rewards are all "
+                    "equal are dropped, though the teacher's signal in them is not zero; set "
+                    "algorithm.dynamic_sampling=false to distil on every group"
+                )
             self.teachers = Teachers(
                 settings.distill,
                 tokenizer,

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from agentrl.chat import ChatRenderer
+from agentrl.commands.train import _print_summary
 from agentrl.config import load_config
 from agentrl.model_folder import write_model_folder
 from agentrl.models import load_tokenizer, tiny_llama
@@ -104,7 +105,9 @@ def test_distillation_lowers_the_student_s_reverse_kl_to_its_teacher(tmp_path, f
     assert all("monitor/reward_std" in s and "monitor/entropy" in s for s in steps)
 
 
-def test_a_reward_that_pays_repetition_fires_the_repetition_alert(tmp_path, folders) -> None:
+def test_a_reward_that_pays_repetition_fires_the_repetition_alert(
+    tmp_path, folders, capsys, monkeypatch
+) -> None:
     run_dir = tmp_path / "run"
     steps = _train(
         run_dir,
@@ -128,3 +131,10 @@ def test_a_reward_that_pays_repetition_fires_the_repetition_alert(tmp_path, fold
     assert [a["step"] for a in alerts] == [
         s["step"] for s in steps if s["monitor/repetition"] > 0.6
     ]
+    # the train summary shows the monitors and lists the alert with its steps
+    monkeypatch.setenv("COLUMNS", "200")  # rich's width off a terminal: no cut headers
+    _print_summary(run_dir)
+    printed = capsys.readouterr().out
+    fired_at = ", ".join(str(a["step"]) for a in alerts)
+    assert f"alert: monitor/repetition above 0.6 at steps {fired_at}" in printed
+    assert "repeat" in printed  # the monitor/repetition column
