@@ -105,6 +105,22 @@ def test_distillation_lowers_the_student_s_reverse_kl_to_its_teacher(tmp_path, f
     assert all("monitor/reward_std" in s and "monitor/entropy" in s for s in steps)
 
 
+@pytest.mark.slow  # a learner process starting (~30 s); the learner tests cover stale rows
+def test_distillation_in_an_asynchronous_run_with_a_learner_process(tmp_path, folders) -> None:
+    steps = _train(
+        tmp_path / "run",
+        [
+            *_base(folders["student"], 3),
+            "env.name=tests.orchestrator.parity_env:ParityEnv",
+            f"distill.teacher={folders['teacher']}",
+            "orchestrator.max_staleness=1",
+            "orchestrator.learner_worker=process",  # the teacher loads in the learner's process
+        ],
+    )
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert all(s["distill/reverse_kl"] > 0 for s in steps)
+
+
 def test_a_reward_that_pays_repetition_fires_the_repetition_alert(
     tmp_path, folders, capsys, monkeypatch
 ) -> None:
