@@ -452,8 +452,7 @@ class Learner:
             return whole_rows(self.forward, model, batch, layout, rows, self.ranks)[0]
 
         teacher_lp = self.teachers.logprobs(batch, keys, score_local)
-        student_lp = batch.behavior_logprobs
-        mask = loss_mask
+        student_lp, mask = batch.behavior_logprobs, loss_mask
         rkl = reverse_kl(student_lp, teacher_lp, mask)
         metrics["distill/reverse_kl"] = float(masked_mean(rkl, mask))
         if len(self.teachers.keys) > 1:
