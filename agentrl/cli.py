@@ -32,6 +32,7 @@ _COMMAND_MODULES = ("train", "rollout", "envs", "sandbox", "export", "rm", "sft"
 _COMMAND_MODULES += ("config",)  # `agentrl config docs`: the reference page
 _COMMAND_MODULES += ("dpo",)  # preference optimisation (agentrl.preference)
 _COMMAND_MODULES += ("grade",)  # score one answer as training would (agentrl grade)
+_COMMAND_MODULES += ("check",)  # agentrl check mismatch: the sampler-vs-learner gap
 
 for _name in _COMMAND_MODULES:
     try:

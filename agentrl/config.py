@@ -846,6 +846,82 @@ class PreferenceConfig(_Section):
     """ARPO tree groups also give fork-level (Step-DPO) pairs"""
 
 
+class TeacherConfig(_Section):
+    """A distillation teacher: a model in the learner's process, or a server."""
+
+    model: str | None = None
+    """An alias or model folder (same tokenizer as model.name), or the served model's name with
+    base_url (null: the first one /v1/models lists).
+    Example: `runs/sft-teacher/export`"""
+    base_url: str | None = None
+    """An OpenAI-compatible server that returns prompt log-probs (vLLM's prompt_logprobs).
+    Example: `http://localhost:8000/v1`"""
+    api_key: str | None = None
+    """The teacher server's API key.
+    Example: `sk-local`"""
+    timeout_s: float = Field(300.0, gt=0)
+    """Seconds per request to the teacher server."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        # a string teacher: an http(s) URL is a server, anything else a model
+        if isinstance(value, str):
+            is_url = value.startswith(("http://", "https://"))
+            return {"base_url": value} if is_url else {"model": value}
+        return value
+
+
+class DistillConfig(_Section):
+    """On-policy distillation (docs/credit.md): a teacher scores the student's sampled tokens and
+    the per-token reverse KL (student minus teacher log-prob) is the advantage:
+    A = reward_weight * A_task - weight * (log p_student - log p_teacher)."""
+
+    teacher: TeacherConfig | None = None
+    """The teacher of tasks that name none: a model folder or alias, an http(s) URL of a server
+    returning prompt log-probs, or {model, base_url, api_key}; null (and no teachers): off.
+    Example: `runs/teacher/export`"""
+    teachers: dict[str, TeacherConfig] = Field(default_factory=dict)
+    """Several teachers by key; a task's task_key field names its teacher.
+    Example: `{math: runs/math-teacher, code: http://localhost:8001/v1}`"""
+    task_key: str = "teacher"
+    """The task field that names a task's teacher in teachers."""
+    weight: float = Field(1.0, ge=0.0)
+    """The reverse KL's weight in the advantage."""
+    reward_weight: float = 0.0
+    """The task reward's advantage weight (0: distillation alone)."""
+
+
+class AlertConfig(_Section):
+    """One alert: a warning line and an AlertFired event when a metric crosses a bound."""
+
+    above: float | None = None
+    """Fire when the metric is above this.
+    Example: `0.5`"""
+    below: float | None = None
+    """Fire when the metric is below this.
+    Example: `0.01`"""
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> AlertConfig:
+        if self.above is None and self.below is None:
+            raise ValueError("an alert needs `above: x` or `below: y`")
+        return self
+
+
+class MonitorsConfig(_Section):
+    """Health monitors logged every step as monitor/* metrics (docs/credit.md), and alerts."""
+
+    ngram: int = Field(4, ge=1)
+    """monitor/repetition counts repeated n-grams of this length in each sample."""
+    baseline_steps: int = Field(3, ge=1)
+    """monitor/length_drift compares the response length with its mean over the first N steps."""
+    alerts: dict[str, AlertConfig] = Field(default_factory=dict)
+    """Metric -> {above: x} or {below: y}: a warning line and an AlertFired event (metrics.jsonl)
+    each step the metric is past it.
+    Example: `{monitor/repetition: {above: 0.5}, monitor/reward_std: {below: 0.01}}`"""
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The policy model."""
@@ -873,6 +949,10 @@ class Config(_Section):
     """Preference optimisation (`agentrl dpo`)."""
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     """The OpenAI-compatible gateway that agent programs call (docs/gateway.md)."""
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    """On-policy distillation from teacher models (docs/credit.md)."""
+    monitors: MonitorsConfig = Field(default_factory=MonitorsConfig)
+    """Per-step health monitors and their alerts (docs/credit.md)."""
 
     _moved_gateway_options = model_validator(mode="before")(_gateway_options_moved)
 

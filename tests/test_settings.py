@@ -13,13 +13,16 @@ from agentrl.config import (
     BranchingConfig,
     Config,
     DataConfig,
+    DistillConfig,
     JudgeConfig,
     LearnerConfig,
+    MonitorsConfig,
     OverlongConfig,
     PreferenceConfig,
     RewardConfig,
     RolloutConfig,
     SamplerConfig,
+    TeacherConfig,
     config_from_dict,
     load_config,
 )
@@ -27,7 +30,10 @@ from agentrl.envs.dataset import DataSettings
 from agentrl.errors import ConfigError
 from agentrl.learner.settings import (
     AlgorithmSettings,
+    DistillSettings,
+    MonitorSettings,
     OverlongSettings,
+    TeacherSettings,
     TrainSettings,
 )
 from agentrl.preference.settings import PreferenceSettings
@@ -59,6 +65,9 @@ MIRRORS = [
     (JudgeConfig, JudgeSettings, set()),
     (DataConfig, DataSettings, set()),
     (PreferenceConfig, PreferenceSettings, set()),
+    (DistillConfig, DistillSettings, set()),
+    (TeacherConfig, TeacherSettings, set()),
+    (MonitorsConfig, MonitorSettings, set()),
 ]
 
 
@@ -176,3 +185,28 @@ def test_the_training_modes_resolve_device_and_lr_once_with_their_flags_winning(
 def test_data_settings_remember_whether_the_answer_column_was_asked_for() -> None:
     assert not data_settings(Config()).answer_explicit
     assert data_settings(load_config(overrides=["data.answer=solution"])).answer_explicit
+
+
+def test_distill_and_monitor_settings_resolve() -> None:
+    cfg = config_from_dict(
+        {
+            "distill": {
+                "teacher": "runs/teacher",
+                "teachers": {"code": "http://localhost:8001", "math": {"model": "m"}},
+                "reward_weight": 0.5,
+            },
+            "monitors": {"alerts": {"monitor/repetition": {"above": 0.5}}},
+        }
+    )
+    learner = resolve(cfg).learner
+    assert learner is not None
+    d = learner.distill
+    assert d.enabled and d.teacher == TeacherSettings(model="runs/teacher")
+    assert (
+        d.teachers["code"].base_url == "http://localhost:8001" and d.teachers["code"].model is None
+    )
+    assert d.teachers["math"].model == "m" and d.reward_weight == 0.5
+    assert learner.monitors.alerts == (("monitor/repetition", "above", 0.5),)
+    pickle.loads(pickle.dumps(learner))  # the learner process receives it
+    with pytest.raises(ConfigError, match="above"):
+        config_from_dict({"monitors": {"alerts": {"monitor/entropy": {}}}})

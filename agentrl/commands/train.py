@@ -83,6 +83,7 @@ def _print_summary(run_dir: Path) -> None:
 
     from agentrl.errors import MissingExtra
     from agentrl.run.plotting import learning_summary, plot_run, read_steps
+    from agentrl.runfolder import read_metrics
 
     steps = read_steps(run_dir)
     if not steps:
@@ -95,9 +96,19 @@ def _print_summary(run_dir: Path) -> None:
         "entropy": "entropy",
         "pg/clip_frac": "clip",
         "staleness/mean": "stale",
+        "monitor/reward_std": "r std",
+        "monitor/repetition": "repeat",
+        "monitor/length_drift": "len drift",
+        "monitor/mismatch_kl_k3": "mismatch kl",
+        "distill/reverse_kl": "teacher kl",
         "tool_calls_per_episode": "tools/ep",
         "rollout_tokens_per_s": "tok/s",
         "train_seconds": "train s",
+    }
+    # a monitor the run did not log (no distillation, no learner log-probs) gets no column
+    optional = ("monitor/", "distill/")
+    cols = {
+        k: v for k, v in cols.items() if not k.startswith(optional) or any(k in s for s in steps)
     }
     for label in cols.values():
         table.add_column(label, justify="right")
@@ -112,6 +123,13 @@ def _print_summary(run_dir: Path) -> None:
             f"{summary['last_k_reward']:.3f} (gain {summary['gain']:+.3f})"
         )
         (run_dir / "summary.json").write_text(json.dumps({**summary, "steps": steps}, indent=1))
+    alerts = [row for row in read_metrics(run_dir) if row.get("event") == "AlertFired"]
+    if alerts:  # monitors.alerts: each metric once, with the steps it fired at
+        fired: dict[str, list[str]] = {}
+        for a in alerts:
+            fired.setdefault(f"{a['metric']} {a['side']} {a['bound']:g}", []).append(str(a["step"]))
+        for what, at in fired.items():
+            console.print(f"alert: {what} at steps {', '.join(at)}", markup=False, soft_wrap=True)
     try:
         console.print(f"curves: {plot_run(run_dir)}")
     except MissingExtra as e:  # the run is fine; only the picture needs the plots extra

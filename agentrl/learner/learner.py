@@ -40,6 +40,8 @@ import torch
 from torch import Tensor
 
 from agentrl.algos import loglinear_proximal_logprobs
+from agentrl.algos.distill import distill_advantages, reverse_kl
+from agentrl.algos.stats import masked_mean
 from agentrl.devices import to_device, to_host
 from agentrl.errors import ConfigError
 from agentrl.learner import compiled
@@ -51,6 +53,7 @@ from agentrl.learner.distributed import Ranks, rank_micro_batches, whole_rows
 from agentrl.learner.forward import PolicyForward
 from agentrl.learner.lora import sampler_state
 from agentrl.learner.metrics import WeightedMeans, as_floats, batch_metrics
+from agentrl.learner.monitors import batch_monitors
 from agentrl.learner.objective import Objective
 from agentrl.learner.precision import Precision, same_attention_kernel
 from agentrl.learner.proximal import bypass_blockers, current_blockers
@@ -62,6 +65,7 @@ from agentrl.learner.reference import (
     refresh_reference,
 )
 from agentrl.learner.settings import LearnerSettings
+from agentrl.learner.teacher import Teachers
 from agentrl.types import Batch, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,7 @@ log = logging.getLogger(__name__)
 PHASES = (
     "no-grad pass",
     "reference pass",
+    "teacher pass",
     "forward",
     "backward",
     "gradient all-reduce",
@@ -246,6 +251,21 @@ class Learner:
             ref = ref_model if ref_model is not None else copy.deepcopy(self.model)
             self.ref_model = self.strategy.wrap(ref.to(self.device).eval().requires_grad_(False))
         check_refreshable(self.alg.ref_refresh_every, self.ref_model)
+        # on-policy distillation: the teachers that score the sampled tokens (distill.*)
+        self.teachers: Teachers | None = None
+        if settings.distill.enabled:
+            if self.alg.dynamic_sampling:
+                log.warning(
+                    "distill with algorithm.dynamic_sampling: groups whose rewards are all "
+                    "equal are dropped, though the teacher's signal in them is not zero; set "
+                    "algorithm.dynamic_sampling=false to distil on every group"
+                )
+            self.teachers = Teachers(
+                settings.distill,
+                tokenizer,
+                device=self.device,
+                wrap=lambda m: self.strategy.wrap(m.to(self.device)),
+            )
         # after the reference model's copy: a copy of a compiled layer would run the original
         self.compiled_layers = self.core.compile_layers(
             {"policy": self.model, "critic": self.critic, "reference model": self.ref_model},
@@ -381,6 +401,8 @@ class Learner:
         )
         loss_mask, filter_metrics = objective.filter_truncated(batch, loss_mask)
         metrics.update(filter_metrics)
+        if self.teachers is not None:
+            advantages = self._distill(groups, batch, layout, advantages, loss_mask, metrics)
         # what each sample trained with, for the trace (the run layer publishes it)
         self.last_credit = step_credit(
             alg.advantage, [t.traj_id for t in batch.trajectories], advantages, loss_mask
@@ -404,9 +426,62 @@ class Learner:
             refresh_reference(self.ref_model, self.model)  # algorithm.ref_refresh_every
             metrics["ref/refreshed"] = 1.0
         self._step_metrics(metrics, inputs, loop, start, rewards)
+        learner_lp = start.prox_lp if start.prox_lp is not None else inputs.first_pass_lp
+        metrics.update(
+            batch_monitors(
+                batch,
+                advantages,
+                loss_mask,
+                learner_lp,
+                self.version - 1,
+                ngram=self.settings.monitors.ngram,
+            )
+        )
+        if "entropy" in metrics:
+            metrics["monitor/entropy"] = metrics["entropy"]
         metrics["time/step_s"] = time.perf_counter() - t0
         metrics["tokens_per_s"] = metrics["tokens/total"] / max(metrics["time/step_s"], 1e-9)
         return as_floats(metrics)  # the step's device-side metrics read in one transfer
+
+    def _distill(
+        self,
+        groups: Sequence[TrajectoryGroup],
+        batch: Batch,
+        layout: BatchLayout,
+        advantages: Tensor,
+        loss_mask: Tensor,
+        metrics: dict[str, Any],
+    ) -> Tensor:
+        """On-policy distillation's advantages (:mod:`agentrl.learner.teacher`): each row's
+        teacher scores its sampled tokens; the reverse KL against the sampler's log-probs
+        (the policy that drew them, whatever its version) mixes with the task advantages."""
+        assert self.teachers is not None
+        d = self.settings.distill
+        keys = self.teachers.row_keys(groups)
+        self._phase("teacher pass")
+        t0 = time.perf_counter()
+
+        def score_local(model: Any, rows: Tensor) -> Tensor:
+            return whole_rows(self.forward, model, batch, layout, rows, self.ranks)[0]
+
+        teacher_lp = self.teachers.logprobs(batch, keys, score_local)
+        student_lp, mask = batch.behavior_logprobs, loss_mask
+        rkl = reverse_kl(student_lp, teacher_lp, mask)
+        metrics["distill/reverse_kl"] = float(masked_mean(rkl, mask))
+        if len(self.teachers.keys) > 1:
+            for key in self.teachers.keys:
+                rows = torch.tensor([k == key for k in keys])
+                if bool((mask[rows] > 0).any()):
+                    metrics[f"distill/reverse_kl/{key}"] = float(masked_mean(rkl[rows], mask[rows]))
+        metrics["time/teacher_s"] = time.perf_counter() - t0
+        return distill_advantages(
+            student_lp,
+            teacher_lp,
+            mask,
+            advantages,
+            weight=d.weight,
+            reward_weight=d.reward_weight,
+        )
 
     def _start_pass(self, batch: Batch, layout: BatchLayout, metrics: dict[str, Any]) -> _Start:
         """The no-grad pass at the start of a step, when needed (see the module docstring):
@@ -664,7 +739,9 @@ class Learner:
         """Ready when constructed (see :class:`~agentrl.learner.LearnerLike`)."""
 
     def close(self) -> None:
-        """Nothing to release in this process (see :class:`~agentrl.learner.LearnerLike`)."""
+        """The teacher servers' connections (see :class:`~agentrl.learner.LearnerLike`)."""
+        if self.teachers is not None:
+            self.teachers.close()
 
 
 def enable_checkpointing(model: Any, *, traced: bool = False) -> None:

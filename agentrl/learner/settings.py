@@ -148,6 +148,47 @@ class PolicyModelSettings:
 
 
 @dataclass(frozen=True)
+class TeacherSettings:
+    """One ``distill`` teacher: a model (alias, folder) run in the learner's process, or
+    ``base_url``: an OpenAI-compatible server returning prompt log-probs (vLLM)."""
+
+    model: str | None = None
+    base_url: str | None = None
+    api_key: str | None = None
+    timeout_s: float = 300.0
+
+    @property
+    def label(self) -> str:
+        return self.base_url or self.model or "?"
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    """``distill``: on-policy distillation (:mod:`agentrl.learner.teacher`); off when no
+    teacher is named."""
+
+    teacher: TeacherSettings | None = None
+    teachers: dict[str, TeacherSettings] = field(default_factory=dict)
+    task_key: str = "teacher"
+    weight: float = 1.0
+    reward_weight: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.teacher is not None or bool(self.teachers)
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """``monitors``: the per-step health metrics (``monitor/*``) and their alerts."""
+
+    ngram: int = 4
+    baseline_steps: int = 3
+    # (metric, "above" | "below", threshold), in the order written
+    alerts: tuple[tuple[str, str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class LearnerSettings:
     """Everything a :class:`~agentrl.learner.Learner` reads, decided once."""
 
@@ -161,6 +202,8 @@ class LearnerSettings:
     sampler_backend: str = "hf"  # sampler.backend
     # the dtype the embedded hf sampler computes in (None: another backend's kernels)
     sampler_dtype: torch.dtype | None = None
+    distill: DistillSettings = field(default_factory=DistillSettings)
+    monitors: MonitorSettings = field(default_factory=MonitorSettings)
 
     @property
     def algorithm(self) -> AlgorithmSettings:

@@ -87,6 +87,17 @@ class AdvantagesAssigned(Event):
 
 
 @dataclass
+class AlertFired(Event):
+    """A monitored metric crossed its bound (``monitors.alerts``; :mod:`agentrl.run.monitors`)."""
+
+    step: int
+    metric: str
+    value: float
+    side: str  # above | below
+    bound: float
+
+
+@dataclass
 class WeightsPublished(Event):
     version: int
     seconds: float

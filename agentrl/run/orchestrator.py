@@ -41,9 +41,11 @@ from agentrl.run.events import (
     WeightsPublished,
     summarize_group,
 )
+from agentrl.run.monitors import RunMonitor
 from agentrl.run.preflight import check_run_config
 from agentrl.run.process_settings import apply_process_settings
 from agentrl.run.runtime import assemble
+from agentrl.run.settings import monitor_settings
 from agentrl.run.subscribers import subscribers_for
 from agentrl.runfolder import CONFIG, has_checkpoint, load_run_checkpoint, save_run_checkpoint
 from agentrl.types import TrajectoryGroup
@@ -62,6 +64,8 @@ class Orchestrator:
         self.resume = resume
         self.step = 0
         self.events = EventBus()
+        # length drift across steps and monitors.alerts (agentrl.run.monitors)
+        self.monitor = RunMonitor(monitor_settings(cfg), self.events)
         self._permits: anyio.Semaphore | None = None
         # groups the remaining steps still need started: a started group takes one, a
         # dropped or evicted group gives it back (its replacement is needed)
@@ -290,6 +294,7 @@ class Orchestrator:
                     metrics.update(await self.evaluator.run())
                     held_out = self.evaluator.last_groups  # per task, for step N vs M
                     self.events.publish(EvalGroupsFinished(step=self.step, groups=held_out))
+                self.monitor.observe(self.step, metrics)
                 self.events.publish(
                     BatchTrained(
                         step=self.step,
@@ -374,6 +379,7 @@ class Orchestrator:
             "cursor": self.tasks.state_dict(),
             "buffer": self.buffer.state_dict(),
             **({"curriculum": self.curriculum.state_dict()} if self.curriculum else {}),
+            "monitor": self.monitor.state_dict(),
         }
 
     async def save_checkpoint(self) -> Path:
@@ -410,6 +416,7 @@ class Orchestrator:
         if self.curriculum is not None:
             self.curriculum.load_state_dict(state.get("curriculum") or {})
         self.buffer.load_state_dict(state["buffer"])
+        self.monitor.load_state_dict(state.get("monitor") or {})
         self.buffer.learner_version = self.learner.version
         log.info("resumed from %s (step %d, version %d)", ckpt, self.step, self.learner.version)
 

@@ -30,11 +30,14 @@ from agentrl.envs.dataset import DataSettings
 from agentrl.errors import CheckpointError, ConfigError
 from agentrl.learner.settings import (
     AlgorithmSettings,
+    DistillSettings,
     LearnerSettings,
     LoraSettings,
+    MonitorSettings,
     ObjectiveSettings,
     OverlongSettings,
     PolicyModelSettings,
+    TeacherSettings,
     TrainSettings,
 )
 from agentrl.models import load_dtype
@@ -159,7 +162,29 @@ def learner_settings(
         max_staleness=cfg.orchestrator.max_staleness,
         sampler_backend=cfg.sampler.backend,
         sampler_dtype=hf_sampler_dtype(sampler or sampler_settings(cfg)),
+        distill=distill_settings(cfg),
+        monitors=monitor_settings(cfg),
     )
+
+
+def distill_settings(cfg: Config) -> DistillSettings:
+    """``distill``: the teachers by key, the advantage's weights."""
+    d = cfg.distill
+    teachers = {k: mirror(TeacherSettings, t) for k, t in d.teachers.items()}
+    teacher = mirror(TeacherSettings, d.teacher) if d.teacher is not None else None
+    return mirror(DistillSettings, d, teacher=teacher, teachers=teachers)
+
+
+def monitor_settings(cfg: Config) -> MonitorSettings:
+    """``monitors``: the alerts as (metric, above | below, bound) rules."""
+    m = cfg.monitors
+    rules = tuple(
+        (metric, side, float(bound))
+        for metric, alert in m.alerts.items()
+        for side, bound in (("above", alert.above), ("below", alert.below))
+        if bound is not None
+    )
+    return mirror(MonitorSettings, m, alerts=rules)
 
 
 def sampler_settings(cfg: Config) -> SamplerSettings:

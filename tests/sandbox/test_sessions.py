@@ -296,9 +296,9 @@ async def test_sandboxes_sharing_a_pace_share_one_start_rate(marker: str) -> Non
         async with (
             create_sandbox(label=marker, pace=pace, **limits) as a,
             create_sandbox(label=marker, pace=pace, **limits) as b,
+            anyio.create_task_group() as tg,
         ):
-            async with anyio.create_task_group() as tg:
-                for sb in (a, b, a, b, a, b):
-                    tg.start_soon(sb.run, "pass")
+            for sb in (a, b, a, b, a, b):
+                tg.start_soon(sb.run, "pass")
         assert a.stats()["starts"] == b.stats()["starts"] == 3
         assert pace.waited_s >= 0.75  # 4 of the 6 starts waited >= 1/5 s each
