@@ -21,6 +21,7 @@ import contextlib
 import json
 import re
 import secrets
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,7 +142,9 @@ class Engine:
             task_type="CAUSAL_LM",
         )
         seed = spec.seed if spec.seed is not None else secrets.randbits(31)
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # a LoRA on a tied LM head adds to the head's output only; the embedding stays
+            warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
             torch.manual_seed(seed)
             if self.peft is None:
                 self.peft = get_peft_model(self.lm, cfg, adapter_name=name)
