@@ -257,7 +257,7 @@ class Engine:
         tm.optimizer.zero_grad(set_to_none=True)
         tm.steps += 1
         tm.pending = 0
-        return {"metrics": {"grad_norm:mean": float(norm), "step:unique": float(tm.steps)}}
+        return {"metrics": {"grad_norm:mean": float(norm)}}
 
     # --- checkpoints ---------------------------------------------------------------------
 

@@ -5,7 +5,7 @@
          /telemetry (accepted, dropped), /create_model, /get_info, /forward_backward
          (protobuf), /optim_step, /save_weights, /save_weights_for_sampler, /load_weights,
          /unload_model, /create_sampling_session, /join_sampling_session, /asample,
-         /retrieve_future, /cancel_future
+         /retrieve_future, /cancel_future, /sessions/{id}/finish (frees its adapters)
 
 JSON bodies are validated with the SDK's own request models (a bad field is a 400 naming
 it); work goes through :class:`~agentrl.run.tinker.futures.Futures`. Errors are
@@ -148,6 +148,15 @@ def create_app(service: TinkerService) -> Any:
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat() -> dict[str, Any]:
         return {"type": "session_heartbeat"}
+
+    @app.post("/api/v1/sessions/{session_id}/finish")
+    async def finish_session(session_id: str) -> Response:
+        # the session's adapters and optimizers go; its saved checkpoints stay on disk
+        service.sessions.pop(session_id, None)
+        prefix = f"{session_id}:train:"
+        for model_id in [m for m in engine.models if m.startswith(prefix)]:
+            service.futures.submit(lambda m=model_id: engine.unload(m))
+        return Response(status_code=204)
 
     @app.post("/api/v1/telemetry")
     async def telemetry() -> dict[str, Any]:
