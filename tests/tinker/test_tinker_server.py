@@ -243,7 +243,9 @@ def test_bad_requests_get_clear_errors(service, tiny_folder):
         service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
     client = service.create_lora_training_client(base_model=str(tiny_folder), rank=4).result()
     data = [_datum(client.get_tokenizer())]
-    with pytest.raises(Exception, match=r"loss_fn 'dro' is not supported.*supported: cross_entropy"):
+    with pytest.raises(
+        Exception, match=r"loss_fn 'dro' is not supported.*supported: cross_entropy"
+    ):
         client.forward_backward(data, "dro").result()
     with pytest.raises(Exception, match="has no 'logprobs' \\(ppo needs it\\)"):
         client.forward_backward(data, "ppo").result()
