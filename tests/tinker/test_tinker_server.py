@@ -274,3 +274,44 @@ def test_bad_requests_get_clear_errors(service, tiny_folder):
         service.create_sampling_client(model_path="tinker://elsewhere/checkpoints/x").result()
     # the client still works after its refused requests
     assert _train(client, data, steps=1)
+
+
+def test_requests_of_several_adapters_decode_in_one_batch_as_they_would_alone(
+    server, service, tiny_folder
+):
+    from agentrl.run.tinker.decode import DecodeParams, Request
+
+    tokenizer = None
+    paths = []
+    for seed, text in ((6, "red green blue"), (7, "north south east west")):
+        client = service.create_lora_training_client(
+            base_model=str(tiny_folder), rank=4, seed=seed
+        ).result()
+        tokenizer = tokenizer or client.get_tokenizer()
+        _train(client, [_datum(tokenizer, text)], steps=2, lr=5e-2)
+        paths.append(client.save_weights_for_sampler(f"mix{seed}").result().path)
+    greedy = DecodeParams(max_tokens=5, stop_tokens=frozenset(), temperature=0.0)
+    prompts = [tokenizer.encode(t) for t in ("red green", "north south east", "a")]
+    jobs = [
+        (paths[0], Request(prompts[0], 2, greedy, prompt_logprobs=True)),
+        (paths[1], Request(prompts[1], 1, greedy)),
+        (None, Request(prompts[2], 1, greedy, prompt_logprobs=True)),
+        (paths[1], Request(prompts[0], 1, greedy)),
+    ]
+    engine = server.service.engine  # the worker is idle: no request is in flight
+    together = engine.sample_batch(jobs)
+    alone = [
+        engine.sample_batch(
+            [(p, Request(r.prompt, r.num_samples, greedy, prompt_logprobs=r.prompt_logprobs))]
+        )[0]
+        for p, r in jobs
+    ]
+    for (seqs, lp), (seqs1, lp1) in zip(together, alone, strict=True):
+        assert [s.tokens for s in seqs] == [s.tokens for s in seqs1]
+        for s, s1 in zip(seqs, seqs1, strict=True):
+            assert s.logprobs == pytest.approx(s1.logprobs, abs=1e-4)
+        assert (lp is None) == (lp1 is None)
+        if lp is not None:
+            assert lp[1:] == pytest.approx(lp1[1:], abs=1e-4)
+    # the adapters differ, so their continuations of one prompt do too
+    assert together[0][0][0].tokens != together[3][0][0].tokens

@@ -17,7 +17,6 @@ stripped), ``lora.json`` (base model, rank, targets) and, for ``weights`` (save_
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import secrets
@@ -29,11 +28,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from agentrl.errors import AgentRLError
+from agentrl.models import cache_kwargs
 from agentrl.run.tinker import losses
-from agentrl.run.tinker.decode import DecodeParams, decode
-from agentrl.run.tinker.wire import ForwardBackwardCall, Sequence
+from agentrl.run.tinker.decode import BASE, Request, decode, prompt_logprobs
+from agentrl.run.tinker.wire import ForwardBackwardCall
 from agentrl.runfolder import ADAPTER_WEIGHTS
 
 LORA_META = "lora.json"
@@ -150,6 +151,7 @@ class Engine:
                 self.peft = get_peft_model(self.lm, cfg, adapter_name=name)
             else:
                 self.peft.add_adapter(name, cfg)
+        self.peft.eval()  # no dropout anywhere; peft's mixed-adapter batches need eval mode
         params = {
             _canonical(n, name): p
             for n, p in self.lm.named_parameters()
@@ -348,7 +350,9 @@ class Engine:
         if adapter is not None:
             self.peft.delete_adapter(adapter)
 
-    def _slot(self, path: str) -> str:
+    def _slot(self, path: str, keep: set[str]) -> str:
+        """The adapter holding snapshot `path` (loaded now if needed; the least recently
+        used slot outside `keep`, this batch's, makes room)."""
         if path in self.slots:
             self.slots.move_to_end(path)
             return self.slots[path]
@@ -356,8 +360,9 @@ class Engine:
         if snap is None:
             spec, tensors, _ = self._read(path)
             snap = self.snapshots[path] = Snapshot(spec, tensors)
-        if len(self.slots) >= SAMPLER_SLOTS:
-            self._evict(next(iter(self.slots)))
+        idle = [p for p in self.slots if p not in keep]
+        if len(self.slots) >= SAMPLER_SLOTS and idle:
+            self._evict(idle[0])
         adapter, params = self._add_adapter(snap.spec)
         with torch.no_grad():
             for k, p in params.items():
@@ -366,29 +371,59 @@ class Engine:
         self.slots[path] = adapter
         return adapter
 
-    def sample(
-        self,
-        model_path: str | None,
-        prompt: list[int],
-        num_samples: int,
-        params: DecodeParams,
-        prompt_logprobs: bool,
-    ) -> tuple[list[Sequence], list[float] | None]:
-        if not prompt:
+    def _forward(
+        self, ids: Tensor, mask: Tensor, positions: Tensor | None, adapters: list[str], cache: Any
+    ) -> Any:
+        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "use_cache": True}
+        if positions is not None:
+            kwargs["position_ids"] = positions
+        if cache is not None:
+            kwargs.update(cache_kwargs(self.lm, cache))
+        names = set(adapters)
+        if self.peft is None:
+            return self.lm(**kwargs)
+        if names == {BASE}:
+            with self.peft.disable_adapter():
+                return self.lm(**kwargs)
+        if len(names) == 1:
+            self.peft.set_adapter(adapters[0])
+            return self.lm(**kwargs)
+        return self.peft(adapter_names=adapters, **kwargs)  # peft applies each row's adapter
+
+    def check_sample(self, request: Request) -> None:
+        if not request.prompt:
             raise RequestError("prompt is empty")
-        if len(prompt) + params.max_tokens > self.context_length:
+        if len(request.prompt) + request.params.max_tokens > self.context_length:
             raise RequestError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"{self.base_model}'s context of {self.context_length}"
+                f"prompt ({len(request.prompt)} tokens) + max_tokens "
+                f"({request.params.max_tokens}) exceeds {self.base_model}'s context of "
+                f"{self.context_length}"
             )
-        if model_path is None or self.peft is None:
-            if model_path is not None:
-                self._slot(model_path)  # raises: nothing was saved on this server
-            ctx = self.peft.disable_adapter() if self.peft is not None else contextlib.nullcontext()
-            with ctx:
-                return decode(self.lm, prompt, num_samples, params, prompt_logprobs, self.device)
-        self._activate(self._slot(model_path))
-        return decode(self.lm, prompt, num_samples, params, prompt_logprobs, self.device)
+
+    def sample_batch(self, jobs: list[tuple[str | None, Request]]) -> list[Any]:
+        """Each job's (sequences, prompt log-probs or None), or the error that refused it;
+        the accepted ones decoded in one batch. A job is (sampler path or None, request)."""
+        out: list[Any] = [None] * len(jobs)
+        ready: list[tuple[int, Request]] = []
+        keep = {path for path, _ in jobs if path is not None}
+        for i, (path, request) in enumerate(jobs):
+            try:
+                self.check_sample(request)
+                request.adapter = BASE if path is None else self._slot(path, keep)
+                ready.append((i, request))
+            except RequestError as e:
+                out[i] = e
+        if ready:
+            requests = [r for _, r in ready]
+            scored = [
+                prompt_logprobs(self._forward, r, self.device) if r.prompt_logprobs else None
+                for r in requests
+            ]
+            for (i, _), seqs, lp in zip(
+                ready, decode(self._forward, requests, self.device), scored, strict=True
+            ):
+                out[i] = (seqs, lp)
+        return out
 
 
 def _linear_layers(model: Any) -> dict[str, str]:

@@ -35,6 +35,7 @@ except ModuleNotFoundError:
     raise
 from agentrl.run.tinker import losses
 from agentrl.run.tinker.decode import DecodeParams
+from agentrl.run.tinker.decode import Request as SampleJob
 from agentrl.run.tinker.engine import Engine, LoraSpec, RequestError
 from agentrl.run.tinker.futures import Futures
 from agentrl.run.tinker.wire import (
@@ -61,13 +62,19 @@ class TinkerService:
     def __init__(self, engine: Engine, tokenizer_id: str) -> None:
         self.engine = engine
         self.tokenizer_id = tokenizer_id
-        self.futures = Futures((RequestError, losses.LossError, WireError, ValueError))
+        self.futures = Futures(
+            (RequestError, losses.LossError, WireError, ValueError), self._sample_batch
+        )
         self.sessions: dict[str, itertools.count[int]] = {}
         self.samplers: dict[str, dict[str, Any]] = {}  # sampling session -> base/model_path
         self.requests = 0
 
     def close(self) -> None:
         self.futures.close()
+
+    def _sample_batch(self, jobs: list[tuple[str | None, SampleJob]]) -> list[Any]:
+        out = self.engine.sample_batch(jobs)
+        return [r if isinstance(r, BaseException) else sample_response(*r) for r in out]
 
 
 def _types() -> Any:
@@ -331,13 +338,9 @@ def create_app(service: TinkerService) -> Any:
         except ValueError as e:
             raise RequestError(f"asample: prompt: {e} (text tokens only)") from None
         params = decode_params(req.sampling_params, engine.tokenizer)
-        rid = service.futures.submit(
-            lambda: sample_response(
-                *engine.sample(
-                    model_path, prompt, req.num_samples, params, bool(req.prompt_logprobs)
-                )
-            )
-        )
+        job = SampleJob(prompt, req.num_samples, params, prompt_logprobs=bool(req.prompt_logprobs))
+        engine.check_sample(job)  # a 400 now for what is wrong with the request itself
+        rid = service.futures.submit_batched((model_path, job))
         ids = [f"{rid}:{i}" for i in range(req.num_samples)]
         return {"request_id": rid, "sample_sequence_ids": ids}
 
