@@ -4,8 +4,8 @@ A POST returns ``{"request_id": ...}`` at once; the work runs on the one worker 
 training calls one at a time in arrival order (the SDK submits a training client's calls in
 its own order, one turn at a time), and every sampling request queued meanwhile together in
 one batch (``batch``: a list of payloads in, a result or exception per payload out), taking
-turns with the training calls. ``retrieve_future`` waits up to :data:`LONG_POLL_S` for the result, then answers
-``try_again`` so the SDK polls again. A failed call's result is ``{"error", "category"}``,
+turns with the training calls. ``retrieve_future`` waits up to :data:`LONG_POLL_S` for the
+result, then answers ``try_again`` so the SDK polls again. A failed call's result is ``{"error", "category"}``,
 which the SDK raises as ``RequestFailedError`` with that message.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-LONG_POLL_S = 5.0
+LONG_POLL_S = 30.0  # under the SDK's 45 s read timeout; each try_again is a logged warning
 KEEP_RESULTS = 10_000  # finished results kept for retrieval (oldest dropped first)
 MAX_BATCH = 64  # sampling requests decoded together
 
