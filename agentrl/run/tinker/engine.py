@@ -34,10 +34,10 @@ from agentrl.errors import AgentRLError
 from agentrl.models import cache_kwargs
 from agentrl.run.tinker import losses
 from agentrl.run.tinker.decode import BASE, Request, decode, prompt_logprobs
+from agentrl.run.tinker.interop import LORA_META, read_run_adapter
 from agentrl.run.tinker.wire import ForwardBackwardCall
 from agentrl.runfolder import ADAPTER_WEIGHTS
 
-LORA_META = "lora.json"
 OPTIMIZER_STATE = "optimizer.pt"
 LORA_ALPHA = 32  # Tinker's scale convention: alpha 32, so rank 32 adds B @ A unscaled
 SAMPLER_SLOTS = 8  # resident sampler snapshots (each one adapter's size)
@@ -59,16 +59,31 @@ class LoraSpec:
     train_mlp: bool = True
     train_unembed: bool = True
     seed: int | None = None
+    alpha: float = LORA_ALPHA
+    targets: tuple[str, ...] | None = None  # layer names; None: the three switches decide
 
     def as_json(self, base_model: str) -> dict[str, Any]:
         return {
             "base_model": base_model,
             "rank": self.rank,
-            "alpha": LORA_ALPHA,
+            "alpha": self.alpha,
+            "targets": list(self.targets) if self.targets else None,
             "train_attn": self.train_attn,
             "train_mlp": self.train_mlp,
             "train_unembed": self.train_unembed,
         }
+
+    @classmethod
+    def from_json(cls, meta: dict[str, Any]) -> LoraSpec:
+        targets = meta.get("targets")
+        return cls(
+            meta["rank"],
+            meta["train_attn"],
+            meta["train_mlp"],
+            meta["train_unembed"],
+            alpha=meta.get("alpha", LORA_ALPHA),
+            targets=tuple(targets) if targets else None,
+        )
 
 
 @dataclass
@@ -119,6 +134,14 @@ class Engine:
     # --- adapters ------------------------------------------------------------------------
 
     def _targets(self, spec: LoraSpec) -> list[str]:
+        if spec.targets:
+            unknown = sorted(set(spec.targets) - set(self._layers))
+            if unknown:
+                raise RequestError(
+                    f"LoRA targets {unknown} are not linear layers of {self.base_model} "
+                    f"(it has {', '.join(sorted(self._layers))})"
+                )
+            return sorted(spec.targets)
         wanted = {"attn": spec.train_attn, "mlp": spec.train_mlp, "unembed": spec.train_unembed}
         picked = sorted(leaf for leaf, kind in self._layers.items() if wanted[kind])
         if not picked:
@@ -136,7 +159,7 @@ class Engine:
         name = f"a{self._adapters}"
         cfg = LoraConfig(
             r=spec.rank,
-            lora_alpha=LORA_ALPHA,
+            lora_alpha=spec.alpha,
             lora_dropout=0.0,
             target_modules=self._targets(spec),
             bias="none",
@@ -303,19 +326,26 @@ class Engine:
         self._evict(path)  # a re-saved name replaces the resident copy
         return path
 
-    def _read(self, path: str) -> tuple[LoraSpec, dict[str, torch.Tensor], Path]:
+    def _read(self, path: str) -> tuple[LoraSpec, dict[str, torch.Tensor], Path | None]:
+        """(spec, adapter tensors, folder with optimizer state or None) of a tinker:// path,
+        or of a local agentrl run / checkpoint trained with model.lora."""
         from safetensors.torch import load_file
 
-        folder, _ = self._folder(path)
-        if not (folder / ADAPTER_WEIGHTS).is_file():
-            raise RequestError(f"no checkpoint at {path} (looked in {folder})", 404)
-        meta = json.loads((folder / LORA_META).read_text())
+        if not path.startswith("tinker://") and Path(path).is_dir():
+            meta, tensors = read_run_adapter(path)
+            folder = None
+        else:
+            folder, _ = self._folder(path)
+            if not (folder / ADAPTER_WEIGHTS).is_file():
+                raise RequestError(f"no checkpoint at {path} (looked in {folder})", 404)
+            meta = json.loads((folder / LORA_META).read_text())
+            tensors = load_file(str(folder / ADAPTER_WEIGHTS))
         if meta["base_model"] != self.base_model:
             raise RequestError(
                 f"{path} is a LoRA of {meta['base_model']!r}; this server holds {self.base_model!r}"
             )
-        spec = LoraSpec(meta["rank"], meta["train_attn"], meta["train_mlp"], meta["train_unembed"])
-        return spec, load_file(str(folder / ADAPTER_WEIGHTS), device=str(self.device)), folder
+        tensors = {k: t.to(self.device) for k, t in tensors.items()}
+        return LoraSpec.from_json(meta), tensors, folder
 
     def load_state(
         self, path: str, optimizer: bool, model_id: str, create: bool = False
@@ -336,7 +366,7 @@ class Engine:
             for k, p in tm.params.items():
                 p.copy_(tensors[k])
         if optimizer:
-            if not (folder / OPTIMIZER_STATE).is_file():
+            if folder is None or not (folder / OPTIMIZER_STATE).is_file():
                 raise RequestError(f"{path} holds no optimizer state (a sampler snapshot?)")
             state = torch.load(folder / OPTIMIZER_STATE, map_location=self.device)
             tm.optimizer.load_state_dict(state["optimizer"])
