@@ -43,12 +43,14 @@ def main() -> None:
     from tinker_cookbook.rl.types import RLDataset, RLDatasetBuilder
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
+    from agentrl.models import resolve_model_dir
     from agentrl.run.tinker import open_server
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     state = Path(tempfile.mkdtemp(prefix="tinker-rl-"))
-    server = open_server(MODEL, state)
-    tokenizer_dir = str(state / "tokenizer")
+    # the cookbook loads the tokenizer by the model's name: serve the converted folder
+    model_name = str(resolve_model_dir(MODEL))
+    server = open_server(model_name, state)
 
     class Addition(ProblemEnv):
         def __init__(self, renderer: Any, a: int, b: int) -> None:
@@ -69,7 +71,7 @@ def main() -> None:
         def get_reference_answer(self) -> str:
             return str(self.a + self.b)
 
-    renderer = renderers.get_renderer("qwen3_instruct", get_tokenizer(tokenizer_dir))
+    renderer = renderers.get_renderer("qwen3_instruct", get_tokenizer(model_name))
 
     class Problems(RLDataset):
         def get_batch(self, index: int) -> list[Any]:
@@ -98,7 +100,7 @@ def main() -> None:
     config = train.Config(
         learning_rate=args.lr,
         dataset_builder=Builder(),
-        model_name=MODEL,
+        model_name=model_name,
         recipe_name="agentrl_tinker_smollm2",
         renderer_name="qwen3_instruct",
         max_tokens=12,
