@@ -4,9 +4,10 @@ Every training client (``create_model``) is one peft adapter injected into the s
 model, with its own AdamW over that adapter's tensors; the base weights are frozen and held
 once. ``forward_backward`` activates the client's adapter, runs the batch and accumulates
 gradients on that adapter only; ``optim_step`` steps its optimizer. A sampler snapshot
-(``save_weights_for_sampler``) is a copy of an adapter, written to disk and loaded into a
-sampling slot (its own adapter) when a sampling client asks for it; the newest few slots
-stay resident. All calls run on the server's one worker thread (peft's active adapter is
+(``save_weights_for_sampler``) is a copy of an adapter written to disk, loaded into a
+sampling slot (its own adapter) when a sampling client asks for it; the most recently used
+:data:`SAMPLER_SLOTS` stay resident, so memory does not grow with the snapshots an RL loop
+saves every step. All calls run on the server's one worker thread (peft's active adapter is
 model-wide state), so requests of different clients are served in turn.
 
 On disk (``state_dir``), a ``tinker://MODEL_ID/KIND/NAME`` path is the folder
@@ -22,7 +23,7 @@ import re
 import secrets
 import warnings
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +98,6 @@ class TrainingModel:
     pending: int = 0  # forward_backward calls since the last optim_step
 
 
-@dataclass
-class Snapshot:
-    spec: LoraSpec
-    tensors: dict[str, torch.Tensor] = field(repr=False)
-
-
 def _canonical(name: str, adapter: str) -> str:
     return name.replace(f".{adapter}.", ".")
 
@@ -120,7 +115,6 @@ class Engine:
         self.device = torch.device(device)
         self.peft: Any = None
         self.models: dict[str, TrainingModel] = {}
-        self.snapshots: dict[str, Snapshot] = {}
         self.slots: OrderedDict[str, str] = OrderedDict()  # sampler path -> adapter name
         self._adapters = 0
         for p in self.lm.parameters():
@@ -320,10 +314,7 @@ class Engine:
         path = self._write(
             tm, "sampler_weights", name or f"step{tm.steps}-{secrets.token_hex(3)}", False
         )
-        self.snapshots[path] = Snapshot(
-            tm.spec, {k: p.detach().clone() for k, p in tm.params.items()}
-        )
-        self._evict(path)  # a re-saved name replaces the resident copy
+        self._evict(path)  # a re-saved name replaces the resident copy (read back from disk)
         return path
 
     def _read(self, path: str) -> tuple[LoraSpec, dict[str, torch.Tensor], Path | None]:
@@ -386,18 +377,15 @@ class Engine:
         if path in self.slots:
             self.slots.move_to_end(path)
             return self.slots[path]
-        snap = self.snapshots.get(path)
-        if snap is None:
-            spec, tensors, _ = self._read(path)
-            snap = self.snapshots[path] = Snapshot(spec, tensors)
+        spec, tensors, _ = self._read(path)  # only resident slots stay in memory
         idle = [p for p in self.slots if p not in keep]
         if len(self.slots) >= SAMPLER_SLOTS and idle:
             self._evict(idle[0])
-        adapter, params = self._add_adapter(snap.spec)
+        adapter, params = self._add_adapter(spec)
         with torch.no_grad():
             for k, p in params.items():
                 p.requires_grad_(False)
-                p.copy_(snap.tensors[k])
+                p.copy_(tensors[k])
         self.slots[path] = adapter
         return adapter
 
