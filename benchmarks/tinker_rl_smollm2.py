@@ -1,5 +1,6 @@
 """tinker-cookbook's RL loop (``tinker_cookbook.rl.train``), unchanged, on SmolLM2-135M-Instruct
-behind `agentrl serve --tinker` on CPU: one-digit additions, reward 1 for the right sum.
+behind `agentrl serve --tinker` on CPU: one-digit additions, reward 1 when the last number
+in the reply is the sum.
 
     nice -n 10 python benchmarks/tinker_rl_smollm2.py --steps 15
 
@@ -15,6 +16,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import tempfile
 import time
 import warnings
@@ -61,9 +63,8 @@ def main() -> None:
             return f"What is {self.a} + {self.b}? Answer with just the number."
 
         def check_answer(self, sample_str: str) -> bool:
-            return str(self.a + self.b) in sample_str.split()[:3] or sample_str.strip().startswith(
-                str(self.a + self.b)
-            )
+            numbers = re.findall(r"-?\d+", sample_str)  # the last number is the answer
+            return bool(numbers) and numbers[-1] == str(self.a + self.b)
 
         def check_format(self, sample_str: str) -> bool:
             return True
