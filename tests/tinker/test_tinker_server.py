@@ -315,3 +315,24 @@ def test_requests_of_several_adapters_decode_in_one_batch_as_they_would_alone(
             assert lp[1:] == pytest.approx(lp1[1:], abs=1e-4)
     # the adapters differ, so their continuations of one prompt do too
     assert together[0][0][0].tokens != together[3][0][0].tokens
+
+
+def test_closing_a_service_client_frees_its_adapters(server, service, tiny_folder):
+    import time
+
+    other = tinker.ServiceClient(base_url=server.url, api_key="tml-local-test")
+    client = other.create_lora_training_client(base_model=str(tiny_folder), rank=2).result()
+    path = client.save_weights_for_sampler("kept").result().path
+    engine = server.service.engine
+    assert client.model_id in engine.models
+    other.close("success").result()
+    deadline = time.monotonic() + 30
+    while client.model_id in engine.models and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.model_id not in engine.models
+    # the server goes on: its checkpoints, the base model and new clients still serve
+    prompt = types.ModelInput.from_ints([1, 2, 3])
+    params = types.SamplingParams(max_tokens=2)
+    assert service.create_sampling_client(model_path=path).sample(prompt, 1, params).result()
+    base = service.create_sampling_client(base_model=str(tiny_folder))
+    assert base.sample(prompt, 1, params).result().sequences[0].tokens

@@ -18,11 +18,13 @@ stripped), ``lora.json`` (base model, rank, targets) and, for ``weights`` (save_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -401,12 +403,25 @@ class Engine:
         if self.peft is None:
             return self.lm(**kwargs)
         if names == {BASE}:
-            with self.peft.disable_adapter():
+            with self._adapters_off():
                 return self.lm(**kwargs)
         if len(names) == 1:
             self.peft.set_adapter(adapters[0])
             return self.lm(**kwargs)
         return self.peft(adapter_names=adapters, **kwargs)  # peft applies each row's adapter
+
+    @contextlib.contextmanager
+    def _adapters_off(self) -> Iterator[None]:
+        # per layer, not peft.disable_adapter(): that reads the active adapter's config,
+        # gone once the last adapter is deleted
+        layers = [m for m in self.lm.modules() if hasattr(m, "_disable_adapters")]
+        for m in layers:
+            m._disable_adapters = True
+        try:
+            yield
+        finally:
+            for m in layers:
+                m._disable_adapters = False
 
     def check_sample(self, request: Request) -> None:
         if not request.prompt:
