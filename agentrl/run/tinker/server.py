@@ -222,16 +222,15 @@ def create_app(service: TinkerService) -> Any:
 
     @app.post("/api/v1/optim_step")
     async def optim_step(request: Request) -> dict[str, Any]:
-        payload = json.loads(await request.body() or b"{}")
-        params = payload.get("adam_params")
-        if params is None:
+        req = await body(request, types.OptimStepRequest)
+        if not isinstance(req.optim_params, types.AdamParams):
             raise RequestError(
-                "optim_step: only Adam is supported; send adam_params (types.AdamParams)"
+                f"optim_step: optimizer {getattr(req.optim_params, 'type', '?')!r} is not "
+                "supported; send types.AdamParams"
             )
-        adam = types.AdamParams.model_validate(params).model_dump()
-        model_id = str(payload.get("model_id"))
-        training(model_id)
-        return future(lambda: engine.optim_step(model_id, adam), model_id)
+        adam = req.optim_params.model_dump()
+        training(req.model_id)
+        return future(lambda: engine.optim_step(req.model_id, adam), req.model_id)
 
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
