@@ -342,3 +342,24 @@ def test_closing_a_service_client_frees_its_adapters(server, service, tiny_folde
     assert service.create_sampling_client(model_path=path).sample(prompt, 1, params).result()
     base = service.create_sampling_client(base_model=str(tiny_folder))
     assert base.sample(prompt, 1, params).result().sequences[0].tokens
+
+
+def test_unnamed_sampler_snapshots_are_bounded_and_say_why_they_are_gone(
+    server, service, tiny_folder
+):
+    from agentrl.run.tinker.engine import EPHEMERAL_KEEP
+
+    client = service.create_lora_training_client(base_model=str(tiny_folder), rank=2).result()
+    engine = server.service.engine
+    samplers = [
+        client.save_weights_and_get_sampling_client().result() for _ in range(EPHEMERAL_KEEP + 2)
+    ]
+    kept = engine.models[client.model_id].ephemeral
+    assert len(kept) == EPHEMERAL_KEEP
+    folder = engine._folder(kept[0])[0].parent
+    assert len(list(folder.iterdir())) == EPHEMERAL_KEEP  # the oldest two are deleted
+    prompt = types.ModelInput.from_ints([1, 2, 3])
+    params = types.SamplingParams(max_tokens=2)
+    assert samplers[-1].sample(prompt, 1, params).result().sequences
+    with pytest.raises(Exception, match="an unnamed snapshot: deleted once"):
+        samplers[0].sample(prompt, 1, params).result()

@@ -22,10 +22,11 @@ import contextlib
 import json
 import re
 import secrets
+import shutil
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ from agentrl.runfolder import ADAPTER_WEIGHTS
 OPTIMIZER_STATE = "optimizer.pt"
 LORA_ALPHA = 32  # Tinker's scale convention: alpha 32, so rank 32 adds B @ A unscaled
 SAMPLER_SLOTS = 8  # resident sampler snapshots (each one adapter's size)
+EPHEMERAL = "ephemeral"  # the name prefix of unnamed sampler snapshots
+EPHEMERAL_KEEP = 8  # unnamed snapshots kept per model (an async loop samples a few old ones)
 _PATH = re.compile(r"^tinker://([^/]+)/(weights|sampler_weights)/([^/]+)$")
 
 
@@ -98,6 +101,7 @@ class TrainingModel:
     optimizer: torch.optim.AdamW
     steps: int = 0
     pending: int = 0  # forward_backward calls since the last optim_step
+    ephemeral: list[str] = field(default_factory=list)  # unnamed sampler snapshots, oldest first
 
 
 def _canonical(name: str, adapter: str) -> str:
@@ -209,6 +213,8 @@ class Engine:
 
     def unload(self, model_id: str) -> dict[str, Any]:
         tm = self.model(model_id)
+        for path in tm.ephemeral:  # its session is over: no sampling client is left
+            self._drop(path)
         self.peft.delete_adapter(tm.adapter)
         del self.models[model_id]
         return {"model_id": model_id, "type": "unload_model"}
@@ -312,12 +318,22 @@ class Engine:
         return {"path": self._write(tm, "weights", name, optimizer=True), "type": "save_weights"}
 
     def save_for_sampler(self, model_id: str, name: str | None) -> str:
+        """A named snapshot stays on disk; an unnamed one (save_weights_and_get_sampling_client,
+        ephemeral in Tinker) is deleted once :data:`EPHEMERAL_KEEP` newer ones of its model
+        exist, so an RL loop that saves every step does not fill the disk."""
         tm = self.model(model_id)
-        path = self._write(
-            tm, "sampler_weights", name or f"step{tm.steps}-{secrets.token_hex(3)}", False
-        )
+        unnamed = f"{EPHEMERAL}-step{tm.steps}-{secrets.token_hex(3)}"
+        path = self._write(tm, "sampler_weights", name or unnamed, False)
         self._evict(path)  # a re-saved name replaces the resident copy (read back from disk)
+        if name is None:
+            tm.ephemeral.append(path)
+            while len(tm.ephemeral) > EPHEMERAL_KEEP:
+                self._drop(tm.ephemeral.pop(0))
         return path
+
+    def _drop(self, path: str) -> None:
+        self._evict(path)
+        shutil.rmtree(self._folder(path)[0], ignore_errors=True)
 
     def _read(self, path: str) -> tuple[LoraSpec, dict[str, torch.Tensor], Path | None]:
         """(spec, adapter tensors, folder with optimizer state or None) of a tinker:// path,
@@ -330,7 +346,13 @@ class Engine:
         else:
             folder, _ = self._folder(path)
             if not (folder / ADAPTER_WEIGHTS).is_file():
-                raise RequestError(f"no checkpoint at {path} (looked in {folder})", 404)
+                gone = (
+                    f" (an unnamed snapshot: deleted once {EPHEMERAL_KEEP} newer ones exist or "
+                    "its session ended; name it with save_weights_for_sampler(name) to keep it)"
+                    if folder.name.startswith(EPHEMERAL)
+                    else ""
+                )
+                raise RequestError(f"no checkpoint at {path} (looked in {folder}){gone}", 404)
             meta = json.loads((folder / LORA_META).read_text())
             tensors = load_file(str(folder / ADAPTER_WEIGHTS))
         if meta["base_model"] != self.base_model:
