@@ -100,7 +100,6 @@ class TrainingModel:
     params: dict[str, torch.nn.Parameter]  # canonical name -> this adapter's tensor
     optimizer: torch.optim.AdamW
     steps: int = 0
-    pending: int = 0  # forward_backward calls since the last optim_step
     ephemeral: list[str] = field(default_factory=list)  # unnamed sampler snapshots, oldest first
 
 
@@ -262,7 +261,6 @@ class Engine:
             assert total is not None
             if not call.forward_only:
                 total.backward()
-                tm.pending += 1
         return outputs, {"loss:sum": float(total.detach())}
 
     def optim_step(self, model_id: str, adam: dict[str, float]) -> dict[str, Any]:
@@ -283,7 +281,6 @@ class Engine:
         tm.optimizer.step()
         tm.optimizer.zero_grad(set_to_none=True)
         tm.steps += 1
-        tm.pending = 0
         return {"metrics": {"grad_norm:mean": float(norm)}}
 
     # --- checkpoints ---------------------------------------------------------------------
