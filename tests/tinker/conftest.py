@@ -35,7 +35,7 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from agentrl.run.tinker import open_server
 
@@ -44,7 +44,7 @@ def server(tiny_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     srv.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def service(server: Any) -> Any:
     import tinker
 

@@ -16,6 +16,7 @@ import pytest
 tinker = pytest.importorskip("tinker")
 
 
+@pytest.mark.slow  # a fresh interpreter loads torch and the model: ~20 s on 2 shared cores
 def test_serve_tinker_answers_the_sdk_and_stops_on_ctrl_c(tiny_folder: Path, tmp_path: Path):
     config = tmp_path / "tinker.yaml"
     config.write_text(f"model:\n  name: {tiny_folder}\n  dtype: float32\nlearner:\n  device: cpu\n")
