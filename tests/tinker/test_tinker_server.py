@@ -274,7 +274,7 @@ def test_bad_requests_get_clear_errors(service, tiny_folder):
         service.create_sampling_client(model_path="tinker://elsewhere/checkpoints/x").result()
     with pytest.raises(Exception, match="optimizer 'dimuon' is not supported"):
         client.optim_step(types.DimuonParams(learning_rate=1e-3)).result()
-    with pytest.raises(Exception, match="optimizer_config.type 'dimuon' is not supported"):
+    with pytest.raises(Exception, match=r"optimizer_config\.type 'dimuon' is not supported"):
         service.create_lora_training_client(
             base_model=str(tiny_folder), rank=2, optimizer=types.DimuonOptimizerConfig()
         ).result()
