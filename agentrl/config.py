@@ -57,7 +57,8 @@ class ModelConfig(_Section):
     .gguf file."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights' dtype for the samplers (the learner keeps float32 masters and autocasts, see
-    learner.bf16); auto = the checkpoint's own."""
+    learner.bf16); auto = bfloat16 where the device computes it natively (a CPU with AVX-512
+    BF16 / AMX, a CUDA GPU with bf16), float16 on an older GPU, else float32."""
     chat_template: str | None = None
     """Path to a jinja chat template; null = the model's own, or Hermes when it has none.
     Example: `templates/qwen.jinja`"""
