@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from io import StringIO
 from typing import Any
 
 import openai
 import pytest
+from rich.console import Console
 
+from agentrl.commands.rollout import show_trajectory
 from agentrl.gateway import Gateway
 from agentrl.samplers import Generation, SamplingParams, create_sampler
-from agentrl.types import Trajectory
+from agentrl.types import Trajectory, TrajectoryGroup
 from tests.gateway.conftest import RecordingSampler, ScriptedSampler, start_gateway
 
 pytestmark = pytest.mark.anyio
@@ -242,6 +245,9 @@ async def test_chat_tool_choice_required_on_the_real_model_is_recorded_exactly(
     assert prompt == traj.segments[0].token_ids + model.token_ids[:n]
     assert model.token_ids[n:] == gen.token_ids and model.logprobs[n:] == gen.logprobs
     assert sum(traj.loss_mask) == len(gen.token_ids)
+    out = StringIO()
+    show_trajectory(Console(file=out, width=200), TrajectoryGroup("t", [traj]), traj)
+    assert f"{len(gen.token_ids)} trained tokens after {n} forced" in out.getvalue()
 
 
 def tiny_decode(gateway: Gateway, ids: list[int]) -> str:
