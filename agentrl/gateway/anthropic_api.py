@@ -48,7 +48,6 @@ from agentrl.gateway.protocol import (
 )
 from agentrl.gateway.service import Completed, Gateway
 
-ROUTES = ("/messages", "/messages/count_tokens")
 _ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -61,8 +60,8 @@ _ERROR_TYPES = {
 
 
 def is_anthropic(path: str) -> bool:
-    """Whether `path` is a Messages API route (its errors take Anthropic's shape)."""
-    return path.endswith(ROUTES)
+    """Whether `path` is under the Messages API (its errors take Anthropic's shape)."""
+    return "/v1/messages" in path
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -328,7 +327,7 @@ def message_events(
                 "index": index,
                 "content_block": {"type": "text", "text": ""},
             }
-            pieces = gateway._pieces(done.gens[0], block["text"]) or [block["text"]]
+            pieces = gateway.pieces(done.gens[0], block["text"]) or [block["text"]]
             for piece in pieces:
                 if piece:
                     delta = {"type": "text_delta", "text": piece}

@@ -273,7 +273,7 @@ def _output(gateway: Gateway, done: Completed, req: ResponsesRequest) -> list[di
     if reply.content:
         part: dict[str, Any] = {"type": "output_text", "text": reply.content, "annotations": []}
         if req.logprobs:
-            part["logprobs"] = gateway._logprobs(gen)["content"]
+            part["logprobs"] = gateway.token_logprobs(gen)["content"]
         items.append(
             {
                 "id": f"msg_{uuid.uuid4().hex[:24]}",
@@ -362,7 +362,7 @@ def response_events(
                 "content_index": 0,
                 "part": empty,
             }
-            pieces = gateway._pieces(done.gens[0], part["text"]) or [part["text"]]
+            pieces = gateway.pieces(done.gens[0], part["text"]) or [part["text"]]
             lps = part.get("logprobs")
             for k, piece in enumerate(pieces):
                 if not piece:

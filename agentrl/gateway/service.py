@@ -343,7 +343,7 @@ class Gateway:
 
     # --- response bodies ---------------------------------------------------------------------
 
-    def _logprobs(self, gen: Generation) -> dict[str, Any]:
+    def token_logprobs(self, gen: Generation) -> dict[str, Any]:
         entries = []
         for tid, lp in zip(gen.token_ids, gen.logprobs, strict=True):
             tok = self.tokenizer.decode([tid], skip_special_tokens=False)
@@ -360,7 +360,7 @@ class Gateway:
                     "index": i,
                     "message": reply.message(),
                     "finish_reason": _finish(gen, reply),
-                    "logprobs": self._logprobs(gen) if req.logprobs else None,
+                    "logprobs": self.token_logprobs(gen) if req.logprobs else None,
                 }
             )
         return {
@@ -383,8 +383,8 @@ class Gateway:
         }
         for i, (gen, reply) in enumerate(zip(done.gens, done.replies, strict=True)):
             yield {**head, "choices": [_delta(i, {"role": "assistant", "content": ""})]}
-            entries = self._logprobs(gen)["content"] if req.logprobs else None
-            pieces = self._pieces(gen, reply.content or "") if reply.content else []
+            entries = self.token_logprobs(gen)["content"] if req.logprobs else None
+            pieces = self.pieces(gen, reply.content or "") if reply.content else []
             if len(pieces) == len(gen.token_ids):  # one chunk per sampled token
                 for k, piece in enumerate(pieces):
                     lp = {"content": [entries[k]]} if entries is not None else None
@@ -401,7 +401,7 @@ class Gateway:
         if req.stream_options is not None and req.stream_options.include_usage:
             yield {**head, "choices": [], "usage": _usage(done)}
 
-    def _pieces(self, gen: Generation, content: str) -> list[str]:
+    def pieces(self, gen: Generation, content: str) -> list[str]:
         """Per-token increments of `content` when it is exactly the decoded tokens."""
         pieces, prev = [], ""
         ids = gen.token_ids

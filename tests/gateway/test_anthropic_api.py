@@ -190,6 +190,8 @@ async def test_tool_choice_any_and_tool_force_a_call(tiny: Any, choice: dict[str
     start = len(traj.segments[0])
     mask = traj.loss_mask[start : start + len(model)]
     assert mask == [0] * len(forced) + [1] * len(gen.token_ids)  # forced tokens are not trained
+    again = Trajectory.from_dict(traj.to_dict())  # the mark survives the trace
+    assert again.segments[1].forced == len(forced) and again.loss_mask == traj.loss_mask
 
 
 async def test_count_tokens_is_the_prompt_the_call_is_sampled_after(gateway: Gateway) -> None:
