@@ -195,7 +195,7 @@ def _assistant(i: int, content: str | list[Block]) -> ChatMessage:
     return ChatMessage(role="assistant", content="".join(texts), tool_calls=calls or None)
 
 
-def _tool_choice(choice: ToolChoice | None, tools: list[Tool] | None) -> Any:
+def _tool_choice(choice: ToolChoice | None) -> Any:
     if choice is None:
         return None
     if choice.type == "tool":
@@ -237,6 +237,8 @@ def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
             messages.append(_assistant(i, msg.content))
     sampling: dict[str, Any] = {}
     if isinstance(req, MessagesRequest):
+        if len(req.stop_sequences or []) > 4 or "" in (req.stop_sequences or []):
+            raise unsupported("stop_sequences", "up to 4 non-empty strings")
         sampling = {
             "max_tokens": req.max_tokens,
             "stop": req.stop_sequences or None,
@@ -249,7 +251,7 @@ def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
         model=req.model,
         messages=messages,
         tools=_tools(req.tools),
-        tool_choice=_tool_choice(req.tool_choice, req.tools),
+        tool_choice=_tool_choice(req.tool_choice),
         parallel_tool_calls=False if one_call else None,
         **sampling,
     )

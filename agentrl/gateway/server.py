@@ -12,7 +12,8 @@ Routes (each also under ``/s/<key>/v1/...``, the per-episode base URL):
 
 The session is the key in the path, else the ``Authorization: Bearer <key>`` header, else
 ``x-api-key``. Every error is OpenAI-shaped, ``{"error": {"message", "type", "param",
-"code"}}``, with its HTTP status; on the Messages routes it is Anthropic-shaped. :func:`run_gateway` opens the server once per run in the run's
+"code"}}``, with its HTTP status; on the Messages routes it is Anthropic-shaped.
+:func:`run_gateway` opens the server once per run in the run's
 :class:`~agentrl.resources.ResourceScope`, so every entry point closes it.
 """
 
