@@ -39,12 +39,14 @@ def serve(
         typer.Option("--state-dir", help="--tinker: where tinker:// checkpoints are kept"),
     ] = None,
 ) -> None:
-    """Serve the config's model over the OpenAI API; each API key is one recorded session.
+    """Serve the config's model over the OpenAI and Anthropic APIs; each API key is one
+    recorded session.
 
     With --tinker: serve it over the Tinker training API instead (the official tinker SDK
     and tinker-cookbook; one LoRA adapter per training client, docs/tinker.md).
 
-    Point any agent at it (OPENAI_BASE_URL=http://HOST:PORT/v1). On Ctrl-C every session's
+    Point any agent at it (OPENAI_BASE_URL=http://HOST:PORT/v1 for chat completions and
+    Responses, ANTHROPIC_BASE_URL=http://HOST:PORT for Messages). On Ctrl-C every session's
     calls are written to OUT/trajectories.jsonl (one group per key) for `agentrl inspect`.
     """
     import anyio
@@ -83,7 +85,9 @@ def serve(
             run.scope.push(server.close)
             console.print(
                 f"serving {', '.join(settings.model_names)} at [bold]{url}/v1[/bold] "
-                "(every API key is one session; Ctrl-C writes the trajectories and stops)"
+                "(chat completions, completions, responses; Anthropic messages with "
+                f"ANTHROPIC_BASE_URL={url}); every API key is one session; Ctrl-C writes "
+                "the trajectories and stops"
             )
             try:
                 await anyio.sleep_forever()

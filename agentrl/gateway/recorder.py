@@ -112,6 +112,8 @@ class Session:
         self.last_reply: str = ""
         self.closed = False
         self.models: dict[str, int] = {}  # model names the agent asked for -> calls
+        # Responses API: response id -> its conversation, for previous_response_id
+        self.responses: dict[str, list[ChatMessage]] = {}
 
     # --- limits ------------------------------------------------------------------------------
 
@@ -321,6 +323,7 @@ class Session:
                 logprobs=list(gen.logprobs),
                 versions=list(gen.versions),
                 text=text,
+                forced=gen.metadata.get("forced_tokens") or None,
             )
         )
         sample.turns.append(gen.turn(len(sample.turns), text, latency_s))
