@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -41,9 +40,8 @@ def test_serve_tinker_answers_the_sdk_and_stops_on_ctrl_c(tiny_folder: Path, tmp
     )
     try:
         url = None
-        deadline = time.monotonic() + 120
         lines = []
-        while url is None and time.monotonic() < deadline:
+        while url is None:  # a hang is bounded by pytest's timeout; the log says where
             line = proc.stdout.readline()
             if not line:
                 break

@@ -324,7 +324,7 @@ def test_requests_of_several_adapters_decode_in_one_batch_as_they_would_alone(
 
 
 def test_closing_a_service_client_frees_its_adapters(server, service, tiny_folder):
-    import time
+    from tests.waiting import wait_until
 
     other = tinker.ServiceClient(base_url=server.url, api_key="tml-local-test")
     client = other.create_lora_training_client(base_model=str(tiny_folder), rank=2).result()
@@ -332,10 +332,7 @@ def test_closing_a_service_client_frees_its_adapters(server, service, tiny_folde
     engine = server.service.engine
     assert client.model_id in engine.models
     other.close("success").result()
-    deadline = time.monotonic() + 30
-    while client.model_id in engine.models and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert client.model_id not in engine.models
+    wait_until(lambda: client.model_id not in engine.models, "the closed client's adapters freed")
     # the server goes on: its checkpoints, the base model and new clients still serve
     prompt = types.ModelInput.from_ints([1, 2, 3])
     params = types.SamplingParams(max_tokens=2)
