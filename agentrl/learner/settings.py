@@ -157,6 +157,7 @@ class LearnerSettings:
     sampler_backend: str = "hf"  # sampler.backend
     # the dtype the embedded hf sampler computes in (None: another backend's kernels)
     sampler_dtype: torch.dtype | None = None
+    sampler_precision: str = "auto"  # sampler.weight_precision (int8/fp8: quantized kernels)
 
     @property
     def algorithm(self) -> AlgorithmSettings:

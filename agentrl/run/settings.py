@@ -140,6 +140,8 @@ def hf_sampler_dtype(sampler: SamplerSettings) -> torch.dtype | None:
     if sampler.backend != "hf":
         return None
     dtype = None if sampler.model_dtype == "auto" else sampler.model_dtype
+    if sampler.weight_precision in ("float32", "bfloat16"):
+        dtype = sampler.weight_precision
     return load_dtype(sampler.model_name, dtype, sampler.device)
 
 
@@ -159,6 +161,7 @@ def learner_settings(
         max_staleness=cfg.orchestrator.max_staleness,
         sampler_backend=cfg.sampler.backend,
         sampler_dtype=hf_sampler_dtype(sampler or sampler_settings(cfg)),
+        sampler_precision=cfg.sampler.weight_precision,
     )
 
 

@@ -56,6 +56,7 @@ from agentrl.samplers.hf_requests import (
 )
 from agentrl.samplers.hf_swap import ON_UPDATE, WeightSwaps
 from agentrl.samplers.options import check_options, resolve_on_update, shared_options
+from agentrl.samplers.precision import QUANTIZED, check_precision, load_dtype_for, quantize
 from agentrl.samplers.prefix_cache import PrefixCache
 from agentrl.samplers.sampling import sample_next
 from agentrl.samplers.settings import SamplerSettings
@@ -83,7 +84,9 @@ class HFSampler(WeightSwaps, Sampler):
     ``static``: fixed slots of ``max_batch_size`` rows x ``max_context`` positions and a
     static-shape decode step, :mod:`agentrl.samplers.static_cache`), ``cuda_graphs``
     (``auto``: with ``kv_cache=static`` on a CUDA model, decode steps are captured as CUDA
-    graphs and replayed; ``on``: the same, refused elsewhere; ``off``: eager).
+    graphs and replayed; ``on``: the same, refused elsewhere; ``off``: eager),
+    ``weight_precision`` (``int8`` / ``fp8``: the linear layers quantized by torchao, and
+    requantized on each weight update; :mod:`agentrl.samplers.precision`).
     """
 
     backend = "hf"
@@ -94,18 +97,22 @@ class HFSampler(WeightSwaps, Sampler):
         options = shared_options(settings)
         policy = resolve_on_update(settings, cls)
         options.update(max_batch_size=settings.max_batch_size, on_update=policy)
+        if settings.weight_precision != "auto":
+            options["weight_precision"] = settings.weight_precision
         return options
 
     @classmethod
     def from_settings(cls, settings: SamplerSettings) -> HFSampler:
-        """Its own model copy on ``sampler.device`` in ``model.dtype`` (the learner keeps
-        float32 masters of its own); the memory it needs is checked before it decodes."""
+        """Its own model copy on ``sampler.device`` in ``model.dtype`` or
+        ``sampler.weight_precision`` (the learner keeps float32 masters of its own); the
+        memory it needs is checked before it decodes."""
         options = cls.options_from_settings(settings)
         # resolved by the run layer (this parses it; auto stays usable in scripts)
         device = resolve_device(settings.device, "sampler.device")
+        model_dtype = None if settings.model_dtype == "auto" else settings.model_dtype
         model, tokenizer = load_model(
             settings.model_name,
-            dtype=None if settings.model_dtype == "auto" else settings.model_dtype,
+            dtype=load_dtype_for(settings.weight_precision, model_dtype),
             device=device,
             seed=settings.model_seed,
         )
@@ -134,6 +141,7 @@ class HFSampler(WeightSwaps, Sampler):
         prefix_cache_tokens: int = 32768,
         kv_cache: str = "growing",
         cuda_graphs: str | bool = "auto",
+        weight_precision: str = "auto",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
@@ -159,8 +167,16 @@ class HFSampler(WeightSwaps, Sampler):
                 "cuda_graphs=on needs kv_cache=static and a model on a CUDA device (this one: "
                 f"kv_cache={kv_cache}, {self._device}); set kv_cache=static, or cuda_graphs=auto/off"
             )
+        # requantizing on an update makes new weight tensors, which captured graphs would miss
+        quantized = check_precision(weight_precision) in QUANTIZED
+        if cuda_graphs == "on" and quantized:
+            raise ValueError(
+                f"cuda_graphs=on cannot be used with sampler.weight_precision={weight_precision} "
+                "(each update requantizes into new tensors); set cuda_graphs=auto/off"
+            )
         self.kv_cache = kv_cache
         self.cuda_graphs = kv_cache == "static" and on_cuda and cuda_graphs != "off"
+        self.cuda_graphs = self.cuda_graphs and not quantized
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         self.max_context = int(
@@ -182,8 +198,11 @@ class HFSampler(WeightSwaps, Sampler):
         self._requested_version = version
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
-        # names and shapes new weights must have (checked before anything is copied)
+        # names and shapes new weights must have (checked before anything is copied); taken
+        # before quantizing, which unties a tied LM head from the embeddings
         self._spec = WeightSpec.from_model(model)
+        self.weight_precision = weight_precision
+        self._quantized = quantize(model, weight_precision)
 
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
