@@ -96,9 +96,11 @@ class HFSampler(WeightSwaps, Sampler):
     def options_from_settings(cls, settings: SamplerSettings) -> dict[str, Any]:
         options = shared_options(settings)
         policy = resolve_on_update(settings, cls)
-        options.update(max_batch_size=settings.max_batch_size, on_update=policy)
-        if settings.weight_precision != "auto":
-            options["weight_precision"] = settings.weight_precision
+        options.update(
+            max_batch_size=settings.max_batch_size,
+            on_update=policy,
+            weight_precision=settings.weight_precision,
+        )
         return options
 
     @classmethod

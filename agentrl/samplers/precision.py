@@ -25,7 +25,9 @@ learner's off-policy corrections (``algorithm.off_policy``: TIS, MIS, IcePop) se
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -52,25 +54,31 @@ def load_dtype_for(precision: str, model_dtype: str | None) -> str | None:
     return model_dtype
 
 
-def _import_quietly() -> Any:
-    """torchao.quantization, without the import's warnings about the CUDA kernels a CPU
-    wheel cannot load (they are not used here)."""
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torchao's import and first quantization, without its warnings about the CUDA kernels
+    a CPU wheel cannot load and the enums it registers with torch.compile (unused here)."""
     loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
     try:
-        import torchao.quantization
-
-        return torchao.quantization
+        yield
     finally:
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
 
 
+def _torchao() -> Any:
+    with _quiet():
+        import torchao.quantization
+
+    return torchao.quantization
+
+
 def _config(precision: str) -> Any:
     try:
-        tq = _import_quietly()
+        tq = _torchao()
     except ImportError as e:
         raise ConfigError(
             f"{_KEY}={precision} needs torchao: pip install 'agentrl[lowprec]' "
@@ -122,11 +130,12 @@ def quantize(model: Any, precision: str) -> frozenset[str]:
         for name, module in model.named_modules()
         if isinstance(module, torch.nn.Linear) and module is not head
     )
-    _import_quietly().quantize_(
-        model,
-        config,
-        filter_fn=lambda m, _fqn: isinstance(m, torch.nn.Linear) and m is not head,
-    )
+    with _quiet():
+        _torchao().quantize_(
+            model,
+            config,
+            filter_fn=lambda m, _fqn: isinstance(m, torch.nn.Linear) and m is not head,
+        )
     return names
 
 
@@ -141,7 +150,7 @@ def load_weights(
     if not quantized:
         return
     config = _config(precision)
-    quantize_ = _import_quietly().quantize_
+    quantize_ = _torchao().quantize_
     with torch.no_grad():
         for name in quantized:
             path = name.rsplit(".", 1)[0]
