@@ -25,13 +25,11 @@ learner's off-policy corrections (``algorithm.off_policy``: TIS, MIS, IcePop) se
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+import agentrl.models  # noqa: F401  (filters torchao's import warnings)
 from agentrl.errors import ConfigError
 from agentrl.samplers.hf_requests import copy_in_place
 
@@ -54,24 +52,8 @@ def load_dtype_for(precision: str, model_dtype: str | None) -> str | None:
     return model_dtype
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """torchao's import and first quantization, without its warnings about the CUDA kernels
-    a CPU wheel cannot load and the enums it registers with torch.compile (unused here)."""
-    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
 def _torchao() -> Any:
-    with _quiet():
-        import torchao.quantization
+    import torchao.quantization  # its import noise is filtered in agentrl.models
 
     return torchao.quantization
 
@@ -130,12 +112,11 @@ def quantize(model: Any, precision: str) -> frozenset[str]:
         for name, module in model.named_modules()
         if isinstance(module, torch.nn.Linear) and module is not head
     )
-    with _quiet():
-        _torchao().quantize_(
-            model,
-            config,
-            filter_fn=lambda m, _fqn: isinstance(m, torch.nn.Linear) and m is not head,
-        )
+    _torchao().quantize_(
+        model,
+        config,
+        filter_fn=lambda m, _fqn: isinstance(m, torch.nn.Linear) and m is not head,
+    )
     return names
 
 
