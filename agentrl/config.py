@@ -104,6 +104,12 @@ class SamplerConfig(_Section):
     capability 8.9+). Behaviour log-probs are the low-precision model's: algorithm.off_policy
     (TIS, MIS, IcePop) corrects the gap. Needs `pip install 'agentrl[lowprec]'` for int8/fp8.
     See docs/performance.md."""
+    share_learner_weights: bool = True
+    """hf backend, synchronous runs (orchestrator.max_staleness: 0, local backend): the sampler
+    computes on the learner's own weight tensors where their dtype and device match (float32
+    sampler, CPU) instead of keeping a copy: one copy of the weights in memory, nothing copied
+    on a publish (sampling and training take turns, so the weights never change under a
+    rollout). false = the sampler keeps its own copy. Asynchronous runs always copy."""
     gpu_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
     """Share of the GPU's memory the sampler may use: hf: checked against its weights at start,
     then enforced as the process's CUDA cap; vllm: its gpu_memory_utilization (vLLM's default,

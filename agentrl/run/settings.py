@@ -185,6 +185,11 @@ def sampler_settings(cfg: Config) -> SamplerSettings:
         learner_device=cfg.learner.device,
         max_tokens=cfg.rollout.max_tokens,
         explicit=frozenset(explicit),
+        # only where sampling and training take turns
+        share_learner_weights=s.share_learner_weights
+        and s.backend == "hf"
+        and not is_asynchronous(cfg)
+        and cfg.orchestrator.backend == "local",
     )
     return dataclasses.replace(settings, on_update=on_update_policy(settings))
 

@@ -30,12 +30,13 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import torch
 
+from agentrl.cpu import release_freed_memory
 from agentrl.devices import check_memory, resolve_device, sampler_bytes
 from agentrl.errors import SamplerError, WeightUpdateError
 from agentrl.models import load_model
@@ -48,6 +49,7 @@ from agentrl.samplers.hf_requests import (
     Update,
     aborted,
     check_prompt,
+    copy_in_place,
     default_stop_ids,
     fail_chunk,
     finish_reason,
@@ -205,6 +207,7 @@ class HFSampler(WeightSwaps, Sampler):
         self._spec = WeightSpec.from_model(model)
         self.weight_precision = weight_precision
         self._quantized = quantize(model, weight_precision)
+        self._share = False  # computes on the publisher's tensors (share_weights_from)
 
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -291,6 +294,26 @@ class HFSampler(WeightSwaps, Sampler):
             with self._cond:
                 self._cond.notify_all()
             raise
+
+    def share_weights_from(self, weights: Mapping[str, torch.Tensor]) -> int:
+        """Compute on `weights` (a publish's tensors: the learner's live weights) instead of
+        a copy of them, from now on: every later update re-points the parameters at the
+        published tensors rather than copying. Only for a publisher that never changes its
+        tensors while this sampler generates (a synchronous run: sampling and training take
+        turns). Call it before the first request. Tensors in another dtype or on another
+        device are still copied; quantized weights and CUDA-graph replays keep their own
+        copy. Returns the bytes of the sampler's own weights it let go."""
+        with self._cond:
+            if self._thread is not None:
+                raise SamplerError("share_weights_from must come before the first request")
+        if self._quantized or self.cuda_graphs:
+            return 0
+        state = self._spec.validate(weights, self._version)
+        before = _own_bytes(self._model)
+        copy_in_place(self._model, state, share=True)
+        self._share = True
+        release_freed_memory()  # the dropped copy's pages leave the process
+        return before - _own_bytes(self._model, exclude=state.values())
 
     async def update_weights(self, weights: WeightsLike, version: int) -> None:
         with self._cond:
@@ -498,3 +521,14 @@ class HFSampler(WeightSwaps, Sampler):
             self._active = []
         self._pads, self._pending = [], []
         self._kv.reset()
+
+
+def _own_bytes(model: Any, exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of `model`'s parameter storages, each once, less those `exclude` also uses."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+    for p in model.parameters():
+        ptr = p.untyped_storage().data_ptr()
+        if ptr not in skip:
+            seen[ptr] = p.untyped_storage().nbytes()
+    return sum(seen.values())

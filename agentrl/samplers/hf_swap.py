@@ -47,6 +47,7 @@ class WeightSwaps:
     _model: Any
     weight_precision: str
     _quantized: frozenset[str]  # weights requantized on an update (sampler.weight_precision)
+    _share: bool  # parameters re-pointed at the published tensors (share_weights_from)
     _version: int
     _reprefilled: int
     _reprefills: int
@@ -63,7 +64,9 @@ class WeightSwaps:
         # only the newest queued version is copied in; no token was produced by the others
         update = live[-1]
         try:
-            load_weights(self._model, update.state, self.weight_precision, self._quantized)
+            load_weights(
+                self._model, update.state, self.weight_precision, self._quantized, self._share
+            )
             with self._cond:
                 self._version = update.version
             self._prefix.clear()  # keys/values of the old weights

@@ -121,13 +121,18 @@ def quantize(model: Any, precision: str) -> frozenset[str]:
 
 
 def load_weights(
-    model: Any, state: dict[str, torch.Tensor], precision: str, quantized: frozenset[str]
+    model: Any,
+    state: dict[str, torch.Tensor],
+    precision: str,
+    quantized: frozenset[str],
+    share: bool = False,
 ) -> None:
     """Copy `state` (full precision, the sampler's names) into `model`: in place for the
-    weights that are not quantized (CUDA graphs read that storage), requantized from the new
+    weights that are not quantized (CUDA graphs read that storage; with `share`, the
+    published tensors themselves, see :func:`copy_in_place`), requantized from the new
     values for those in `quantized`."""
     plain = {name: t for name, t in state.items() if name not in quantized}
-    copy_in_place(model, plain)
+    copy_in_place(model, plain, share=share)
     if not quantized:
         return
     config = _config(precision)
