@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 import agentrl.models  # noqa: F401  (filters torchao's import warnings)
+from agentrl.cpu import release_freed_memory
 from agentrl.errors import ConfigError
 from agentrl.samplers.hf_requests import copy_in_place
 
@@ -117,6 +118,11 @@ def quantize(model: Any, precision: str) -> frozenset[str]:
         config,
         filter_fn=lambda m, _fqn: isinstance(m, torch.nn.Linear) and m is not head,
     )
+    with torch.no_grad():
+        for p in model.parameters():
+            if not hasattr(p, "qdata"):  # own memory: a checkpoint's mapping can close
+                p.data = p.data.clone()
+    release_freed_memory()  # the float weights and the quantizer's temporaries
     return names
 
 
@@ -146,3 +152,4 @@ def load_weights(
             fresh = state[name].detach().to(device=old.device, dtype=dtype)
             module.weight = torch.nn.Parameter(fresh, requires_grad=False)
             quantize_(module, config)  # the module itself is the root the filter sees
+    release_freed_memory()  # the quantizer's temporaries, kept by the allocator otherwise
