@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 import torch
 
+from agentrl.config import load_config
 from agentrl.models import load_model
+from agentrl.run.events import BatchTrained
+from agentrl.run.orchestrator import Orchestrator
 from agentrl.samplers import SamplingParams
 from agentrl.samplers.hf import HFSampler
-from tests.orchestrator.test_train import _run
+from tests.orchestrator.test_train import BASE, _run
 from tests.samplers.test_hf import teacher_forced
 
 pytestmark = pytest.mark.anyio
@@ -93,3 +97,27 @@ def test_a_sync_run_samples_and_learns_the_same_with_one_copy(tmp_path: Path):
 
 def _buffers(model: torch.nn.Module) -> set[int]:
     return {b.untyped_storage().data_ptr() for b in model.buffers()}
+
+
+def test_a_sync_run_with_a_learner_process_samples_from_its_shared_buffers(tmp_path: Path):
+    cfg = load_config(
+        overrides=[
+            *BASE,
+            "orchestrator.max_staleness=0",
+            "orchestrator.learner_worker=process",
+            "orchestrator.max_steps=1",
+        ]
+    )
+    orch = Orchestrator(cfg, tmp_path / "run")
+    orch.build()
+    seen: list[bool] = []
+
+    def on_event(e: object) -> None:
+        if isinstance(e, BatchTrained):  # after the publish, the learner process still up
+            views = orch.learner.state_dict_for_sampler().values()
+            shared = {t.untyped_storage().data_ptr() for t in views}
+            seen.append(_ptrs(orch.sampler.model) <= shared | _buffers(orch.sampler.model))
+
+    orch.events.subscribe(on_event)
+    anyio.run(orch.run)
+    assert seen == [True]
