@@ -206,10 +206,11 @@ class _Drop(logging.Filter):
         return self.text not in record.getMessage()
 
 
-# transformers imports torchao when it is installed ([lowprec]) as a model class loads; a
-# CPU wheel then warns about its CUDA kernels, and torch about the enums torchao registers
-logging.getLogger("torchao").addFilter(_Drop("Failed to load"))
-logging.getLogger("torch.utils._pytree").addFilter(_Drop("Calling register_constant() on Enum"))
+# transformers imports torchao when it is installed ([lowprec]) as a model class loads; on a
+# machine without CUDA it warns about its CUDA kernels, and torch about the enums it registers
+if not torch.cuda.is_available():
+    logging.getLogger("torchao").addFilter(_Drop("Failed to load"))
+    logging.getLogger("torch.utils._pytree").addFilter(_Drop("Calling register_constant() on Enum"))
 
 
 def _smollm2_tokenizer_dir() -> Path:
