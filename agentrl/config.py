@@ -97,6 +97,20 @@ class SamplerConfig(_Section):
     backend's own: hf keep, vllm reprefill, openai drain"""
     device: str = "auto"
     """hf backend: auto (CUDA when present), cpu, cuda, cuda:N."""
+    weight_precision: Literal["auto", "float32", "bfloat16", "int8", "fp8"] = "auto"
+    """hf backend: the precision of the sampler's copy of the policy (the learner keeps float32
+    and publishes full precision; the sampler requantizes on each publish). auto = model.dtype;
+    float32 / bfloat16 = that dtype; int8 = torchao int8 weight-only linear layers (CPU or GPU;
+    the LM head stays unquantized); fp8 = torchao float8 weights and activations (CUDA, compute
+    capability 8.9+). Behaviour log-probs are the low-precision model's: algorithm.off_policy
+    (TIS, MIS, IcePop) corrects the gap. Needs `pip install 'agentrl[lowprec]'` for int8/fp8.
+    See docs/performance.md."""
+    share_learner_weights: bool = True
+    """hf backend, synchronous runs (orchestrator.max_staleness: 0, local backend): the sampler
+    computes on the learner's own weight tensors where their dtype and device match (float32
+    sampler, CPU) instead of keeping a copy: one copy of the weights in memory, nothing copied
+    on a publish (sampling and training take turns, so the weights never change under a
+    rollout). false = the sampler keeps its own copy. Asynchronous runs always copy."""
     gpu_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
     """Share of the GPU's memory the sampler may use: hf: checked against its weights at start,
     then enforced as the process's CUDA cap; vllm: its gpu_memory_utilization (vLLM's default,

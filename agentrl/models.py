@@ -195,6 +195,24 @@ def _quiet_transformers() -> None:
         hf_logging.set_verbosity_error()
 
 
+class _Drop(logging.Filter):
+    """Drops the records whose message contains `text`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+# transformers imports torchao when it is installed ([lowprec]) as a model class loads; on a
+# machine without CUDA it warns about its CUDA kernels, and torch about the enums it registers
+if not torch.cuda.is_available():
+    logging.getLogger("torchao").addFilter(_Drop("Failed to load"))
+    logging.getLogger("torch.utils._pytree").addFilter(_Drop("Calling register_constant() on Enum"))
+
+
 def _smollm2_tokenizer_dir() -> Path:
     """SmolLM2's tokenizer alone (seconds), for tiny-llama; reused from the full model."""
     full = cache_root() / "models" / DEFAULT_MODEL

@@ -96,4 +96,6 @@ def bypass_blockers(
         out.append(f"sampler.backend={settings.sampler_backend} (other kernels than the learner's)")
     elif s_dtype != learner_dtype:
         out.append(f"sampler computes in {s_dtype}, the learner in {learner_dtype}")
+    if settings.sampler_precision in ("int8", "fp8"):
+        out.append(f"sampler.weight_precision={settings.sampler_precision} (quantized weights)")
     return out

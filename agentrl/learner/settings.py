@@ -204,6 +204,7 @@ class LearnerSettings:
     sampler_dtype: torch.dtype | None = None
     distill: DistillSettings = field(default_factory=DistillSettings)
     monitors: MonitorSettings = field(default_factory=MonitorSettings)
+    sampler_precision: str = "auto"  # sampler.weight_precision (int8/fp8: quantized kernels)
 
     @property
     def algorithm(self) -> AlgorithmSettings:

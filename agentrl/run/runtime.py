@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -113,6 +114,7 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
         run = Run(cfg=cfg, role=role, env=env, sampler=sampler, engine=engine, scope=scope)
         if learner is not None:
             learner.wait_ready()  # a learner that cannot start fails the assembly, not the run
+            share_learner_weights(settings, sampler, learner)
             run.learner = learner
             run.weight_bus = WeightBus()
             run.weight_bus.register(sampler)
@@ -121,6 +123,22 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
         if learner is not None:
             learner.close()
         raise
+
+
+def share_learner_weights(
+    settings: Settings, sampler: Any, learner: Learner | LearnerProcess
+) -> None:
+    """A synchronous run's hf sampler computes on the learner's weights (no second copy;
+    ``sampler.share_learner_weights``): its live tensors in this process, or the shared
+    buffers a learner process trains in."""
+    share = getattr(sampler, "share_weights_from", None)
+    if not settings.sampler.share_learner_weights or share is None:
+        return
+    weights = learner.sampler_weights()
+    if weights is None:  # a learner process: its shared buffers
+        weights = learner.state_dict_for_sampler()
+    saved = share(weights)
+    log.info("the sampler computes on the learner's weights (%.0f MB not copied)", saved / 2**20)
 
 
 async def load_checkpoint_into_sampler(run: Run, checkpoint: str | Path) -> int:

@@ -143,6 +143,8 @@ def hf_sampler_dtype(sampler: SamplerSettings) -> torch.dtype | None:
     if sampler.backend != "hf":
         return None
     dtype = None if sampler.model_dtype == "auto" else sampler.model_dtype
+    if sampler.weight_precision in ("float32", "bfloat16"):
+        dtype = sampler.weight_precision
     return load_dtype(sampler.model_name, dtype, sampler.device)
 
 
@@ -164,6 +166,7 @@ def learner_settings(
         sampler_dtype=hf_sampler_dtype(sampler or sampler_settings(cfg)),
         distill=distill_settings(cfg),
         monitors=monitor_settings(cfg),
+        sampler_precision=cfg.sampler.weight_precision,
     )
 
 
@@ -207,6 +210,11 @@ def sampler_settings(cfg: Config) -> SamplerSettings:
         learner_device=cfg.learner.device,
         max_tokens=cfg.rollout.max_tokens,
         explicit=frozenset(explicit),
+        # only where sampling and training take turns
+        share_learner_weights=s.share_learner_weights
+        and s.backend == "hf"
+        and not is_asynchronous(cfg)
+        and cfg.orchestrator.backend == "local",
     )
     return dataclasses.replace(settings, on_update=on_update_policy(settings))
 

@@ -30,12 +30,13 @@ import asyncio
 import logging
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
 import torch
 
+from agentrl.cpu import release_freed_memory
 from agentrl.devices import check_memory, resolve_device, sampler_bytes
 from agentrl.errors import SamplerError, WeightUpdateError
 from agentrl.models import load_model
@@ -48,6 +49,7 @@ from agentrl.samplers.hf_requests import (
     Update,
     aborted,
     check_prompt,
+    copy_in_place,
     default_stop_ids,
     fail_chunk,
     finish_reason,
@@ -56,6 +58,7 @@ from agentrl.samplers.hf_requests import (
 )
 from agentrl.samplers.hf_swap import ON_UPDATE, WeightSwaps
 from agentrl.samplers.options import check_options, resolve_on_update, shared_options
+from agentrl.samplers.precision import QUANTIZED, check_precision, load_dtype_for, quantize
 from agentrl.samplers.prefix_cache import PrefixCache
 from agentrl.samplers.sampling import sample_next
 from agentrl.samplers.settings import SamplerSettings
@@ -83,7 +86,9 @@ class HFSampler(WeightSwaps, Sampler):
     ``static``: fixed slots of ``max_batch_size`` rows x ``max_context`` positions and a
     static-shape decode step, :mod:`agentrl.samplers.static_cache`), ``cuda_graphs``
     (``auto``: with ``kv_cache=static`` on a CUDA model, decode steps are captured as CUDA
-    graphs and replayed; ``on``: the same, refused elsewhere; ``off``: eager).
+    graphs and replayed; ``on``: the same, refused elsewhere; ``off``: eager),
+    ``weight_precision`` (``int8`` / ``fp8``: the linear layers quantized by torchao, and
+    requantized on each weight update; :mod:`agentrl.samplers.precision`).
     """
 
     backend = "hf"
@@ -93,19 +98,25 @@ class HFSampler(WeightSwaps, Sampler):
     def options_from_settings(cls, settings: SamplerSettings) -> dict[str, Any]:
         options = shared_options(settings)
         policy = resolve_on_update(settings, cls)
-        options.update(max_batch_size=settings.max_batch_size, on_update=policy)
+        options.update(
+            max_batch_size=settings.max_batch_size,
+            on_update=policy,
+            weight_precision=settings.weight_precision,
+        )
         return options
 
     @classmethod
     def from_settings(cls, settings: SamplerSettings) -> HFSampler:
-        """Its own model copy on ``sampler.device`` in ``model.dtype`` (the learner keeps
-        float32 masters of its own); the memory it needs is checked before it decodes."""
+        """Its own model copy on ``sampler.device`` in ``model.dtype`` or
+        ``sampler.weight_precision`` (the learner keeps float32 masters of its own); the
+        memory it needs is checked before it decodes."""
         options = cls.options_from_settings(settings)
         # resolved by the run layer (this parses it; auto stays usable in scripts)
         device = resolve_device(settings.device, "sampler.device")
+        model_dtype = None if settings.model_dtype == "auto" else settings.model_dtype
         model, tokenizer = load_model(
             settings.model_name,
-            dtype=None if settings.model_dtype == "auto" else settings.model_dtype,
+            dtype=load_dtype_for(settings.weight_precision, model_dtype),
             device=device,
             seed=settings.model_seed,
         )
@@ -134,6 +145,7 @@ class HFSampler(WeightSwaps, Sampler):
         prefix_cache_tokens: int = 32768,
         kv_cache: str = "growing",
         cuda_graphs: str | bool = "auto",
+        weight_precision: str = "auto",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
@@ -159,8 +171,16 @@ class HFSampler(WeightSwaps, Sampler):
                 "cuda_graphs=on needs kv_cache=static and a model on a CUDA device (this one: "
                 f"kv_cache={kv_cache}, {self._device}); set kv_cache=static, or cuda_graphs=auto/off"
             )
+        # requantizing on an update makes new weight tensors, which captured graphs would miss
+        quantized = check_precision(weight_precision) in QUANTIZED
+        if cuda_graphs == "on" and quantized:
+            raise ValueError(
+                f"cuda_graphs=on cannot be used with sampler.weight_precision={weight_precision} "
+                "(each update requantizes into new tensors); set cuda_graphs=auto/off"
+            )
         self.kv_cache = kv_cache
         self.cuda_graphs = kv_cache == "static" and on_cuda and cuda_graphs != "off"
+        self.cuda_graphs = self.cuda_graphs and not quantized
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self.max_batch_size = max_batch_size
         self.max_context = int(
@@ -182,8 +202,12 @@ class HFSampler(WeightSwaps, Sampler):
         self._requested_version = version
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(seed if seed is not None else int(torch.seed() % 2**63))
-        # names and shapes new weights must have (checked before anything is copied)
+        # names and shapes new weights must have (checked before anything is copied); taken
+        # before quantizing, which unties a tied LM head from the embeddings
         self._spec = WeightSpec.from_model(model)
+        self.weight_precision = weight_precision
+        self._quantized = quantize(model, weight_precision)
+        self._share = False  # computes on the publisher's tensors (share_weights_from)
 
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -270,6 +294,26 @@ class HFSampler(WeightSwaps, Sampler):
             with self._cond:
                 self._cond.notify_all()
             raise
+
+    def share_weights_from(self, weights: Mapping[str, torch.Tensor]) -> int:
+        """Compute on `weights` (a publish's tensors: the learner's live weights) instead of
+        a copy of them, from now on: every later update re-points the parameters at the
+        published tensors rather than copying. Only for a publisher that never changes its
+        tensors while this sampler generates (a synchronous run: sampling and training take
+        turns). Call it before the first request. Tensors in another dtype or on another
+        device are still copied; quantized weights and CUDA-graph replays keep their own
+        copy. Returns the bytes of the sampler's own weights it let go."""
+        with self._cond:
+            if self._thread is not None:
+                raise SamplerError("share_weights_from must come before the first request")
+        if self._quantized or self.cuda_graphs:
+            return 0
+        state = self._spec.validate(weights, self._version)
+        before = _own_bytes(self._model)
+        copy_in_place(self._model, state, share=True)
+        self._share = True
+        release_freed_memory()  # the dropped copy's pages leave the process
+        return before - _own_bytes(self._model, exclude=state.values())
 
     async def update_weights(self, weights: WeightsLike, version: int) -> None:
         with self._cond:
@@ -477,3 +521,14 @@ class HFSampler(WeightSwaps, Sampler):
             self._active = []
         self._pads, self._pending = [], []
         self._kv.reset()
+
+
+def _own_bytes(model: Any, exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of `model`'s parameter storages, each once, less those `exclude` also uses."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+    for p in model.parameters():
+        ptr = p.untyped_storage().data_ptr()
+        if ptr not in skip:
+            seen[ptr] = p.untyped_storage().nbytes()
+    return sum(seen.values())

@@ -157,8 +157,12 @@ def generation(r: Request, tokenizer: Any, on_update: str) -> Generation:
     )
 
 
-def copy_in_place(model: Any, state: dict[str, torch.Tensor]) -> None:
-    """Copy `state` into `model`'s parameters in place (CUDA graphs read that storage)."""
+def copy_in_place(model: Any, state: dict[str, torch.Tensor], *, share: bool = False) -> None:
+    """Copy `state` into `model`'s parameters in place (CUDA graphs read that storage).
+
+    With `share`, a tensor already in the parameter's dtype and on its device becomes the
+    parameter's storage instead of being copied (the sampler then computes on the
+    publisher's tensors, which must not change while it generates: a synchronous run)."""
     with torch.no_grad():
         params = model.state_dict()
         written: set[tuple[int, int]] = set()
@@ -168,4 +172,23 @@ def copy_in_place(model: Any, state: dict[str, torch.Tensor]) -> None:
             if key in written:  # tied weights: one copy is enough
                 continue
             written.add(key)
+            if _same_storage(target, tensor):
+                continue  # already shared with the publisher
+            if share and tensor.dtype == target.dtype and tensor.device == target.device:
+                try:
+                    model.get_parameter(name).data = tensor.detach()
+                    continue
+                except AttributeError:  # a buffer: copied
+                    pass
             target.copy_(tensor)  # converts dtype and device in one pass
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.storage_offset() == b.storage_offset()
+    )

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.errors import WeightUpdateError
 from agentrl.samplers.batch_kv import BatchKV
-from agentrl.samplers.hf_requests import Plan, Request, Update, copy_in_place, fail_chunk, resolve
+from agentrl.samplers.hf_requests import Plan, Request, Update, fail_chunk, resolve
+from agentrl.samplers.precision import load_weights
 from agentrl.samplers.prefix_cache import BLOCK, PrefixCache
 
 ON_UPDATE = ("keep", "reprefill", "drain")  # what in-flight rows do on a weight update
@@ -44,6 +45,9 @@ class WeightSwaps:
     _kv: BatchKV
     _prefix: PrefixCache
     _model: Any
+    weight_precision: str
+    _quantized: frozenset[str]  # weights requantized on an update (sampler.weight_precision)
+    _share: bool  # parameters re-pointed at the published tensors (share_weights_from)
     _version: int
     _reprefilled: int
     _reprefills: int
@@ -60,7 +64,9 @@ class WeightSwaps:
         # only the newest queued version is copied in; no token was produced by the others
         update = live[-1]
         try:
-            copy_in_place(self._model, update.state)
+            load_weights(
+                self._model, update.state, self.weight_precision, self._quantized, self._share
+            )
             with self._cond:
                 self._version = update.version
             self._prefix.clear()  # keys/values of the old weights

@@ -21,7 +21,14 @@ if TYPE_CHECKING:
     from agentrl.samplers.base import Sampler
     from agentrl.samplers.settings import SamplerSettings
 
-FIRST_CLASS = {"max_batch_size", "on_update", "drain_on_update", "device", "dtype"}
+FIRST_CLASS = {
+    "max_batch_size",
+    "on_update",
+    "drain_on_update",
+    "device",
+    "dtype",
+    "weight_precision",
+}
 
 
 def shared_options(s: SamplerSettings, *, remote: bool = False) -> dict[str, Any]:
@@ -35,6 +42,12 @@ def shared_options(s: SamplerSettings, *, remote: bool = False) -> dict[str, Any
                 doubled[0], f"sampler.{doubled[0]}"
             )
             + " instead"
+        )
+    if s.weight_precision != "auto" and s.backend != "hf":
+        raise ConfigError(
+            f"sampler.weight_precision={s.weight_precision} is for sampler.backend=hf (this run "
+            f"uses {s.backend}); remove it (vllm: sampler.options.engine_kwargs: "
+            "{quantization: fp8})"
         )
     remote_keys = [key for key in ("base_url", "api_key") if getattr(s, key)]
     if not remote and remote_keys:

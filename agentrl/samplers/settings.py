@@ -27,6 +27,9 @@ class SamplerSettings:
     seed: int | None = None
     on_update: str = "auto"  # resolved by the run layer to the backend's own policy
     device: str = "auto"  # hf: resolved (cpu, cuda:N); other backends: as written
+    weight_precision: str = "auto"  # hf: auto | float32 | bfloat16 | int8 | fp8
+    # hf: compute on the learner's tensors (resolved: sampler.share_learner_weights and sync)
+    share_learner_weights: bool = False
     gpu_memory_fraction: float | None = None
     base_url: str | None = None
     api_key: str | None = None

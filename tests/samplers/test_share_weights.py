@@ -1,0 +1,123 @@
+"""A synchronous run's hf sampler computes on the learner's own tensors
+(sampler.share_learner_weights): one copy of the weights, the same samples as with a copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+
+from agentrl.config import load_config
+from agentrl.models import load_model
+from agentrl.run.events import BatchTrained
+from agentrl.run.orchestrator import Orchestrator
+from agentrl.samplers import SamplingParams
+from agentrl.samplers.hf import HFSampler
+from tests.orchestrator.test_train import BASE, _run
+from tests.samplers.test_hf import teacher_forced
+
+pytestmark = pytest.mark.anyio
+
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _ptrs(model: torch.nn.Module) -> set[int]:
+    """Storages of the plain (not quantized) parameters."""
+    return {p.untyped_storage().data_ptr() for p in model.parameters() if not hasattr(p, "qdata")}
+
+
+async def test_the_sampler_follows_the_learners_tensors_and_never_writes_them():
+    learner, tokenizer = load_model("tiny-llama", dtype="float32")
+    model, _ = load_model("tiny-llama", dtype="float32")
+    sampler = HFSampler(model, tokenizer, default_stop_token_ids=())
+    prompt = list(tokenizer("hello")["input_ids"])
+    try:
+        live = {k: v.detach() for k, v in learner.state_dict().items()}
+        saved = sampler.share_weights_from(live)
+        assert saved >= 0.99 * sum(p.numel() * 4 for p in learner.parameters())
+        assert _ptrs(model) == _ptrs(learner)
+        # an optimizer step changes the learner's tensors in place; the publish copies nothing
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
+        await sampler.update_weights(live, version=1)
+        gen = await sampler.generate(prompt, PARAMS)
+        expected, _ = teacher_forced(learner, prompt, gen.token_ids, PARAMS.temperature)
+        assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4)
+        # other tensors (a checkpoint's) are taken over, not written into the learner's
+        before = {k: v.clone() for k, v in learner.state_dict().items()}
+        other, _ = load_model("tiny-llama", dtype="float32", seed=1)
+        await sampler.update_weights(other.state_dict(), version=2)
+        assert all(torch.equal(before[k], v) for k, v in learner.state_dict().items())
+        assert _ptrs(model) == _ptrs(other)
+    finally:
+        await sampler.close()
+
+
+async def test_quantized_or_started_samplers_keep_their_own_copy():
+    pytest.importorskip("torchao")
+    learner, tokenizer = load_model("tiny-llama", dtype="float32")
+    model, _ = load_model("tiny-llama", dtype="float32")
+    sampler = HFSampler(model, tokenizer, weight_precision="int8")
+    try:
+        assert sampler.share_weights_from(learner.state_dict()) == 0
+        assert not (_ptrs(model) & _ptrs(learner))
+    finally:
+        await sampler.close()
+
+
+def test_a_sync_run_samples_and_learns_the_same_with_one_copy(tmp_path: Path):
+    seeded = ["orchestrator.max_staleness=0", "sampler.seed=7", "orchestrator.seed=7"]
+    seeded.append("orchestrator.max_steps=2")
+    shared = _run(tmp_path / "shared", *seeded)
+    copied = _run(tmp_path / "copied", *seeded, "sampler.share_learner_weights=false")
+    learner = shared.learner.model
+    assert _ptrs(shared.sampler.model) <= _ptrs(learner) | _buffers(shared.sampler.model)
+    assert not (_ptrs(copied.sampler.model) & _ptrs(copied.learner.model))
+    # the same training up to rounding (batch make-up moves log-probs by ~1e-7, which Adam
+    # can turn into a flipped update here and there): the two runs differ far less than
+    # either moved from the initial weights
+    initial, _ = load_model("tiny-llama", dtype="float32")
+    a = torch.cat([t.flatten() for t in learner.state_dict().values()])
+    b = torch.cat([t.flatten() for t in copied.learner.model.state_dict().values()])
+    start = torch.cat([t.flatten() for t in initial.state_dict().values()])
+    moved = (a - start).abs().mean()
+    assert moved > 0 and (a - b).abs().mean() < 0.05 * moved
+    # and the copy, where there is one, holds what the learner published last
+    pairs = zip(copied.sampler.model.parameters(), copied.learner.model.parameters(), strict=True)
+    assert all(torch.equal(s, t) for s, t in pairs)
+
+
+def _buffers(model: torch.nn.Module) -> set[int]:
+    return {b.untyped_storage().data_ptr() for b in model.buffers()}
+
+
+def test_a_sync_run_with_a_learner_process_samples_from_its_shared_buffers(tmp_path: Path):
+    cfg = load_config(
+        overrides=[
+            *BASE,
+            "orchestrator.max_staleness=0",
+            "orchestrator.learner_worker=process",
+            "orchestrator.max_steps=1",
+        ]
+    )
+    orch = Orchestrator(cfg, tmp_path / "run")
+    orch.build()
+    seen: list[bool] = []
+
+    def on_event(e: object) -> None:
+        if isinstance(e, BatchTrained):  # after the publish, the learner process still up
+            views = orch.learner.state_dict_for_sampler().values()
+            shared = {t.untyped_storage().data_ptr() for t in views}
+            seen.append(_ptrs(orch.sampler.model) <= shared | _buffers(orch.sampler.model))
+
+    orch.events.subscribe(on_event)
+    anyio.run(orch.run)
+    assert seen == [True]
