@@ -11,6 +11,7 @@ from benchmarks.async_vs_sync import run_mode
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
+@pytest.mark.slow  # a benchmark run per mode
 def test_run_mode_reports_every_field(tmp_path, staleness):
     args = argparse.Namespace(
         model="tiny-llama",

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from benchmarks.gpu import main
 
 
+@pytest.mark.slow  # every section of the GPU benchmark, on the CPU
 def test_the_gpu_benchmark_runs_on_the_cpu_with_smoke(tmp_path):
     out = tmp_path / "gpu_smoke.json"
     result = main(["--smoke", "--only", "sampler", "learner", "publish", "--out", str(out)])

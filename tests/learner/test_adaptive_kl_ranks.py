@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from agentrl.learner.distributed import Ranks, init_rank_group, leave_rank_group
@@ -64,6 +65,7 @@ def _rank(rank: int, address: str, out: str) -> None:
     leave_rank_group()
 
 
+@pytest.mark.slow  # two torch.distributed processes
 def test_ranks_adapt_one_beta_from_the_kl_of_all_ranks(tmp_path: Path) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     run_ranks("tests.learner.test_adaptive_kl_ranks", 2, address, str(tmp_path))

@@ -96,6 +96,7 @@ def test_compiled_layers_train_like_eager_without_recompiling_per_length(
     assert counters["stats"]["unique_graphs"] == graphs  # no recompile
 
 
+@pytest.mark.slow  # compiles the layers a second time in this module
 def test_checkpoint_and_published_names_are_unchanged_and_resume_matches(
     aot_eager: str,
     tmp_path: Path,

@@ -19,12 +19,12 @@ def two_ranks(out: Path, case: str) -> Path:
     return out
 
 
-# FSDP2 (sharding, padding micro-batches, the split no-grad pass) in the default suite;
-# DDP (the plain gradient all-reduce) with the integration tests: each spawns 2 ranks
+# FSDP2 (sharding, padding micro-batches, the split no-grad pass) in the slow tier; DDP (the
+# plain gradient all-reduce) and the other cases with the integration tests: each spawns 2 ranks
 @pytest.mark.parametrize(
     "case",
     [
-        "fsdp",
+        pytest.param("fsdp", marks=pytest.mark.slow),
         pytest.param("ddp", marks=pytest.mark.integration),
         pytest.param("fsdp_critic", marks=pytest.mark.integration),
         pytest.param("fsdp_ref_refresh", marks=pytest.mark.integration),

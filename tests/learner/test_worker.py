@@ -96,6 +96,7 @@ def test_errors_in_a_request_are_raised_here_and_the_worker_goes_on(
     assert serving.step(groups)["version"] == at + 1  # still serving
 
 
+@pytest.mark.slow  # a learner child process of its own (process faults)
 def test_a_dead_worker_is_reported_not_waited_on(
     worker: LearnerProcess, groups: list[TrajectoryGroup]
 ) -> None:
@@ -113,6 +114,7 @@ def test_start_failure_names_the_cause() -> None:
     assert proc._proc.poll() is not None
 
 
+@pytest.mark.slow  # a learner child process of its own (process faults)
 def test_close_ends_the_child_and_leaves_no_shared_memory(groups) -> None:
     before = _shm_files()
     proc = LearnerProcess(make_cfg(**CFG))
@@ -155,6 +157,7 @@ def test_algorithms_registered_in_main_fail_with_the_fix() -> None:
         proc.wait_ready(timeout=120)
 
 
+@pytest.mark.slow  # a learner child process of its own (process faults)
 def test_the_child_outlives_the_thread_that_started_it(groups) -> None:
     # `agentrl train` builds in a worker thread that anyio retires when idle; the child must
     # live as long as the parent process, not as long as that thread
@@ -172,6 +175,7 @@ def test_the_child_outlives_the_thread_that_started_it(groups) -> None:
         proc.close()
 
 
+@pytest.mark.slow  # a learner child process of its own (process faults)
 def test_the_child_exits_when_its_parent_dies(tmp_path) -> None:
     import subprocess
     import sys

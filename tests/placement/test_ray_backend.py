@@ -305,6 +305,7 @@ def test_bad_placement_is_one_line_before_any_model_loads(tmp_path, monkeypatch)
     assert not ray.is_initialized()
 
 
+@pytest.mark.slow  # two local Ray instances started and stopped
 def test_a_local_instance_is_sized_for_the_default_roles_and_a_small_one_is_one_line():
     from agentrl.errors import ConfigError
     from agentrl.run.placement import cluster

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from agentrl.rollout.sinks import read_groups
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -27,6 +29,7 @@ def test_trl_style_script(tmp_path: Path) -> None:
     assert set(traj.reward_info["rewards"]) == {"env", "correct", "concise"}
 
 
+@pytest.mark.slow  # trains a reward model, then an RL run on it
 def test_reward_model_pipeline(tmp_path: Path) -> None:
     out = _example("reward_model").main(
         ["--tiny", "--steps", "1", "--pairs", "40", "--out", str(tmp_path)]

@@ -99,6 +99,7 @@ def _buffers(model: torch.nn.Module) -> set[int]:
     return {b.untyped_storage().data_ptr() for b in model.buffers()}
 
 
+@pytest.mark.slow  # a CLI-sized run with a learner process
 def test_a_sync_run_with_a_learner_process_samples_from_its_shared_buffers(tmp_path: Path):
     cfg = load_config(
         overrides=[
