@@ -26,6 +26,8 @@ TASK_ID = "listkit-chunk-1"
 # a later request proves the harness ran the command (the command text has "$((6*7))")
 FIX = "sed -i 's/range(1, len/range(0, len/' listkit/ops.py && echo AGENTRL_RAN_$((6*7))"
 RAN = "AGENTRL_RAN_42"
+# the scripted policy never runs the model: it answers prompts longer than tiny-llama's 2048
+CONTEXT = 131072
 
 
 def tool_call(name: str, arguments: dict[str, Any]) -> str:
@@ -49,6 +51,10 @@ class ToolCallPolicy(RecordingSampler):
         super().__init__(inner)
         self.call, self.final, self.other, self.is_main = call, final, other, is_main
         self.prompts: list[str] = []
+
+    @property
+    def context_length(self) -> int | None:
+        return CONTEXT  # the harnesses' prompts (system prompt + tool schemas) are long
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         prompt = self.tokenizer.decode(list(prompt_ids))
