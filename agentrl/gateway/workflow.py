@@ -62,7 +62,7 @@ def agent_workflow(
             result, failure = None, str(e)  # it stopped because it hit a limit: truncated
         finally:
             gateway.close_session(session.key)
-        samples = session.trajectories(ctx.trajectory)
+        samples = session.trajectories(ctx.trajectory, credit=settings.subagent_credit)
         if not samples:
             raise InfraError(
                 "the agent program made no model call through the gateway (is it using "
