@@ -61,6 +61,9 @@ def _argv(
     options: Any, home: str, env: dict[str, str], workspace: Workspace | None = None
 ) -> list[str]:
     argv = [_fill(a, workspace) for a in options.command]
+    if options.sandbox == "bwrap" and "/" in argv[0] and not os.path.isabs(argv[0]):
+        # a relative program path is the host's (from cwd); the sandbox may chdir elsewhere
+        argv[0] = os.path.abspath(os.path.join(options.cwd or os.getcwd(), argv[0]))
     if options.memory_mb is not None and shutil.which("prlimit"):
         argv = ["prlimit", f"--as={options.memory_mb * 1024 * 1024}", "--", *argv]
     if options.sandbox == "bwrap":
@@ -71,7 +74,7 @@ def _argv(
                 "use sandbox: process"
             )
         box = [bwrap, "--unshare-all", "--share-net", "--die-with-parent", "--new-session"]
-        box += _host_view(workspace) + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        box += [*_host_view(workspace), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         box += ["--bind", home, home, "--clearenv"]
         for k, v in env.items():
             box += ["--setenv", k, v]

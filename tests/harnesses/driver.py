@@ -79,10 +79,17 @@ def have(*paths: Path) -> bool:
     return all(p.exists() for p in paths) and shutil.which("bwrap") is not None
 
 
+def example_options(name: str, **changes: Any) -> dict[str, Any]:
+    """`env.options` of examples/harnesses/<name>.yaml (what the docs tell users to run)."""
+    from agentrl.config import load_config
+
+    options = dict(load_config(str(REPO / "examples" / "harnesses" / f"{name}.yaml")).env.options)
+    return {**options, "cwd": str(REPO), **changes}
+
+
 async def run_episode(
     policy: ToolCallPolicy,
-    command: list[str],
-    env: dict[str, str],
+    options: dict[str, Any],
     *,
     max_new_tokens: int = 256,
     timeout_s: float = 240.0,
@@ -94,14 +101,7 @@ async def run_episode(
     from agentrl.envs import make_env
     from agentrl.types import Trajectory
 
-    agent = make_env(
-        "agent",
-        command=command,
-        env=env,
-        sandbox="bwrap",
-        cwd=str(REPO),
-        task_env={"name": "repo"},
-    )
+    agent = make_env("agent", **options)
     task = repo_task()
     server = await start_gateway(policy, max_new_tokens=max_new_tokens, **gateway)
     try:
@@ -112,6 +112,7 @@ async def run_episode(
         finally:
             server.gateway.close_session(session.key)
         template = Trajectory(task_id=task["id"], group_id="g0", traj_id="e0")
-        return result, session.trajectories(template), session
+        credit = server.gateway.settings.subagent_credit
+        return result, session.trajectories(template, credit=credit), session
     finally:
         await server.close()

@@ -1,0 +1,141 @@
+"""Coding harnesses run unchanged as `env.name: agent` commands on a `repo` task.
+
+Each test starts the real harness headless in bubblewrap, in the episode's fork of the
+repository, against the gateway, with the command and settings of its
+examples/harnesses/*.yaml. A scripted policy (real token ids of the tiny model's tokenizer)
+makes the tool call that fixes the bug; the harness must run it in the workspace and send
+its output back; the hidden tests grade the diff it leaves; the episode's samples must be
+token-exact trajectories.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.harnesses.driver import (
+    FIX,
+    HARNESS_VENV,
+    NODE_BIN,
+    RAN,
+    ToolCallPolicy,
+    example_options,
+    have,
+    run_episode,
+    tool_call,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def inner(tiny: tuple[Any, Any]) -> Any:
+    from agentrl.samplers import create_sampler
+
+    return create_sampler("hf", model=tiny, max_batch_size=4, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny() -> tuple[Any, Any]:
+    from agentrl.models import load_model
+
+    return load_model("tiny-llama", dtype="float32")
+
+
+def check_episode(policy: ToolCallPolicy, result: Any, trajs: list[Any]) -> Any:
+    """What every harness must do; returns the main line's trajectory."""
+    # the harness ran the policy's command in its workspace: the hidden tests pass
+    assert result["reward"] == 1.0, result
+    assert result["changed"] == ["listkit/ops.py"]
+    # the command's output (computed by the shell) came back in a later request
+    assert any(RAN in p for p in policy.prompts[1:])
+    main = [t for t in trajs if t.metadata["gateway"]["main"]]
+    assert len(main) >= 1
+    last = main[-1]
+    kinds = [s.kind for s in last.segments]
+    assert kinds[-3:] == ["model", "observation", "model"] or "observation" in kinds
+    # token-exact: the prefix check passed with exact tokens, and every model segment holds
+    # exactly the ids the policy sampled for some call
+    sampled = [gen.token_ids for _, gen in policy.calls]
+    for t in trajs:
+        assert t.metadata["exact_tokens"] is True
+        for seg in t.segments:
+            if seg.kind == "model":
+                assert list(seg.token_ids) in [list(s) for s in sampled]
+    obs = [s for t in main for s in t.segments if s.kind == "observation"]
+    decoded = policy.tokenizer.decode([i for s in obs for i in s.token_ids])
+    assert RAN in decoded  # the tool result is a masked observation of the main line
+    return last
+
+
+@pytest.mark.skipif(not have(HARNESS_VENV / "bin" / "mini"), reason="make setup-harnesses")
+async def test_mini_swe_agent(inner: Any) -> None:
+    call = "I will fix it.\n" + tool_call("bash", {"command": FIX})
+    final = tool_call("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})
+    policy = ToolCallPolicy(inner, call, final)
+    result, trajs, session = await run_episode(policy, example_options("mini_swe_agent"))
+    main = check_episode(policy, result, trajs)
+    # a plain tool loop: one sample, no prefix break
+    assert len(trajs) == 1 and session.breaks == []
+    assert [s.kind for s in main.segments] == ["prompt", "model", "observation", "model"]
+    assert main.metadata["gateway"]["models"] == {"agentrl": 2}
+
+
+def _opencode_policy(inner: Any) -> ToolCallPolicy:
+    call = tool_call("bash", {"command": FIX, "description": "Fix the bug"})
+    return ToolCallPolicy(
+        inner,
+        call,
+        "The bug is fixed.",
+        # its side calls: a title for the session, and the summary when it compacts
+        is_main=lambda p: "title generator" not in p and "summarization agent" not in p,
+        other=f"Fixed the chunk bug ({RAN})",
+    )
+
+
+@pytest.mark.skipif(not have(NODE_BIN / "opencode"), reason="make setup-harnesses")
+async def test_opencode(inner: Any) -> None:
+    policy = _opencode_policy(inner)
+    result, trajs, _ = await run_episode(policy, example_options("opencode"))
+    main = check_episode(policy, result, trajs)
+    # the title call is a separate root; the main loop is one unbroken sample
+    assert [s.kind for s in main.segments] == ["prompt", "model", "observation", "model"]
+    tree = main.metadata["gateway"]["tree"]
+    assert [r["relation"] for r in tree] == ["root", "root"]
+    assert [r["main"] for r in tree] == [False, True]
+
+
+@pytest.mark.skipif(not have(NODE_BIN / "opencode"), reason="make setup-harnesses")
+@pytest.mark.parametrize("credit", ["all", "main"])
+async def test_opencode_compaction_is_a_branch_of_the_session_tree(inner: Any, credit: str) -> None:
+    """A context limit just above OpenCode's first prompt: after the first reply it
+    compacts (a summarising conversation), then goes on from the summary."""
+    options = example_options("opencode")
+    config = json.loads(options["env"]["OPENCODE_CONFIG_CONTENT"])
+    config["provider"]["agentrl"]["models"]["agentrl"]["limit"] = {"context": 7950, "output": 100}
+    options["env"] = {**options["env"], "OPENCODE_CONFIG_CONTENT": json.dumps(config)}
+    policy = _opencode_policy(inner)
+    result, trajs, session = await run_episode(policy, options, subagent_credit=credit)
+    assert result["reward"] == 1.0
+    tree = trajs[0].metadata["gateway"]["tree"]
+    rows = {r["sample"]: r for r in tree}
+    # title (root), main loop (root), the summary (separate, started from the main loop
+    # while its tool call was pending), the main loop again from the summary (continues)
+    assert [r["relation"] for r in tree] == ["root", "root", "separate", "continues"]
+    assert rows[2]["parent"] == 1 and rows[3]["parent"] == 1
+    assert rows[3]["shared_messages"] >= 1  # the system prompt
+    assert [r["main"] for r in tree] == [False, True, False, True]
+    assert len(session.breaks) == 3
+    if credit == "all":
+        assert [t.metadata["gateway"]["sample"] for t in trajs] == [0, 1, 2, 3]
+    else:
+        # only the main line is trained; the tree still names every sample
+        assert [t.metadata["gateway"]["sample"] for t in trajs] == [1, 3]
+        assert trajs[0].traj_id == "e0" and trajs[1].traj_id == "e0.s3"
