@@ -39,6 +39,9 @@ class Segment:
     versions: list[int] | None = None  # weight version per token, model segments only
     entropies: list[float] | None = None  # optional per-token entropy (model segments)
     text: str | None = None  # decoded text, for traces only (never re-tokenized)
+    # model segments: how many leading tokens a decoding constraint placed (the gateway's
+    # forced tool call): context for the tokens after them, left out of the loss
+    forced: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("prompt", "model", "observation"):
@@ -56,6 +59,8 @@ class Segment:
                 )
         if self.entropies is not None and len(self.entropies) != n:
             raise ValueError(f"Segment has {n} tokens but {len(self.entropies)} entropies")
+        if self.forced is not None and not (self.kind == "model" and 0 <= self.forced <= n):
+            raise ValueError(f"Segment.forced must count leading model tokens (got {self.forced})")
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -137,7 +142,13 @@ class SegmentViews:
 
     @property
     def loss_mask(self) -> list[int]:
-        return [1 if s.kind == "model" else 0 for s in self.segments for _ in s.token_ids]
+        out: list[int] = []
+        for s in self.segments:
+            if s.kind != "model":
+                out.extend([0] * len(s))
+            else:  # tokens a constraint forced are context, not the policy's choice
+                out.extend([0] * (s.forced or 0) + [1] * (len(s) - (s.forced or 0)))
+        return out
 
 
 @dataclass

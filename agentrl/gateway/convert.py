@@ -70,7 +70,9 @@ class Reply:
         return ("assistant", self.content or "", None, None, calls)
 
 
-def reply_from_text(text: str, parse_tools: bool, parser: str = "hermes") -> Reply:
+def reply_from_text(
+    text: str, parse_tools: bool, parser: str = "hermes", call_ids: str = "call_"
+) -> Reply:
     """Split model text into content and OpenAI ``tool_calls`` (calls that could not be
     read stay in the content, as the model wrote them)."""
     if not parse_tools:
@@ -83,7 +85,7 @@ def reply_from_text(text: str, parse_tools: bool, parser: str = "hermes") -> Rep
         content = content.replace(call.raw, "", 1)
     tool_calls = [
         {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "id": f"{call_ids}{uuid.uuid4().hex[:24]}",
             "type": "function",
             "function": {
                 "name": call.name,

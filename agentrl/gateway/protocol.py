@@ -207,10 +207,6 @@ class ChatCompletionRequest(_Wire):
             raise unsupported(
                 "parallel_tool_calls", "false would need constrained decoding; omit it"
             )
-        if self.tool_choice not in (None, "auto", "none"):
-            raise unsupported(
-                "tool_choice", "only 'auto' and 'none' (forcing a call needs guided decoding)"
-            )
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed with stream=true", "stream_options")
 

@@ -328,6 +328,7 @@ class Session:
                 logprobs=list(gen.logprobs),
                 versions=list(gen.versions),
                 text=text,
+                forced=gen.metadata.get("forced_tokens") or None,
             )
         )
         sample.turns.append(gen.turn(len(sample.turns), text, latency_s))

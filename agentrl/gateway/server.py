@@ -4,12 +4,14 @@ Routes (each also under ``/s/<key>/v1/...``, the per-episode base URL):
 
     POST /v1/chat/completions     non-streaming and streaming (SSE)
     POST /v1/completions
+    POST /v1/messages             Anthropic Messages (agentrl.gateway.anthropic_api)
+    POST /v1/messages/count_tokens
     GET  /v1/models
     GET  /health
 
-The session is the key in the path, else the ``Authorization: Bearer <key>`` header.
-Every error is OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``, with
-its HTTP status. :func:`run_gateway` opens the server once per run in the run's
+The session is the key in the path, else the ``Authorization: Bearer <key>`` header, else
+``x-api-key``. Every error is OpenAI-shaped, ``{"error": {"message", "type", "param",
+"code"}}``, with its HTTP status; on the Messages routes it is Anthropic-shaped. :func:`run_gateway` opens the server once per run in the run's
 :class:`~agentrl.resources.ResourceScope`, so every entry point closes it.
 """
 
@@ -17,29 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
-
-from pydantic import BaseModel, ValidationError
 
 from agentrl.extras import require
 
 try:
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
 except ModuleNotFoundError:
     require("fastapi", "gateway", "the gateway server")  # MissingExtra when fastapi is absent
     raise
-from agentrl.gateway.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    OpenAIError,
-    bad_request,
-    from_validation,
-)
+from agentrl.gateway import anthropic_api
+from agentrl.gateway.http import key_of, parse, sse
+from agentrl.gateway.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from agentrl.gateway.service import Gateway, GatewaySettings
 from agentrl.resources import ResourceScope
 from agentrl.samplers.base import Sampler
@@ -53,18 +48,24 @@ def create_app(gateway: Gateway) -> Any:
     """The FastAPI application serving `gateway`."""
     app = FastAPI(title="agentrl gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
+    def answer(request: Request, err: OpenAIError) -> JSONResponse:
+        if anthropic_api.is_anthropic(request.url.path):
+            body = anthropic_api.error_body(err.status, err.message)
+        else:
+            body = err.body()
+        return JSONResponse(body, status_code=err.status)
+
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
         gateway.stats.errors += 1
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return answer(request, exc)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code = "not_found" if exc.status_code == 404 else None
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message = f"{request.method} {request.url.path}: {exc.detail}"
-        err = OpenAIError(exc.status_code, message, type=kind, code=code)  # type: ignore[arg-type]
-        return JSONResponse(err.body(), status_code=exc.status_code)
+        return answer(request, OpenAIError(exc.status_code, message, type=kind, code=code))  # type: ignore[arg-type]
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
@@ -72,40 +73,14 @@ def create_app(gateway: Gateway) -> Any:
         err = OpenAIError(
             500, f"the gateway failed: {exc!r}", type="server_error", code="internal_error"
         )
-        return JSONResponse(err.body(), status_code=500)
-
-    async def parse(request: Request, model: type[BaseModel]) -> Any:
-        try:
-            payload = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise bad_request(f"the request body is not valid JSON: {e}") from None
-        if not isinstance(payload, dict):
-            raise bad_request("the request body must be a JSON object")
-        try:
-            return model.model_validate(payload)
-        except ValidationError as e:
-            raise from_validation(e) from None
-
-    def key_of(request: Request, path_key: str | None) -> str | None:
-        if path_key:
-            return path_key
-        auth = request.headers.get("authorization", "")
-        return auth[7:].strip() if auth.lower().startswith("bearer ") else None
-
-    def sse(events: Iterator[dict[str, Any]]) -> StreamingResponse:
-        async def body() -> AsyncIterator[bytes]:
-            for event in events:
-                yield b"data: " + json.dumps(event).encode() + b"\n\n"
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(body(), media_type="text/event-stream")
+        return answer(request, err)
 
     async def chat(request: Request, key: str | None = None) -> Any:
         req = await parse(request, ChatCompletionRequest)
         session = gateway.session_for(key_of(request, key))
         done = await gateway.chat(session, req)
         if req.stream:
-            return sse(gateway.chat_chunks(done, req))
+            return sse(gateway.chat_chunks(done, req), done=True)
         return JSONResponse(gateway.chat_body(done, req))
 
     async def completions(request: Request, key: str | None = None) -> Any:
@@ -113,7 +88,7 @@ def create_app(gateway: Gateway) -> Any:
         session = gateway.session_for(key_of(request, key))
         done = await gateway.complete(session, req)
         if req.stream:
-            return sse(gateway.completion_chunks(done, req))
+            return sse(gateway.completion_chunks(done, req), done=True)
         return JSONResponse(gateway.completion_body(done, req))
 
     async def models(request: Request, key: str | None = None) -> Any:
@@ -122,10 +97,12 @@ def create_app(gateway: Gateway) -> Any:
     async def health() -> Any:
         return {"status": "ok", "sessions": len(gateway.sessions), "calls": gateway.stats.calls}
 
-    for prefix in ("/v1", "/s/{key}/v1"):
+    prefixes = ("/v1", "/s/{key}/v1")
+    for prefix in prefixes:
         app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
+    anthropic_api.add_routes(app, gateway, prefixes)
     app.add_api_route("/health", health, methods=["GET"])
     return app
 

@@ -25,6 +25,7 @@ from typing import Any
 from agentrl.chat import ChatRenderer
 from agentrl.errors import AgentRLError, PromptError
 from agentrl.gateway.convert import Reply, reply_from_text, tool_schemas, tools_key
+from agentrl.gateway.forcing import forced_name, opening_text, with_forced
 from agentrl.gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -139,6 +140,11 @@ class Gateway:
         """The episode's own base URL (its key is in the path, so any api_key works)."""
         return f"{self.base_url}/s/{session.key}/v1"
 
+    def session_root(self, session: Session) -> str:
+        """The base URL for clients that add ``/v1`` themselves (Anthropic's:
+        ``ANTHROPIC_BASE_URL``)."""
+        return f"{self.base_url}/s/{session.key}"
+
     # --- request checks ----------------------------------------------------------------------
 
     def check_model(self, name: str) -> None:
@@ -200,10 +206,11 @@ class Gateway:
         session: Session,
         plan: Plan,
         stop_token_ids: tuple[int, ...],
+        forced: int = 0,
     ) -> SamplingParams:
         s = self.settings
         context = self.sampler.context_length
-        prompt_len = len(plan.prompt_ids)
+        prompt_len = len(plan.prompt_ids) + forced
         if context is not None and prompt_len >= context:
             raise bad_request(
                 f"This model's maximum context length is {context} tokens. However, your "
@@ -213,12 +220,19 @@ class Gateway:
                 code="context_length_exceeded",
             )
         limit = req.token_limit if isinstance(req, ChatCompletionRequest) else req.max_tokens
-        cap = limit or s.max_new_tokens
+        cap = (limit or s.max_new_tokens) - forced  # forced tokens are part of the reply
         if context is not None:
             cap = min(cap, context - prompt_len)
         budget = session.token_budget(plan)
         if budget is not None:
-            cap = min(cap, budget)
+            cap = min(cap, budget - forced)
+        if cap < 1:
+            raise bad_request(
+                f"no tokens left to sample after the {forced} tokens of the forced tool-call "
+                "opening: raise max_tokens or drop tool_choice",
+                param="max_tokens",
+                code="invalid_value",
+            )
         return SamplingParams(
             temperature=s.temperature if req.temperature is None else req.temperature,
             top_p=s.top_p if req.top_p is None else req.top_p,
@@ -238,34 +252,43 @@ class Gateway:
         except PromptError as e:
             raise bad_request(str(e), code="context_length_exceeded") from e
 
-    async def _generate(self, plan: Plan, params: SamplingParams) -> tuple[list[Generation], float]:
-        """(generations, seconds) for ``plan``; no other call builds on its base meanwhile."""
+    async def _generate(
+        self, plan: Plan, params: SamplingParams, forced: list[int] | None = None
+    ) -> tuple[list[Generation], float]:
+        """(generations, seconds) for ``plan``, continuing `forced` ids (then at the head of
+        each generation); no other call builds on its base meanwhile."""
         plan.base.busy = True
+        forced = forced or []
         try:
             t_gen = time.perf_counter()
-            gens = await self._sample(plan.prompt_ids, params)
+            gens = await self._sample(plan.prompt_ids + forced, params)
+            gens = [with_forced(g, forced, self.sampler.version) for g in gens]
             return gens, time.perf_counter() - t_gen
         finally:
             plan.base.busy = False
 
     # --- the two APIs ------------------------------------------------------------------------
 
-    async def chat(self, session: Session, req: ChatCompletionRequest) -> Completed:
-        """Serve one chat completion and record it in `session`."""
+    async def chat(
+        self, session: Session, req: ChatCompletionRequest, *, call_ids: str = "call_"
+    ) -> Completed:
+        """Serve one chat completion and record it in `session` (tool-call ids start with
+        `call_ids`: the Messages API names them ``toolu_``)."""
         t0 = time.perf_counter()
         self._check_common(req)
         req.check_supported()
         renderer, tkey, stop_ids = self._renderer(req.tools)
+        forced = self.forced_ids(req, renderer)
         session.count_call()
         session.note_model(req.model)
         plan = session.plan_chat(req.messages, renderer, tkey)
-        params = self._params(req, session, plan, stop_ids)
-        gens, gen_s = await self._generate(plan, params)
+        params = self._params(req, session, plan, stop_ids, len(forced))
+        gens, gen_s = await self._generate(plan, params, forced)
         parse = bool(req.tools) and req.tool_choice != "none"
         replies = []
         for gen in gens:
             reply = reply_from_text(
-                renderer.decode(gen.token_ids), parse, self.settings.tool_parser
+                renderer.decode(gen.token_ids), parse, self.settings.tool_parser, call_ids
             )
             if not reply.tool_calls and req.stop_strings and gen.finish_reason == "stop":
                 reply.content = _strip_stop(reply.text, req.stop_strings)
@@ -273,6 +296,21 @@ class Gateway:
         session.commit_chat(plan, gens, replies, gen_s)
         self._account(t0, gen_s)
         return Completed(plan.prompt_ids, gens, replies, int(time.time()), _new_id("chatcmpl"))
+
+    def forced_ids(self, req: ChatCompletionRequest, renderer: ChatRenderer) -> list[int]:
+        """The tool-call opening a forcing ``tool_choice`` puts before sampling (or none)."""
+        must, name = forced_name(req.tool_choice, [t.function.name for t in req.tools or []])
+        if not must:
+            return []
+        return renderer.encode(opening_text(self.settings.tool_parser, name))
+
+    def count_tokens(self, session: Session, req: ChatCompletionRequest) -> int:
+        """The prompt tokens `req` would be sampled after, without sampling or recording."""
+        req.check_supported()
+        renderer, tkey, _ = self._renderer(req.tools)
+        plan = session.plan_chat(req.messages, renderer, tkey)
+        self.forced_ids(req, renderer)  # a tool_choice that cannot be honoured: 400 here too
+        return len(plan.prompt_ids)
 
     async def complete(self, session: Session, req: CompletionRequest) -> Completed:
         """Serve one (text) completion and record it in `session`."""

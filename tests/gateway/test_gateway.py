@@ -325,7 +325,8 @@ async def test_bad_requests_get_openai_shaped_errors(gateway: Gateway) -> None:
         ({**ok, "temperature": 0.3}, 400, "temperature", "invalid_value"),
         ({**ok, "logit_bias": {"1": 5}}, 400, "logit_bias", "unsupported_parameter"),
         ({**ok, "frobnicate": True}, 400, "frobnicate", "unsupported_parameter"),
-        ({**ok, "tool_choice": "required"}, 400, "tool_choice", "unsupported_parameter"),
+        ({**ok, "tool_choice": "required"}, 400, "tool_choice", None),  # no tools to call
+        ({**ok, "tool_choice": "sometimes"}, 400, "tool_choice", "unsupported_parameter"),
         ({**ok, "messages": []}, 400, "messages", "invalid_value"),
     ]
     async with httpx.AsyncClient(base_url=url) as http:
