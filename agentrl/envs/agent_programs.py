@@ -3,7 +3,7 @@
 An entrypoint is ``async def run(client, task) -> float | dict`` called with an
 ``openai.AsyncOpenAI`` bound to the episode's base URL and key. A command is started in
 its own process group with a scrubbed environment (``PATH``, ``LANG``, a private ``HOME``
-and ``TMPDIR``, the ``OPENAI_*`` variables and the option's ``env``), gets the task as
+and ``TMPDIR``, the ``OPENAI_*`` and ``ANTHROPIC_*`` variables and the option's ``env``), gets the task as
 JSON on stdin and prints its result as JSON on the last line of stdout. Whatever happens
 (normal end, crash, timeout, cancellation) the whole process group is killed and the
 private folder removed before the episode ends.
@@ -145,6 +145,9 @@ async def run_command(
         "OPENAI_BASE_URL": base_url,
         "OPENAI_API_KEY": api_key,
         "OPENAI_MODEL": model,
+        # the same session for Anthropic clients (they append /v1/messages themselves)
+        "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),
+        "ANTHROPIC_API_KEY": api_key,
         **{k: _fill(v, workspace) for k, v in options.env.items()},
     }
     cap = options.max_output_bytes

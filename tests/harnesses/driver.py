@@ -56,13 +56,15 @@ class ToolCallPolicy(RecordingSampler):
     def context_length(self) -> int | None:
         return CONTEXT  # the harnesses' prompts (system prompt + tool schemas) are long
 
+    def reply(self, prompt: str) -> str:
+        if not self.is_main(prompt):
+            return self.other
+        return self.final if RAN in prompt else self.call
+
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         prompt = self.tokenizer.decode(list(prompt_ids))
         self.prompts.append(prompt)
-        if not self.is_main(prompt):
-            text = self.other
-        else:
-            text = self.final if RAN in prompt else self.call
+        text = self.reply(prompt)
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         gen = Generation(ids, [-0.5] * len(ids), [self.version] * len(ids), "stop", text=text)
         self.calls.append((list(prompt_ids), gen))

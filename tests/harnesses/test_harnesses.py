@@ -139,3 +139,53 @@ async def test_opencode_compaction_is_a_branch_of_the_session_tree(inner: Any, c
         # only the main line is trained; the tree still names every sample
         assert [t.metadata["gateway"]["sample"] for t in trajs] == [1, 3]
         assert trajs[0].traj_id == "e0" and trajs[1].traj_id == "e0.s3"
+
+
+@pytest.mark.skipif(not have(NODE_BIN / "claude"), reason="make setup-harnesses")
+async def test_claude_code(inner: Any) -> None:
+    call = tool_call("Bash", {"command": FIX, "description": "Fix the bug"})
+    policy = ToolCallPolicy(inner, call, "The bug is fixed.")
+    result, trajs, session = await run_episode(policy, example_options("claude_code"))
+    main = check_episode(policy, result, trajs)
+    # the Messages API tool loop never breaks its prefix
+    assert len(trajs) == 1 and session.breaks == []
+    assert [s.kind for s in main.segments] == ["prompt", "model", "observation", "model"]
+
+
+SUBAGENT = "SUBAGENT: fix the off-by-one in chunk() in /repo/listkit/ops.py"
+
+
+class SubagentPolicy(ToolCallPolicy):
+    """The main agent hands the fix to a sub-agent (Claude Code's Agent tool); the
+    sub-agent runs the command; both answer once its output is in their prompt."""
+
+    def __init__(self, inner: Any) -> None:
+        spawn = {"description": "Fix chunk", "prompt": SUBAGENT}
+        spawn |= {"subagent_type": "general-purpose", "run_in_background": False}
+        super().__init__(inner, tool_call("Agent", spawn), f"Done: {RAN}")
+        self.fix = tool_call("Bash", {"command": FIX, "description": "Fix the bug"})
+
+    def reply(self, prompt: str) -> str:
+        if RAN in prompt:
+            return self.final
+        if SUBAGENT in prompt:
+            return self.fix  # the sub-agent's conversation starts with the task we gave it
+        return self.call
+
+
+@pytest.mark.skipif(not have(NODE_BIN / "claude"), reason="make setup-harnesses")
+async def test_claude_code_subagent_is_a_separate_sample_under_its_caller(inner: Any) -> None:
+    policy = SubagentPolicy(inner)
+    result, trajs, _ = await run_episode(policy, example_options("claude_code"))
+    assert result["reward"] == 1.0, result
+    tree = trajs[0].metadata["gateway"]["tree"]
+    assert [r["relation"] for r in tree] == ["root", "separate"]
+    main, sub = tree
+    assert sub["parent"] == main["sample"]  # started while the main agent's call was pending
+    assert main["main"] and not sub["main"]
+    assert main["calls"] == 2 and sub["calls"] == 2
+    # the sub-agent's Bash output came back to it, its answer back to the main agent
+    for t in trajs:
+        assert t.metadata["exact_tokens"] is True
+        obs = [s for s in t.segments if s.kind == "observation"]
+        assert RAN in policy.tokenizer.decode([i for s in obs for i in s.token_ids])
