@@ -206,8 +206,12 @@ def show_trajectory(console: Console, group: TrajectoryGroup, traj: Trajectory) 
             turn = traj.turns[turn_index] if turn_index < len(traj.turns) else None
             versions = sorted(set(seg.versions or []))
             mean_lp = sum(seg.logprobs or [0.0]) / max(len(seg), 1)
+            forced = seg.forced or 0  # placed by tool_choice, not trained
+            trained = f"{len(seg) - forced} trained tokens" + (
+                f" after {forced} forced (tool_choice, masked)" if forced else ""
+            )
             title = (
-                f"turn {turn_index} · model · {len(seg)} trained tokens · versions {versions}"
+                f"turn {turn_index} · model · {trained} · versions {versions}"
                 f" · mean logprob {mean_lp:.3f}"
                 + (f" · {turn.finish_reason}" if turn else "")
                 + (

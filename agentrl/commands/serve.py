@@ -31,9 +31,11 @@ def serve(
         typer.Option("--checkpoint", help="serve these weights (a run or checkpoint folder)"),
     ] = None,
 ) -> None:
-    """Serve the config's model over the OpenAI API; each API key is one recorded session.
+    """Serve the config's model over the OpenAI and Anthropic APIs; each API key is one
+    recorded session.
 
-    Point any agent at it (OPENAI_BASE_URL=http://HOST:PORT/v1). On Ctrl-C every session's
+    Point any agent at it (OPENAI_BASE_URL=http://HOST:PORT/v1 for chat completions and
+    Responses, ANTHROPIC_BASE_URL=http://HOST:PORT for Messages). On Ctrl-C every session's
     calls are written to OUT/trajectories.jsonl (one group per key) for `agentrl inspect`.
     """
     import anyio
@@ -72,7 +74,9 @@ def serve(
             run.scope.push(server.close)
             console.print(
                 f"serving {', '.join(settings.model_names)} at [bold]{url}/v1[/bold] "
-                "(every API key is one session; Ctrl-C writes the trajectories and stops)"
+                "(chat completions, completions, responses; Anthropic messages with "
+                f"ANTHROPIC_BASE_URL={url}); every API key is one session; Ctrl-C writes "
+                "the trajectories and stops"
             )
             try:
                 await anyio.sleep_forever()

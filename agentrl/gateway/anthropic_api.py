@@ -16,7 +16,9 @@ renderer, prefix joining, limits and trajectories. The conversion:
 
 Refused with an Anthropic-shaped 400 (``{"type": "error", "error": {"type":
 "invalid_request_error", "message"}}``): images and documents, thinking blocks and
-``thinking`` enabled, server tools, ``disable_parallel_tool_use``, unknown fields.
+``thinking`` enabled, server tools, structured outputs, unknown fields.
+``disable_parallel_tool_use`` stops the reply after its first call (as chat's
+``parallel_tool_calls: false``).
 """
 
 from __future__ import annotations
@@ -197,10 +199,6 @@ def _assistant(i: int, content: str | list[Block]) -> ChatMessage:
 def _tool_choice(choice: ToolChoice | None, tools: list[Tool] | None) -> Any:
     if choice is None:
         return None
-    if choice.disable_parallel_tool_use:
-        raise unsupported(
-            "tool_choice.disable_parallel_tool_use", "would need constrained decoding; omit it"
-        )
     if choice.type == "tool":
         if not choice.name:
             raise unsupported("tool_choice.name", "tool_choice type 'tool' needs the tool's name")
@@ -247,11 +245,13 @@ def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
             "top_p": req.top_p,
             "top_k": req.top_k,
         }
+    one_call = req.tool_choice is not None and req.tool_choice.disable_parallel_tool_use
     return ChatCompletionRequest(
         model=req.model,
         messages=messages,
         tools=_tools(req.tools),
         tool_choice=_tool_choice(req.tool_choice, req.tools),
+        parallel_tool_calls=False if one_call else None,
         **sampling,
     )
 

@@ -28,6 +28,8 @@ from agentrl.samplers.base import Generation
 OPENINGS: dict[str, tuple[str, str]] = {
     "hermes": ("<tool_call>\n", '<tool_call>\n{{"name": {name}, "arguments": '),
 }
+# parser -> the text that ends one call: parallel_tool_calls=false stops sampling there
+CLOSINGS: dict[str, str] = {"hermes": "</tool_call>"}
 
 
 def forced_name(tool_choice: Any, tool_names: list[str]) -> tuple[bool, str | None]:
@@ -73,6 +75,20 @@ def opening_text(parser: str, name: str | None) -> str:
         )
     any_call, named = OPENINGS[parser]
     return any_call if name is None else named.format(name=json.dumps(name))
+
+
+def single_call_stop(parser: str) -> str:
+    """The stop string that ends a reply after its first call (parallel_tool_calls=false):
+    the turn is then closed by the template's suffix, a masked observation token."""
+    if parser not in CLOSINGS:
+        raise OpenAIError(
+            400,
+            f"parallel_tool_calls: false needs to know where a call ends; the gateway's tool "
+            f"parser {parser!r} does not say (it works with: {', '.join(CLOSINGS)})",
+            param="parallel_tool_calls",
+            code="unsupported_parameter",
+        )
+    return CLOSINGS[parser]
 
 
 def with_forced(gen: Generation, forced_ids: list[int], version: int) -> Generation:

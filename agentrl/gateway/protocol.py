@@ -203,10 +203,6 @@ class ChatCompletionRequest(_Wire):
             raise unsupported("logit_bias", "logit biases would change the behaviour log-probs")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise unsupported("response_format", "only {'type': 'text'} (no guided decoding)")
-        if self.parallel_tool_calls is False:
-            raise unsupported(
-                "parallel_tool_calls", "false would need constrained decoding; omit it"
-            )
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed with stream=true", "stream_options")
 

@@ -116,6 +116,8 @@ class Session:
         self.closed = False
         self.models: dict[str, int] = {}  # model names the agent asked for -> calls
         self.last_sample: Sample | None = None  # the sample of the latest call
+        # Responses API: response id -> its conversation, for previous_response_id
+        self.responses: dict[str, list[ChatMessage]] = {}
 
     # --- limits ------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ Routes (each also under ``/s/<key>/v1/...``, the per-episode base URL):
     POST /v1/completions
     POST /v1/messages             Anthropic Messages (agentrl.gateway.anthropic_api)
     POST /v1/messages/count_tokens
+    POST /v1/responses            OpenAI Responses (agentrl.gateway.responses_api)
     GET  /v1/models
     GET  /health
 
@@ -32,7 +33,7 @@ try:
 except ModuleNotFoundError:
     require("fastapi", "gateway", "the gateway server")  # MissingExtra when fastapi is absent
     raise
-from agentrl.gateway import anthropic_api
+from agentrl.gateway import anthropic_api, responses_api
 from agentrl.gateway.http import key_of, parse, sse
 from agentrl.gateway.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from agentrl.gateway.service import Gateway, GatewaySettings
@@ -103,6 +104,7 @@ def create_app(gateway: Gateway) -> Any:
         app.add_api_route(f"{prefix}/completions", completions, methods=["POST"])
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
     anthropic_api.add_routes(app, gateway, prefixes)
+    responses_api.add_routes(app, gateway, prefixes)
     app.add_api_route("/health", health, methods=["GET"])
     return app
 

@@ -25,7 +25,7 @@ from typing import Any
 from agentrl.chat import ChatRenderer
 from agentrl.errors import AgentRLError, PromptError
 from agentrl.gateway.convert import Reply, reply_from_text, tool_schemas, tools_key
-from agentrl.gateway.forcing import forced_name, opening_text, with_forced
+from agentrl.gateway.forcing import forced_name, opening_text, single_call_stop, with_forced
 from agentrl.gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -233,13 +233,17 @@ class Gateway:
                 param="max_tokens",
                 code="invalid_value",
             )
+        stop = req.stop_strings
+        one_call = isinstance(req, ChatCompletionRequest) and req.parallel_tool_calls is False
+        if one_call and req.tools and req.tool_choice != "none":  # type: ignore[union-attr]
+            stop = (*stop, single_call_stop(s.tool_parser))
         return SamplingParams(
             temperature=s.temperature if req.temperature is None else req.temperature,
             top_p=s.top_p if req.top_p is None else req.top_p,
             top_k=s.top_k if req.top_k is None else req.top_k,
             max_new_tokens=cap,
             stop_token_ids=stop_token_ids,
-            stop=req.stop_strings,
+            stop=stop,
             seed=session.next_seed(req.seed),
             n=req.n,
         )
