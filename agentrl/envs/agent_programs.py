@@ -58,9 +58,13 @@ async def run_entrypoint(fn: Any, client: Any, task: dict[str, Any]) -> Any:
 
 
 def _argv(
-    options: Any, home: str, env: dict[str, str], workspace: Workspace | None = None
+    options: Any,
+    home: str,
+    env: dict[str, str],
+    values: dict[str, str],
+    workspace: Workspace | None = None,
 ) -> list[str]:
-    argv = [_fill(a, workspace) for a in options.command]
+    argv = [_fill(a, values) for a in options.command]
     if options.sandbox == "bwrap" and "/" in argv[0] and not os.path.isabs(argv[0]):
         # a relative program path is the host's (from cwd); the sandbox may chdir elsewhere
         argv[0] = os.path.abspath(os.path.join(options.cwd or os.getcwd(), argv[0]))
@@ -115,13 +119,14 @@ def _host_view(workspace: Workspace | None) -> list[str]:
     return args
 
 
-def _fill(arg: str, workspace: Workspace | None) -> str:
-    """An argv entry with its placeholders: {python}, and {prompt} / {workspace} of a
-    workspace episode."""
+def _fill(arg: str, values: dict[str, str]) -> str:
+    """An argv entry or env value with its placeholders filled: ``{python}`` (alone),
+    ``{base_url}``, ``{api_key}``, ``{model}`` (the episode's session), and with a
+    workspace ``{prompt}`` and ``{workspace}``; other braces are left as written."""
     if arg == "{python}":
         return sys.executable
-    if workspace is not None:
-        return arg.replace("{prompt}", workspace.prompt).replace("{workspace}", workspace.path)
+    for key, value in values.items():
+        arg = arg.replace("{" + key + "}", value)
     return arg
 
 
@@ -137,6 +142,9 @@ async def run_command(
     `workspace` (graded by its diff, not by what the program prints) its stdout's tail.
     A workspace episode's program gets no task on stdin: the task holds the hidden tests."""
     home = tempfile.mkdtemp(prefix="agentrl-agent-")
+    values = {"base_url": base_url, "api_key": api_key, "model": model}
+    if workspace is not None:
+        values |= {"prompt": workspace.prompt, "workspace": workspace.path}
     env = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "LANG": "C.UTF-8",
@@ -148,11 +156,11 @@ async def run_command(
         # the same session for Anthropic clients (they append /v1/messages themselves)
         "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),
         "ANTHROPIC_API_KEY": api_key,
-        **{k: _fill(v, workspace) for k, v in options.env.items()},
+        **{k: _fill(v, values) for k, v in options.env.items()},
     }
     cap = options.max_output_bytes
     try:
-        argv = _argv(options, home, env, workspace)
+        argv = _argv(options, home, env, values, workspace)
         try:
             proc = await anyio.open_process(
                 argv,

@@ -189,3 +189,15 @@ async def test_claude_code_subagent_is_a_separate_sample_under_its_caller(inner:
         assert t.metadata["exact_tokens"] is True
         obs = [s for s in t.segments if s.kind == "observation"]
         assert RAN in policy.tokenizer.decode([i for s in obs for i in s.token_ids])
+
+
+@pytest.mark.skipif(not have(NODE_BIN / "codex"), reason="make setup-harnesses")
+async def test_codex(inner: Any) -> None:
+    call = tool_call("exec_command", {"cmd": FIX})
+    policy = ToolCallPolicy(inner, call, "The bug is fixed.")
+    result, trajs, session = await run_episode(policy, example_options("codex"))
+    main = check_episode(policy, result, trajs)
+    # the Responses API tool loop (function_call / function_call_output) never breaks
+    assert len(trajs) == 1 and session.breaks == []
+    assert [s.kind for s in main.segments] == ["prompt", "model", "observation", "model"]
+    assert main.metadata["gateway"]["models"] == {"agentrl": 2}
