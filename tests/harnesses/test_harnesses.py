@@ -31,22 +31,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def inner(tiny: tuple[Any, Any]) -> Any:
     from agentrl.samplers import create_sampler
 
     return create_sampler("hf", model=tiny, max_batch_size=4, seed=0)
-
-
-@pytest.fixture(scope="session")
-def tiny() -> tuple[Any, Any]:
-    from agentrl.models import load_model
-
-    return load_model("tiny-llama", dtype="float32")
 
 
 def check_episode(policy: ToolCallPolicy, result: Any, trajs: list[Any]) -> Any:
