@@ -4,14 +4,17 @@ and gateway.subagent_credit, driven by the `openai` client as a harness drives i
 from __future__ import annotations
 
 import json
+from io import StringIO
 from typing import Any
 
 import openai
 import pytest
+from rich.console import Console
 
+from agentrl.commands.rollout import show_trajectory
 from agentrl.gateway.tree import format_tree
 from agentrl.samplers import create_sampler
-from agentrl.types import Trajectory
+from agentrl.types import Trajectory, TrajectoryGroup
 from tests.gateway.conftest import ScriptedSampler, start_gateway
 
 pytestmark = pytest.mark.anyio
@@ -100,6 +103,9 @@ async def test_samples_link_to_what_they_continue_or_were_started_from(tiny: Any
         assert g["credit"] == "all"
     lines = format_tree(tree)
     assert lines[1].startswith("sample 2: root") and lines[1].endswith("[main]")
+    out = StringIO()  # agentrl inspect's trajectory header shows the tree
+    show_trajectory(Console(file=out, width=160), TrajectoryGroup("t", trajs), trajs[4])
+    assert "session tree" in out.getvalue() and "sample 5: continues" in out.getvalue()
     assert lines[2].startswith("  sample 3: separate")
     assert lines[4].startswith("  sample 5: continues (1 messages")
 
