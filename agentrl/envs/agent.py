@@ -41,14 +41,20 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.envs.agent_programs import Workspace, load_entrypoint, run_command, run_entrypoint
+from agentrl.envs.agent_programs import (
+    ProgramFailed,
+    Workspace,
+    load_entrypoint,
+    run_command,
+    run_entrypoint,
+)
 from agentrl.envs.base import EnvBase, EnvOptions
 from agentrl.envs.coding.repo_diff import make_diff, read_tree
 from agentrl.envs.coding.workspace import prepared_for, workspace_root
 from agentrl.envs.program import AgentProgram, ModelEndpoint
 from agentrl.envs.registry import make_env
 from agentrl.envs.repo import RepoEnv
-from agentrl.errors import ConfigError, EnvError, PluginError
+from agentrl.errors import ConfigError, EnvError, InfraError, PluginError
 from agentrl.registry import load_object
 
 
@@ -189,22 +195,29 @@ class AgentEnv(AgentProgram):
         # the program runs as us (bubblewrap keeps our uid): the fork is handed to it
         base = prepared_for(self._prepared, task, root, sandbox_uid=os.geteuid())
         fork = base.fork(self._task_env.config.fork)
+        failed: InfraError | None = None
         try:
             prompt = self._task_env.user_message(task)
-            output = await run_command(
-                self.config,
-                task,
-                endpoint.base_url,
-                endpoint.api_key,
-                endpoint.model,
-                workspace=Workspace(host_path=fork.path, path="/repo", prompt=prompt),
-            )
+            try:
+                output = await run_command(
+                    self.config,
+                    task,
+                    endpoint.base_url,
+                    endpoint.api_key,
+                    endpoint.model,
+                    workspace=Workspace(host_path=fork.path, path="/repo", prompt=prompt),
+                )
+            except InfraError as e:  # graded all the same: the run layer decides (below)
+                output, failed = "", e
             current, _ = read_tree(fork.path)
         finally:
             fork.remove()
         diff = make_diff(task["files"], current)
         reward, info = await self._task_env.grade(task, diff)
-        return {"reward": reward, **info, "diff": diff, "agent_output": output}
+        result = {"reward": reward, **info, "diff": diff, "agent_output": output}
+        if failed is not None:
+            raise ProgramFailed(str(failed), result) from failed
+        return result
 
     def score(self, result: Any, task: dict[str, Any], last_reply: str) -> tuple[float, dict]:
         """(reward, info) of an episode whose program returned `result`."""

@@ -35,6 +35,17 @@ KILL_WAIT_S = 5.0
 STDERR_TAIL = 2000
 
 
+class ProgramFailed(InfraError):
+    """A program that exited with an error after it ran, with what its episode can still be
+    scored on (`result`: a workspace's graded diff). The run layer scores it when the
+    program made model calls (the model's behaviour may be why it stopped: a harness
+    that quits on a reply cut at max_tokens), else it is an infrastructure failure."""
+
+    def __init__(self, message: str, result: Any) -> None:
+        super().__init__(message)
+        self.result = result
+
+
 def load_entrypoint(target: str) -> Any:
     """The ``async def run(client, task)`` that `target` names (ConfigError otherwise)."""
     try:

@@ -24,6 +24,9 @@ TOOLS = [
 
 def main() -> None:
     leaked = sys.stdin.read()  # a workspace episode gets no task here (it holds hidden tests)
+    crash = sys.argv[2] if len(sys.argv) > 2 else ""  # "before" / "after" its first call
+    if crash == "before":
+        sys.exit("could not start")
     client = OpenAI(max_retries=0)
     system = f"cwd={os.getcwd()} stdin={len(leaked)}"
     messages = [{"role": "system", "content": system}, {"role": "user", "content": sys.argv[1]}]
@@ -31,6 +34,8 @@ def main() -> None:
         r = client.chat.completions.create(model="agentrl", messages=messages, tools=TOOLS)
         message = r.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
+        if crash == "after":
+            sys.exit("quit on the model's reply")
         if not message.tool_calls:
             break
         for call in message.tool_calls:

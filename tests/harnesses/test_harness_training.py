@@ -14,7 +14,7 @@ from agentrl.run.orchestrator import Orchestrator
 from agentrl.run.plotting import read_steps
 from tests.harnesses.driver import HARNESS_VENV, NODE_BIN, REPO, have
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 HARNESSES = {
     "mini_swe_agent": HARNESS_VENV / "bin" / "mini",

@@ -59,6 +59,42 @@ async def test_each_episode_has_its_own_fork_and_leaves_the_task_intact(tiny: An
     assert f"1\n{RAN}" in policy.tokenizer.decode(obs)
 
 
+@needs_bwrap
+@pytest.mark.parametrize("crash", ["before", "after"])
+def test_a_harness_that_fails_after_it_ran_is_graded_not_masked(crash: str) -> None:
+    """A harness that quits on the model's reply (Codex on a reply cut at max_tokens) is the
+    policy's failure: graded, with agent_error. One that never made a call is infra."""
+    import anyio
+
+    from agentrl.config import config_from_dict
+    from agentrl.run.runtime import assemble
+
+    options = {**PLAIN, "command": [*PLAIN["command"], crash]}
+    options.pop("cwd")
+    cfg = config_from_dict(
+        {
+            "model": {"name": "tiny-llama", "dtype": "float32"},
+            "sampler": {"max_new_tokens": 4},
+            "env": {"name": "agent", "options": {**options, "cwd": str(REPO)}},
+            "rollout": {"group_size": 1, "infra_retries": 0},
+            "logging": {"progress": False},
+        }
+    )
+
+    async def main() -> list[Any]:
+        run = await anyio.to_thread.run_sync(lambda: assemble(cfg, "rollout"))
+        async with run:
+            return await run.engine.collect(1)
+
+    (traj,) = [t for g in anyio.run(main) for t in g.trajectories]
+    if crash == "before":
+        assert traj.status == "infra_error" and "could not start" in traj.error
+    else:
+        assert traj.status == "ok" and traj.reward == 0.0
+        assert "quit on the model's reply" in traj.reward_info["agent_error"]
+        assert traj.reward_info["changed"] == [] and len(traj.reward_info["tests"]) == 4
+
+
 def test_repo_tasks_need_a_command_in_bubblewrap() -> None:
     from agentrl.envs import make_env
 
