@@ -39,6 +39,7 @@ def test_two_training_steps_of_smollm2_through_a_harness(
             "sampler.max_new_tokens=48",
             "rollout.group_size=2",
             "rollout.infra_retries=0",
+            "rollout.episode_timeout_s=1800",  # prompts of 6-8k tokens sampled on a CPU
             "algorithm.dynamic_sampling=false",  # SmolLM2 as it is fixes nothing: all 0
             "learner.batch_groups=1",
             "learner.micro_batch_size=1",
