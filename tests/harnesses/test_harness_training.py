@@ -3,6 +3,7 @@ machinery, with its examples/harnesses config (CPU heavy: minutes per harness)."
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,20 @@ HARNESSES = {
 }
 
 
+def _memory_gb() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
 @pytest.mark.parametrize("name", sorted(HARNESSES))
 def test_two_training_steps_of_smollm2_through_a_harness(
     name: str, tmp_path: Path, monkeypatch: Any
 ) -> None:
     if not have(HARNESSES[name]):
         pytest.skip("make setup-harnesses")
+    if name == "opencode" and _memory_gb() < 32:
+        # its 8.2k-token samples: the learner's eager log-probs reached 16 GB RSS in step 2
+        # and the kernel's OOM killer ended the run on a 23 GB machine
+        pytest.skip("OpenCode's 8k-token samples need more than 32 GB of memory to train")
     from agentrl.config import load_config
 
     monkeypatch.chdir(REPO)  # the configs name the harnesses relative to the repo
