@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.agentrl-installed
 
-.PHONY: setup test test-all test-integration test-slow test-vllm wheel-check gpu-check gpu-bundle gpu-rehearsal demo demo-search demo-code lint format bench clean
+.PHONY: setup setup-harnesses test test-all test-integration test-slow test-vllm wheel-check gpu-check gpu-bundle gpu-rehearsal demo demo-search demo-code lint format bench clean
 
 setup: $(STAMP)
 
@@ -16,8 +16,14 @@ test: setup
 
 # the marked tiers make test leaves out (pyproject's addopts): the real SmolLM2-135M model
 # (its conversion, sampling, the CLI's default path), and tiny-model runs of a minute or more
-test-integration: setup
+test-integration: setup setup-harnesses
 	$(PY) -m pytest -q -m integration
+
+# the coding-agent harnesses env.name: agent runs unchanged (docs/gateway.md, "Harnesses"):
+# mini-swe-agent in .venv-harness, the pinned npm CLIs (OpenCode, Claude Code, Codex) in
+# .harnesses/node_modules (needs npm: apt-get install nodejs npm)
+setup-harnesses:
+	bash scripts/setup_harnesses.sh
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
@@ -73,4 +79,4 @@ bench: setup
 	$(PY) benchmarks/algos.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-harness .harnesses build dist *.egg-info .pytest_cache .ruff_cache

@@ -791,6 +791,12 @@ class GatewayConfig(_Section):
     )
     host: str = Field("127.0.0.1", description="interface the gateway listens on")
     port: int = Field(0, ge=0, le=65535, description="port the gateway listens on (0: a free one)")
+    subagent_credit: Literal["all", "main"] = Field(
+        "all",
+        description="which samples of an agent episode get its reward: all (sub-agents and "
+        "compacted contexts too) or main (only the conversation that ended the episode; "
+        "the rest are not trained)",
+    )
 
 
 # env.options keys of the agent-program environments that moved to the gateway: section

@@ -177,6 +177,11 @@ def show_trajectory(console: Console, group: TrajectoryGroup, traj: Trajectory) 
             str(gateway["prefix_breaks"]),
         )
         header.add_row("started by", gateway["started_by"], "calls", str(gateway["calls"]))
+        if len(gateway.get("tree", [])) > 1:  # how the episode's samples relate
+            from agentrl.gateway.tree import format_tree
+
+            lines = format_tree(gateway["tree"], gateway.get("credit", "all"))
+            header.add_row("session tree", "\n".join(lines), "", "")
     if traj.error:
         header.add_row("error", Text(traj.error, style="red"), "", "")
     console.print(header)

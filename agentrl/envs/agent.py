@@ -7,6 +7,15 @@
         # or: command: ["node", "agent.js"]            # any language; see below
         task_env: {name: code_math, options: {generators: [basic_arithmetic]}}
         # or: tasks: data/tasks.jsonl                  # {question, answer} rows, or a list
+        # or: task_env: {name: repo}, sandbox: bwrap   # a coding harness on a repository
+
+With ``task_env: {name: repo}`` each episode gets its own fork of the task's repository,
+bound at ``/repo`` in the bubblewrap sandbox (the program's working directory); the
+command's ``{prompt}`` is the task's issue text and ``{workspace}`` the folder. The
+reward is the repo environment's: the workspace's diff graded by hidden tests. The program
+gets no task on stdin (it holds the hidden tests) and what it prints is kept, not parsed.
+Coding harnesses (mini-swe-agent, OpenCode, Claude Code, Codex) run this way unchanged
+(docs/gateway.md, "Harnesses").
 
 The run's gateway (:mod:`agentrl.gateway`) serves each episode on its own base URL and
 key and records every call token for token. An ``entrypoint`` gets an
@@ -26,16 +35,26 @@ session and calls :meth:`AgentEnv.program` with it (:mod:`agentrl.gateway.workfl
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.envs.agent_programs import load_entrypoint, run_command, run_entrypoint
+from agentrl.envs.agent_programs import (
+    ProgramFailed,
+    Workspace,
+    load_entrypoint,
+    run_command,
+    run_entrypoint,
+)
 from agentrl.envs.base import EnvBase, EnvOptions
+from agentrl.envs.coding.repo_diff import make_diff, read_tree
+from agentrl.envs.coding.workspace import prepared_for, workspace_root
 from agentrl.envs.program import AgentProgram, ModelEndpoint
 from agentrl.envs.registry import make_env
-from agentrl.errors import ConfigError, EnvError, PluginError
+from agentrl.envs.repo import RepoEnv
+from agentrl.errors import ConfigError, EnvError, InfraError, PluginError
 from agentrl.registry import load_object
 
 
@@ -93,11 +112,33 @@ class AgentEnv(AgentProgram):
         self._task_env: EnvBase | None = None
         if self.config.task_env is not None:
             self._task_env = make_env(self.config.task_env.name, **self.config.task_env.options)
-        self.verifier = self._make_verifier()
+        self._repo = isinstance(self._task_env, RepoEnv)
+        self._prepared: dict[str, Any] = {}  # task -> its repository written once
+        if self._repo:
+            self._check_workspace_options()
+        # a repository episode is graded by its diff (program()), never by a verifier
+        self.verifier = None if self._repo else self._make_verifier()
         # a bad entrypoint fails when the environment is built, before any episode
         self._entrypoint = (
             load_entrypoint(self.config.entrypoint) if self.config.entrypoint is not None else None
         )
+
+    def _check_workspace_options(self) -> None:
+        if self.config.command is None:
+            raise ConfigError(
+                "env.options.task_env=repo runs a command in the episode's repository: give "
+                "env.options.command (an entrypoint has no workspace)"
+            )
+        if self.config.sandbox != "bwrap":
+            raise ConfigError(
+                "env.options.task_env=repo binds each episode's repository at /repo (where "
+                "the task's prompt says it is): set env.options.sandbox: bwrap"
+            )
+        if self.config.verifier is not None:
+            raise ConfigError(
+                "env.options.verifier: a repo task is graded by its diff and hidden tests; "
+                "leave verifier unset"
+            )
 
     def _make_verifier(self) -> Any:
         name = self.config.verifier
@@ -141,9 +182,42 @@ class AgentEnv(AgentProgram):
         environment; the program's result."""
         if self._entrypoint is not None:
             return await run_entrypoint(self._entrypoint, endpoint.client(), task)
+        if self._repo:
+            return await self._repo_episode(endpoint, task)
         return await run_command(
             self.config, task, endpoint.base_url, endpoint.api_key, endpoint.model
         )
+
+    async def _repo_episode(self, endpoint: ModelEndpoint, task: dict[str, Any]) -> Any:
+        """The command in a fork of the task's repository; its diff graded by hidden tests."""
+        assert isinstance(self._task_env, RepoEnv)
+        root = workspace_root(self._task_env.config.workspace_dir)
+        # the program runs as us (bubblewrap keeps our uid): the fork is handed to it
+        base = prepared_for(self._prepared, task, root, sandbox_uid=os.geteuid())
+        fork = base.fork(self._task_env.config.fork)
+        failed: InfraError | None = None
+        try:
+            prompt = self._task_env.user_message(task)
+            try:
+                output = await run_command(
+                    self.config,
+                    task,
+                    endpoint.base_url,
+                    endpoint.api_key,
+                    endpoint.model,
+                    workspace=Workspace(host_path=fork.path, path="/repo", prompt=prompt),
+                )
+            except InfraError as e:  # graded all the same: the run layer decides (below)
+                output, failed = "", e
+            current, _ = read_tree(fork.path)
+        finally:
+            fork.remove()
+        diff = make_diff(task["files"], current)
+        reward, info = await self._task_env.grade(task, diff)
+        result = {"reward": reward, **info, "diff": diff, "agent_output": output}
+        if failed is not None:
+            raise ProgramFailed(str(failed), result) from failed
+        return result
 
     def score(self, result: Any, task: dict[str, Any], last_reply: str) -> tuple[float, dict]:
         """(reward, info) of an episode whose program returned `result`."""

@@ -3,7 +3,7 @@
 An entrypoint is ``async def run(client, task) -> float | dict`` called with an
 ``openai.AsyncOpenAI`` bound to the episode's base URL and key. A command is started in
 its own process group with a scrubbed environment (``PATH``, ``LANG``, a private ``HOME``
-and ``TMPDIR``, the ``OPENAI_*`` variables and the option's ``env``), gets the task as
+and ``TMPDIR``, the ``OPENAI_*`` and ``ANTHROPIC_*`` variables and the option's ``env``), gets the task as
 JSON on stdin and prints its result as JSON on the last line of stdout. Whatever happens
 (normal end, crash, timeout, cancellation) the whole process group is killed and the
 private folder removed before the episode ends.
@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -32,6 +33,17 @@ from agentrl.registry import load_object
 
 KILL_WAIT_S = 5.0
 STDERR_TAIL = 2000
+
+
+class ProgramFailed(InfraError):
+    """A program that exited with an error after it ran, with what its episode can still be
+    scored on (`result`: a workspace's graded diff). The run layer scores it when the
+    program made model calls (the model's behaviour may be why it stopped: a harness
+    that quits on a reply cut at max_tokens), else it is an infrastructure failure."""
+
+    def __init__(self, message: str, result: Any) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 def load_entrypoint(target: str) -> Any:
@@ -56,8 +68,17 @@ async def run_entrypoint(fn: Any, client: Any, task: dict[str, Any]) -> Any:
         raise InfraError(f"agent {getattr(fn, '__name__', fn)!r} raised {e!r}") from e
 
 
-def _argv(options: Any, home: str, env: dict[str, str]) -> list[str]:
-    argv = [sys.executable if a == "{python}" else a for a in options.command]
+def _argv(
+    options: Any,
+    home: str,
+    env: dict[str, str],
+    values: dict[str, str],
+    workspace: Workspace | None = None,
+) -> list[str]:
+    argv = [_fill(a, values) for a in options.command]
+    if options.sandbox == "bwrap" and "/" in argv[0] and not os.path.isabs(argv[0]):
+        # a relative program path is the host's (from cwd); the sandbox may chdir elsewhere
+        argv[0] = os.path.abspath(os.path.join(options.cwd or os.getcwd(), argv[0]))
     if options.memory_mb is not None and shutil.which("prlimit"):
         argv = ["prlimit", f"--as={options.memory_mb * 1024 * 1024}", "--", *argv]
     if options.sandbox == "bwrap":
@@ -68,20 +89,73 @@ def _argv(options: Any, home: str, env: dict[str, str]) -> list[str]:
                 "use sandbox: process"
             )
         box = [bwrap, "--unshare-all", "--share-net", "--die-with-parent", "--new-session"]
-        box += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        box += [*_host_view(workspace), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         box += ["--bind", home, home, "--clearenv"]
         for k, v in env.items():
             box += ["--setenv", k, v]
-        box += ["--chdir", options.cwd or os.getcwd(), "--"]
+        cwd = options.cwd or os.getcwd()
+        if workspace is not None:  # the episode's fork, where the task's prompt says it is
+            box += ["--bind", workspace.host_path, workspace.path]
+            cwd = workspace.path
+        box += ["--chdir", cwd, "--"]
         argv = box + argv
     return argv
 
 
+@dataclass(frozen=True)
+class Workspace:
+    """An episode's repository: `host_path` on the host, bound at `path` in the sandbox;
+    `prompt` is the task as the program reads it (``{prompt}`` in its argv)."""
+
+    host_path: str
+    path: str
+    prompt: str
+
+
+def _host_view(workspace: Workspace | None) -> list[str]:
+    """The host read-only: the whole of / at once, or with a workspace to mount (at a path
+    / may lack, e.g. /repo) each top-level entry on bubblewrap's own root."""
+    if workspace is None:
+        return ["--ro-bind", "/", "/"]
+    top = workspace.path.strip("/").split("/")[0]
+    args: list[str] = []
+    for name in sorted(os.listdir("/")):
+        path = "/" + name
+        if name in ("proc", "dev", "tmp", top):
+            continue
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _fill(arg: str, values: dict[str, str]) -> str:
+    """An argv entry or env value with its placeholders filled: ``{python}`` (alone),
+    ``{base_url}``, ``{api_key}``, ``{model}`` (the episode's session), and with a
+    workspace ``{prompt}`` and ``{workspace}``; other braces are left as written."""
+    if arg == "{python}":
+        return sys.executable
+    for key, value in values.items():
+        arg = arg.replace("{" + key + "}", value)
+    return arg
+
+
 async def run_command(
-    options: Any, task: dict[str, Any], base_url: str, api_key: str, model: str
+    options: Any,
+    task: dict[str, Any],
+    base_url: str,
+    api_key: str,
+    model: str,
+    workspace: Workspace | None = None,
 ) -> Any:
-    """Run ``options.command`` for one episode; returns its parsed JSON result."""
+    """Run ``options.command`` for one episode; returns its parsed JSON result, or with a
+    `workspace` (graded by its diff, not by what the program prints) its stdout's tail.
+    A workspace episode's program gets no task on stdin: the task holds the hidden tests."""
     home = tempfile.mkdtemp(prefix="agentrl-agent-")
+    values = {"base_url": base_url, "api_key": api_key, "model": model}
+    if workspace is not None:
+        values |= {"prompt": workspace.prompt, "workspace": workspace.path}
     env = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "LANG": "C.UTF-8",
@@ -90,11 +164,14 @@ async def run_command(
         "OPENAI_BASE_URL": base_url,
         "OPENAI_API_KEY": api_key,
         "OPENAI_MODEL": model,
-        **options.env,
+        # the same session for Anthropic clients (they append /v1/messages themselves)
+        "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),
+        "ANTHROPIC_API_KEY": api_key,
+        **{k: _fill(v, values) for k, v in options.env.items()},
     }
     cap = options.max_output_bytes
     try:
-        argv = _argv(options, home, env)
+        argv = _argv(options, home, env, values, workspace)
         try:
             proc = await anyio.open_process(
                 argv,
@@ -114,7 +191,8 @@ async def run_command(
                 tg.start_soon(_drain, proc.stderr, err, cap)
                 assert proc.stdin is not None
                 try:
-                    await proc.stdin.send(json.dumps(task).encode() + b"\n")
+                    if workspace is None:
+                        await proc.stdin.send(json.dumps(task).encode() + b"\n")
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     pass  # the program does not read its task: its choice
                 await proc.stdin.aclose()
@@ -124,11 +202,15 @@ async def run_command(
     finally:
         shutil.rmtree(home, ignore_errors=True)
     stderr = err.decode(errors="replace")[-STDERR_TAIL:]
+    if not stderr.strip():  # many CLIs print their errors on stdout
+        stderr = out.decode(errors="replace")[-STDERR_TAIL:]
     if proc.returncode != 0:
         raise InfraError(
             f"agent command {options.command[0]!r} exited with status {proc.returncode}"
             + (f": {stderr.strip()}" if stderr.strip() else "")
         )
+    if workspace is not None:
+        return out.decode(errors="replace")[-STDERR_TAIL:]
     return parse_result(out.decode(errors="replace"), options.command[0])
 
 

@@ -28,6 +28,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.errors import TemplateMismatchError
 from agentrl.gateway.convert import Message, MessageKey, Reply, message_key, render_message
 from agentrl.gateway.protocol import ChatMessage, OpenAIError, bad_request
+from agentrl.gateway.tree import Link, SubagentCredit, link, main_line, tree_rows
 from agentrl.samplers.base import Generation
 from agentrl.types import Segment, ToolCallRecord, Trajectory, Turn
 
@@ -50,6 +51,8 @@ class Sample:
     calls: dict[str, ToolCallRecord] = field(default_factory=dict)  # tool_call_id -> record
     last_model_ids: list[int] | None = None
     busy: bool = False  # a call on it is being sampled
+    link: Link = field(default_factory=Link)  # where it came from (agentrl.gateway.tree)
+    last_call: int = 0  # the session's call count at its latest call
 
     @property
     def input_ids(self) -> list[int]:
@@ -112,6 +115,7 @@ class Session:
         self.last_reply: str = ""
         self.closed = False
         self.models: dict[str, int] = {}  # model names the agent asked for -> calls
+        self.last_sample: Sample | None = None  # the sample of the latest call
         # Responses API: response id -> its conversation, for previous_response_id
         self.responses: dict[str, list[ChatMessage]] = {}
 
@@ -304,14 +308,17 @@ class Session:
         for i, (gen, text) in enumerate(zip(gens, texts, strict=True)):
             sample = base if i == 0 else start.fork(f"choice {i + 1} of {len(gens)}")  # type: ignore[union-attr]
             if i > 0:
-                self._add(sample)
+                self._add(sample, forked_from=base)
             self._append_model(sample, gen, text, latency_s)
+            sample.last_call = self.calls
             samples.append(sample)
+        self.last_sample = samples[0]
         return samples
 
-    def _add(self, sample: Sample) -> None:
+    def _add(self, sample: Sample, forked_from: Sample | None = None) -> None:
         if sample.reason.startswith("prefix break"):
             self.breaks.append(sample.reason)
+        sample.link = link(self.samples, sample, forked_from)
         self.samples.append(sample)
 
     @staticmethod
@@ -329,13 +336,25 @@ class Session:
         sample.turns.append(gen.turn(len(sample.turns), text, latency_s))
         sample.last_model_ids = list(gen.token_ids)
 
-    def trajectories(self, template: Trajectory) -> list[Trajectory]:
-        """The recorded samples as trajectories (ids from `template`), prefixes proven.
+    def trajectories(
+        self, template: Trajectory, credit: SubagentCredit = "all"
+    ) -> list[Trajectory]:
+        """The recorded samples as trajectories (ids from `template`), prefixes proven;
+        `credit` ``main``: only the main line's (:mod:`agentrl.gateway.tree`).
 
         Raises :class:`TemplateMismatchError` when a chat sample fails the prefix check."""
         out: list[Trajectory] = []
-        samples = [s for s in self.samples if any(seg.kind == "model" for seg in s.segments)]
+        keep = [
+            i for i, s in enumerate(self.samples) if any(seg.kind == "model" for seg in s.segments)
+        ]
+        last = self.samples.index(self.last_sample) if self.last_sample in self.samples else None
+        line = main_line([s.link for s in self.samples], last)
+        tree = tree_rows(self.samples, keep, line)
+        samples = [self.samples[i] for i in keep]
         for k, sample in enumerate(samples):
+            row = tree[k]
+            if credit == "main" and not row["main"]:
+                continue  # off the main line: not trained, kept in the tree
             meta: dict[str, Any] = {
                 "gateway": {
                     "sample": k,
@@ -345,6 +364,11 @@ class Session:
                     "started_by": sample.reason,
                     "api": sample.kind,
                     "models": dict(self.models),  # the names the agent asked for
+                    "parent": row["parent"],
+                    "relation": row["relation"],
+                    "main": row["main"],
+                    "credit": credit,
+                    "tree": tree,
                 }
             }
             if sample.kind == "chat" and sample.renderer is not None:
@@ -359,7 +383,7 @@ class Session:
                 turns=sample.turns,
                 task_id=template.task_id,
                 group_id=template.group_id,
-                traj_id=template.traj_id if k == 0 else f"{template.traj_id}.s{k}",
+                traj_id=template.traj_id if not out else f"{template.traj_id}.s{k}",
                 metadata={**template.metadata, **meta},
             )
             if self.truncation is not None:

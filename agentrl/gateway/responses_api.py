@@ -86,6 +86,7 @@ class ResponsesRequest(BaseModel):
     # labels only: accepted, no effect on sampling
     store: bool | None = None
     metadata: dict[str, Any] | None = None
+    client_metadata: dict[str, Any] | None = None  # Codex CLI sends its installation id
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None

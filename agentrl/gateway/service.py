@@ -33,6 +33,7 @@ from agentrl.gateway.protocol import (
     bad_request,
 )
 from agentrl.gateway.recorder import Plan, Session, require_open
+from agentrl.gateway.tree import SubagentCredit
 from agentrl.samplers.base import Generation, Sampler, SamplingParams
 
 RENDERER_CACHE = 64  # distinct tool lists kept rendered
@@ -61,6 +62,9 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port
     open_sessions: bool = False  # `agentrl serve`: any key opens a session
+    # which samples of an episode get its reward: all, or the main line only
+    # (sub-agents, side calls and what compaction left behind are not trained)
+    subagent_credit: SubagentCredit = "all"
 
 
 @dataclass

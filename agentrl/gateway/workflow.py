@@ -57,18 +57,21 @@ def agent_workflow(
             endpoint = await _endpoint(gateway, session, ctx, scope)
             result = await _run_program(env, endpoint, ctx.task)
         except InfraError as e:
-            if session.truncation is None:
+            # scored all the same: it stopped at a limit (truncated), or it ran (made calls)
+            # and failed with a result to score (a harness's graded workspace)
+            graded = getattr(e, "result", None)
+            if session.truncation is None and (graded is None or session.calls == 0):
                 raise
-            result, failure = None, str(e)  # it stopped because it hit a limit: truncated
+            result, failure = graded, str(e)
         finally:
             gateway.close_session(session.key)
-        samples = session.trajectories(ctx.trajectory)
+        samples = session.trajectories(ctx.trajectory, credit=settings.subagent_credit)
         if not samples:
             raise InfraError(
                 "the agent program made no model call through the gateway (is it using "
                 "OPENAI_BASE_URL / the client it was given?)"
             )
-        if failure is None:
+        if failure is None or result is not None:
             reward, info = env.score(result, ctx.task, session.last_reply)
         elif env.verifier is not None:
             reward, info = env.score(None, ctx.task, session.last_reply)

@@ -253,6 +253,7 @@ def gateway_settings(cfg: Config, *, training: bool, **overrides: Any) -> Gatewa
         max_n=g.max_n,
         strict_model=g.strict_model,
         tool_parser=g.tool_parser,
+        subagent_credit=g.subagent_credit,
         host=g.host,
         port=g.port,
     )
