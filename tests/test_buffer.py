@@ -365,3 +365,28 @@ def test_min_group_reward_std_needs_dynamic_sampling() -> None:
         None, ["algorithm.min_group_reward_std=0.1", "algorithm.dynamic_sampling=true"]
     )
     assert check_algorithm(objective_settings(cfg)).alg.min_group_reward_std == 0.1
+
+
+def test_groups_that_only_fail_for_infra_reasons_stop_the_run_naming_the_error() -> None:
+    # an agent command that exits at once fails every episode: the run must not draw tasks
+    # forever; an admitted group in between starts the count again
+    from agentrl.errors import TrainingStalledError
+
+    def failed(k: int) -> TrajectoryGroup:
+        g = make_group([0.0, 0.0], statuses=["infra_error"] * 2, task_id=f"f{k}")
+        for t in g.trajectories:
+            t.error = "agent command exited with 127: codex: not found"
+        return g
+
+    buf = Buffer(max_dropped=3)
+
+    async def main() -> None:
+        assert (await buf.put(failed(0))).reason == "dropped_infra"
+        assert (await buf.put(failed(1))).reason == "dropped_infra"
+        assert await buf.put(make_group([1.0, 0.0], task_id="ok"))
+        assert (await buf.put(failed(2))).reason == "dropped_infra"
+        assert (await buf.put(failed(3))).reason == "dropped_infra"
+        with pytest.raises(TrainingStalledError, match=r"3 groups in a row .*codex: not found"):
+            await buf.put(failed(4))
+
+    anyio.run(main)

@@ -5,7 +5,9 @@ Actors ``put`` finished :class:`~agentrl.types.TrajectoryGroup` s; the learner t
 
 * infra-failure masking -- ``infra_error`` trajectories stay in their group (for traces)
   but the learner masks them out of the loss and the baseline; a group left with fewer
-  than ``min_valid`` valid samples cannot form a baseline and is dropped;
+  than ``min_valid`` valid samples cannot form a baseline and is dropped, and after
+  ``max_dropped`` such groups in a row the run stops naming the last error (an agent
+  command or a sandbox that always fails would otherwise draw tasks forever);
 * DAPO dynamic sampling (when on) -- a group whose valid rewards are all equal has zero
   advantage everywhere and is dropped; actors keep sampling until the batch is full, but
   not forever: after ``max_dropped`` such groups in a row (a warning half way) the buffer
@@ -132,6 +134,7 @@ class Buffer:
         self.on_max_dropped = on_max_dropped
         self.min_reward_std = min_reward_std
         self.dropped_in_a_row = 0  # all-equal groups since the last admitted one
+        self.infra_in_a_row = 0  # groups short of valid samples since the last admitted one
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_NAMES, 0)
         self._groups: deque[TrajectoryGroup] = deque()
         self._cond = anyio.Condition()
@@ -185,6 +188,8 @@ class Buffer:
         if forced:
             self.counters[_FORCED[str(reason)]] += 1
             reason = "dropped_stale" if self._is_stale(group) else None
+        if reason == "dropped_infra":
+            self._count_infra(group)
         if reason is not None:
             self.counters[reason] += 1
             return Admission(reason)
@@ -200,6 +205,7 @@ class Buffer:
             self._groups.append(group)
             if not forced:  # a group with a learning signal: dynamic sampling is working
                 self.dropped_in_a_row = 0
+            self.infra_in_a_row = 0
             self.counters["admitted"] += 1
             self.counters["trajectories_admitted"] += len(group.trajectories)
             self.counters["masked_infra_trajectories"] += len(group.trajectories) - len(
@@ -207,6 +213,24 @@ class Buffer:
             )
             self._cond.notify_all()
         return ADMITTED
+
+    def _count_infra(self, group: TrajectoryGroup) -> None:
+        """A run whose every episode fails for an infrastructure reason (a sandbox that cannot
+        start, an agent command that exits at once) would draw tasks forever: after
+        ``max_dropped`` such groups in a row it stops, naming the last error."""
+        self.infra_in_a_row += 1
+        if self.infra_in_a_row < self.max_dropped:
+            return
+        errors = [t.error for t in group.trajectories if t.error]
+        last = errors[-1] if errors else "no message"
+        raise TrainingStalledError(
+            f"{self.infra_in_a_row} groups in a row had fewer than {self.min_valid} valid "
+            f"samples: every episode failed for an infrastructure reason (last: {last}); "
+            "stopping. To fix: run one group with `agentrl rollout CONFIG --tasks 1` and read its "
+            "error (the sandbox, the tool server or the agent command), or raise "
+            "rollout.infra_retries for flaky infrastructure (the bound is "
+            "algorithm.max_dropped_groups)"
+        )
 
     def _keep_waiting(self, group: TrajectoryGroup, reason: str = "dropped_all_equal") -> bool:
         """Dynamic sampling's bound (verl's ``max_num_gen_batches``): True while dropping
