@@ -386,8 +386,11 @@ def test_the_guard_catches_foreign_requests_and_console_errors(browser, fixture_
     page = context.new_page()
     page.on("console", lambda m: guard.errors.append(m.text) if m.type == "error" else None)
     page.goto(fixture_server.url)
-    page.evaluate("() => { console.error('boom'); fetch('http://example.com/x').catch(() => {}); }")
-    page.wait_for_function("() => true")
+    # the route aborts the request: wait for that failure, so the handler has run
+    with page.expect_event("requestfailed"):
+        page.evaluate(
+            "() => { console.error('boom'); fetch('http://example.com/x').catch(() => {}); }"
+        )
     context.close()
     assert "boom" in guard.errors and guard.foreign == ["http://example.com/x"]
 
