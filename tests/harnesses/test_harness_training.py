@@ -35,6 +35,10 @@ def test_two_training_steps_of_smollm2_through_a_harness(
 ) -> None:
     if not have(HARNESSES[name]):
         pytest.skip("make setup-harnesses")
+    if name != "mini_swe_agent" and os.environ.get("AGENTRL_HARNESS_TRAINING") != "all":
+        # Codex's two steps took 17 min here (6-8k-token prompts sampled on a CPU): on
+        # request only, so the integration tier stays within CI's time; mini-swe-agent's runs
+        pytest.skip("AGENTRL_HARNESS_TRAINING=all trains through every harness (~20+ min)")
     if name == "opencode" and _memory_gb() < 32:
         # its 8.2k-token samples: the learner's eager log-probs reached 16 GB RSS in step 2
         # and the kernel's OOM killer ended the run on a 23 GB machine
