@@ -164,7 +164,6 @@ def _train_config(name: str, python: str) -> Any:
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FRAMEWORKS))
 def test_two_training_steps_through_a_framework_agent(tmp_path: Path, name: str) -> None:
     """The random tiny model drives the framework with its defaults: nothing fails."""
