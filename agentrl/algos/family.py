@@ -18,9 +18,8 @@ from torch import Tensor
 
 from agentrl.algos.advantages import _check_rows, _clean, _out, group_stats
 from agentrl.algos.registry import register_advantage, register_policy_loss
+from agentrl.algos.stats import LOG_RATIO_CLAMP as _LOG_RATIO_CLAMP
 from agentrl.algos.stats import masked_mean
-
-_LOG_RATIO_CLAMP = 20.0
 
 
 # REINFORCE with a mean baseline (Williams 1992, sec. 4): A_i = r_i - mean_batch(r)

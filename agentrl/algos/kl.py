@@ -10,8 +10,7 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.registry import KL_ESTIMATORS, register_kl
-
-_LOG_RATIO_CLAMP = 20.0
+from agentrl.algos.stats import LOG_RATIO_CLAMP as _LOG_RATIO_CLAMP
 
 
 # k1 = -log r: unbiased, high variance, can be negative

@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.registry import OFF_POLICY_MASKS, register_off_policy_mask
+from agentrl.algos.stats import LOG_RATIO_CLAMP as _LOG_RATIO_CLAMP
 from agentrl.algos.stats import masked_max, masked_mean
 
-_LOG_RATIO_CLAMP = 20.0
 IS_MODES = ("truncate", "mask")
 IS_LEVELS = ("token", "sequence")
 

@@ -20,10 +20,10 @@ from agentrl._suggest import suggest
 from agentrl.algos.aggregation import aggregate
 from agentrl.algos.offpolicy import correction_weights
 from agentrl.algos.registry import POLICY_LOSSES, keyword_parameters, register_policy_loss
+from agentrl.algos.stats import LOG_RATIO_CLAMP as _LOG_RATIO_CLAMP
 from agentrl.algos.stats import masked_max, masked_mean, masked_min
 from agentrl.errors import UnknownNameError
 
-_LOG_RATIO_CLAMP = 20.0
 CORRECTIONS = ("none", "tis", "decoupled")
 
 

@@ -21,9 +21,8 @@ import torch
 from torch import Tensor
 
 from agentrl.algos.registry import register_policy_loss
+from agentrl.algos.stats import LOG_RATIO_CLAMP as _LOG_RATIO_CLAMP
 from agentrl.algos.stats import masked_max, masked_mean
-
-_LOG_RATIO_CLAMP = 20.0
 
 
 def _log_ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:

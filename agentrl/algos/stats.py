@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+# |log ratio| bound of every importance ratio: exp(20) is far past any clip, and finite
+LOG_RATIO_CLAMP = 20.0
+
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     m = mask.to(torch.float32)
