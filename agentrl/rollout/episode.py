@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from agentrl.chat import Renderer, require_renderer
-from agentrl.envs.base import AssistantTurn, Environment, StepResult
+from agentrl.envs.base import AssistantTurn, Environment, StepResult, env_call
 from agentrl.errors import EnvError, InfraError, TemplateMismatchError
 from agentrl.rollout.episode_state import (
     BranchHook,
@@ -111,12 +111,7 @@ class EpisodeRunner:
     # --- environment calls: anything they raise is an infrastructure failure ---------------
 
     async def _env_call(self, what: str, fn: Callable[[], Awaitable[Any]]) -> Any:
-        try:
-            return await fn()
-        except InfraError:
-            raise
-        except Exception as e:  # the environment's bug is the platform's failure here
-            raise EnvError(f"environment {type(self.env).__name__}.{what} raised: {e!r}") from e
+        return await env_call(self.env, what, fn)
 
     async def start(self, task: dict[str, Any], traj: Trajectory, seed: int | None) -> EpisodeState:
         """Spawn an environment, reset it and render the prompt."""

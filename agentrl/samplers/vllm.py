@@ -159,13 +159,13 @@ class VLLMSampler(Sampler):
         self.max_batch_size = max_batch_size
         self.entropy_top_k = entropy_top_k
         self.on_update = on_update
-        self._engine_kwargs = check_engine_kwargs(engine_kwargs or {})
+        self.engine_kwargs = check_engine_kwargs(engine_kwargs or {})
         self.weight_transport = pick_transport(
             weight_transport,
             cuda=cuda_available(),
             learner_device=learner_device,
-            workers=int(self._engine_kwargs.get("tensor_parallel_size", 1))
-            * int(self._engine_kwargs.get("pipeline_parallel_size", 1)),
+            workers=int(self.engine_kwargs.get("tensor_parallel_size", 1))
+            * int(self.engine_kwargs.get("pipeline_parallel_size", 1)),
         )
         self.gpu_memory_fraction = gpu_memory_fraction
         self.transfer_timeout_s = transfer_timeout_s
@@ -219,17 +219,7 @@ class VLLMSampler(Sampler):
         return self._tokenizer
 
     def engine_args(self) -> Any:
-        return build_engine_args(
-            self.model_dir,
-            dtype=self.dtype,
-            max_model_len=self.context_length,
-            max_batch_size=self.max_batch_size,
-            entropy_top_k=self.entropy_top_k,
-            enforce_eager=self.enforce_eager,
-            weight_transport=self.weight_transport,
-            gpu_memory_fraction=self.gpu_memory_fraction,
-            engine_kwargs=self._engine_kwargs,
-        )
+        return build_engine_args(self)
 
     async def start(self) -> None:
         """Start the engine (idempotent)."""

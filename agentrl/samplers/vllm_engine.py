@@ -5,7 +5,6 @@ owns. The sampler itself is :mod:`agentrl.samplers.vllm`."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from agentrl.errors import ConfigError
@@ -65,39 +64,31 @@ def check_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def build_engine_args(
-    model_dir: Path,
-    *,
-    dtype: str,
-    max_model_len: int,
-    max_batch_size: int,
-    entropy_top_k: int,
-    enforce_eager: bool | None,
-    weight_transport: str,
-    gpu_memory_fraction: float | None,
-    engine_kwargs: Mapping[str, Any],
-) -> Any:
-    """``vllm.AsyncEngineArgs`` for the sampler's options, the user's `engine_kwargs` last."""
+def build_engine_args(sampler: Any) -> Any:
+    """``vllm.AsyncEngineArgs`` for a :class:`~agentrl.samplers.vllm.VLLMSampler`'s options,
+    its user's ``engine_kwargs`` last."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     kwargs: dict[str, Any] = {
-        "model": str(model_dir),
-        "dtype": dtype,
-        "max_model_len": max_model_len,
-        "max_num_seqs": max_batch_size,
+        "model": str(sampler.model_dir),
+        "dtype": sampler.dtype,
+        "max_model_len": sampler.context_length,
+        "max_num_seqs": sampler.max_batch_size,
         "logprobs_mode": "processed_logprobs",
-        "max_logprobs": max(20, entropy_top_k),
-        "enforce_eager": (not cuda_available()) if enforce_eager is None else enforce_eager,
+        "max_logprobs": max(20, sampler.entropy_top_k),
+        "enforce_eager": (not cuda_available())
+        if sampler.enforce_eager is None
+        else sampler.enforce_eager,
         "disable_log_stats": True,
         "seed": 0,
     }
-    if weight_transport in ("ipc", "nccl"):
-        kwargs["weight_transfer_config"] = {"backend": weight_transport}
-    if gpu_memory_fraction is not None:
-        kwargs["gpu_memory_utilization"] = gpu_memory_fraction
+    if sampler.weight_transport in ("ipc", "nccl"):
+        kwargs["weight_transfer_config"] = {"backend": sampler.weight_transport}
+    if sampler.gpu_memory_fraction is not None:
+        kwargs["gpu_memory_utilization"] = sampler.gpu_memory_fraction
     # reloads that also repack a tied LM head (agentrl.samplers.vllm_worker)
     kwargs["worker_extension_cls"] = WORKER_EXTENSION
-    kwargs.update(engine_kwargs)
+    kwargs.update(sampler.engine_kwargs)
     try:
         return AsyncEngineArgs(**kwargs)
     except TypeError as e:
