@@ -26,16 +26,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from agentrl.extras import require
-
-try:
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
-    from starlette.exceptions import HTTPException
-except ModuleNotFoundError:
-    require("fastapi", "gateway", "the gateway server")  # MissingExtra when fastapi is absent
-    raise
 from agentrl.gateway import anthropic_api, responses_api
-from agentrl.gateway.http import key_of, parse, sse
+from agentrl.gateway.http import FastAPI, HTTPException, JSONResponse, Request, key_of, parse, sse
 from agentrl.gateway.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from agentrl.gateway.service import Gateway, GatewaySettings
 from agentrl.resources import ResourceScope
