@@ -30,6 +30,7 @@ from agentrl.envs.base import AssistantTurn, EnvOptions, StepResult, ToolEnviron
 from agentrl.envs.code_math import call_text
 from agentrl.envs.coding.function_tests import FunctionGrader, defines
 from agentrl.envs.coding.tasks import easy_tasks, humaneval_tasks, load_tasks_file
+from agentrl.envs.graded import GradedInReward, check_file_source
 from agentrl.errors import EnvError
 from agentrl.tools import PythonTool, get_parser, prepare_calls
 from agentrl.tools.base import ToolContext
@@ -98,18 +99,8 @@ class CodeTestsOptions(EnvOptions):
 
     @model_validator(mode="after")
     def _file_needs_path(self) -> CodeTestsOptions:
-        if self.source == "file" and not self.dataset_path:
-            raise ValueError("source 'file' needs dataset_path (a JSONL of tasks)")
-        if self.dataset_path and self.source != "file":
-            raise ValueError(f"dataset_path is read with source: file (got source: {self.source})")
+        check_file_source(self.source, self.dataset_path, "tasks")
         return self
-
-
-class _GradedInReward:
-    """The verifier slot: code_tests grades in ``reward()`` (sandboxed, async), never here."""
-
-    def score(self, answer_text: str, task: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        raise EnvError("code_tests grades answers in reward(), not through a verifier")
 
 
 class CodeTestsEnv(ToolEnvironment):
@@ -137,7 +128,7 @@ class CodeTestsEnv(ToolEnvironment):
         return [PythonTool(timeout=self.config.python_timeout_s)]
 
     def make_verifier(self) -> Any:
-        return _GradedInReward()
+        return GradedInReward("code_tests grades answers in reward(), not through a verifier")
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         return [] if self.config.call_format == "code" else super().tool_schemas()

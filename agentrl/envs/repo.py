@@ -32,6 +32,7 @@ from agentrl.envs.coding.repo_diff import make_diff, read_tree
 from agentrl.envs.coding.repo_tasks import generated_tasks, load_repo_tasks
 from agentrl.envs.coding.repo_tests import RepoGrader, repo_size_mb
 from agentrl.envs.coding.workspace import Workspace, prepared_for, workspace_root
+from agentrl.envs.graded import GradedInReward, check_file_source
 from agentrl.errors import EnvError
 from agentrl.sandbox import shared_pace
 from agentrl.tools import prepare_calls
@@ -99,16 +100,8 @@ class RepoOptions(EnvOptions):
 
     @model_validator(mode="after")
     def _file_needs_path(self) -> RepoOptions:
-        if self.source == "file" and not self.dataset_path:
-            raise ValueError("source 'file' needs dataset_path (a JSONL of repository tasks)")
-        if self.dataset_path and self.source != "file":
-            raise ValueError(f"dataset_path is read with source: file (got source: {self.source})")
+        check_file_source(self.source, self.dataset_path, "repository tasks")
         return self
-
-
-class _GradedInReward:
-    def score(self, answer_text: str, task: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        raise EnvError("repo grades the workspace's diff in reward(), not through a verifier")
 
 
 class RepoEnv(ToolEnvironment):
@@ -146,7 +139,9 @@ class RepoEnv(ToolEnvironment):
         return [ShellTool(self.handle), ViewTool(self.handle), EditTool(self.handle)]
 
     def make_verifier(self) -> Any:
-        return _GradedInReward()
+        return GradedInReward(
+            "repo grades the workspace's diff in reward(), not through a verifier"
+        )
 
     def system_prompt(self) -> str:
         return self.config.system_prompt or INSTRUCTIONS
