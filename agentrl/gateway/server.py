@@ -69,21 +69,22 @@ def create_app(gateway: Gateway) -> Any:
         )
         return answer(request, err)
 
-    async def chat(request: Request, key: str | None = None) -> Any:
-        req = await parse(request, ChatCompletionRequest)
-        session = gateway.session_for(key_of(request, key))
-        done = await gateway.chat(session, req)
-        if req.stream:
-            return sse(gateway.chat_chunks(done, req), done=True)
-        return JSONResponse(gateway.chat_body(done, req))
+    def serve(api: type[Any], call: Any, body: Any, chunks: Any) -> Any:
+        """A route of one OpenAI API: parse, serve in the key's session, answer or stream."""
 
-    async def completions(request: Request, key: str | None = None) -> Any:
-        req = await parse(request, CompletionRequest)
-        session = gateway.session_for(key_of(request, key))
-        done = await gateway.complete(session, req)
-        if req.stream:
-            return sse(gateway.completion_chunks(done, req), done=True)
-        return JSONResponse(gateway.completion_body(done, req))
+        async def route(request: Request, key: str | None = None) -> Any:
+            req = await parse(request, api)
+            done = await call(gateway.session_for(key_of(request, key)), req)
+            if req.stream:
+                return sse(chunks(done, req), done=True)
+            return JSONResponse(body(done, req))
+
+        return route
+
+    chat = serve(ChatCompletionRequest, gateway.chat, gateway.chat_body, gateway.chat_chunks)
+    completions = serve(
+        CompletionRequest, gateway.complete, gateway.completion_body, gateway.completion_chunks
+    )
 
     async def models(request: Request, key: str | None = None) -> Any:
         return JSONResponse(gateway.models_body())
