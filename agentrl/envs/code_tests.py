@@ -24,13 +24,13 @@ from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from agentrl.envs.base import AssistantTurn, EnvOptions, StepResult, ToolEnvironment
+from agentrl.envs.base import AssistantTurn, StepResult, ToolEnvironment
 from agentrl.envs.code_math import call_text
 from agentrl.envs.coding.function_tests import FunctionGrader, defines
 from agentrl.envs.coding.tasks import easy_tasks, humaneval_tasks, load_tasks_file
-from agentrl.envs.graded import GradedInReward, check_file_source
+from agentrl.envs.graded import FileSourceOptions, GradedInReward
 from agentrl.errors import EnvError
 from agentrl.tools import PythonTool, get_parser, prepare_calls
 from agentrl.tools.base import ToolContext
@@ -69,7 +69,7 @@ FEWSHOT: tuple[tuple[str, str, str], ...] = (
 _FENCE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)```", re.DOTALL)
 
 
-class CodeTestsOptions(EnvOptions):
+class CodeTestsOptions(FileSourceOptions):
     source: Literal["easy", "humaneval", "file"] = Field(
         "easy", description="tasks: the generated easy split, HumanEval's 164, or dataset_path"
     )
@@ -96,11 +96,6 @@ class CodeTestsOptions(EnvOptions):
             except KeyError as e:  # UnknownNameError: names the registered parsers
                 raise ValueError(str(e)) from None
         return name
-
-    @model_validator(mode="after")
-    def _file_needs_path(self) -> CodeTestsOptions:
-        check_file_source(self.source, self.dataset_path, "tasks")
-        return self
 
 
 class CodeTestsEnv(ToolEnvironment):

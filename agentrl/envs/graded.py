@@ -4,8 +4,11 @@ and the rule that a task file is read with ``source: file``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Self
 
+from pydantic import model_validator
+
+from agentrl.envs.base import EnvOptions
 from agentrl.errors import EnvError
 
 
@@ -25,3 +28,15 @@ def check_file_source(source: str, dataset_path: str | None, what: str) -> None:
         raise ValueError(f"source 'file' needs dataset_path (a JSONL of {what})")
     if dataset_path and source != "file":
         raise ValueError(f"dataset_path is read with source: file (got source: {source})")
+
+
+class FileSourceOptions(EnvOptions):
+    """Options with ``source`` and ``dataset_path`` (declared by the subclass), checked by
+    :func:`check_file_source`; `file_holds` names what a line of the file is."""
+
+    file_holds: ClassVar[str] = "tasks"
+
+    @model_validator(mode="after")
+    def _file_needs_path(self) -> Self:
+        check_file_source(self.source, self.dataset_path, self.file_holds)  # type: ignore[attr-defined]
+        return self

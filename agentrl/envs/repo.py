@@ -25,14 +25,14 @@ from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from agentrl.envs.base import EnvOptions, StepResult, ToolEnvironment
+from agentrl.envs.base import StepResult, ToolEnvironment
 from agentrl.envs.coding.repo_diff import make_diff, read_tree
 from agentrl.envs.coding.repo_tasks import generated_tasks, load_repo_tasks
 from agentrl.envs.coding.repo_tests import RepoGrader, repo_size_mb
 from agentrl.envs.coding.workspace import Workspace, prepared_for, workspace_root
-from agentrl.envs.graded import GradedInReward, check_file_source
+from agentrl.envs.graded import FileSourceOptions, GradedInReward
 from agentrl.errors import EnvError
 from agentrl.sandbox import shared_pace
 from agentrl.tools import prepare_calls
@@ -69,7 +69,9 @@ def tool_call_text(name: str, arguments: dict[str, str]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
-class RepoOptions(EnvOptions):
+class RepoOptions(FileSourceOptions):
+    file_holds: ClassVar[str] = "repository tasks"
+
     source: Literal["generated", "file"] = Field(
         "generated", description="tasks: generated bug fixes, or a JSONL of repositories"
     )
@@ -97,11 +99,6 @@ class RepoOptions(EnvOptions):
         "none", description="a worked episode (view, edit, DONE) as earlier turns"
     )
     tool_parser: str = "hermes"
-
-    @model_validator(mode="after")
-    def _file_needs_path(self) -> RepoOptions:
-        check_file_source(self.source, self.dataset_path, "repository tasks")
-        return self
 
 
 class RepoEnv(ToolEnvironment):
