@@ -109,12 +109,7 @@ class CodeTestsEnv(ToolEnvironment):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.grader = FunctionGrader(
-            reward=self.config.reward,
-            test_timeout_s=self.config.test_timeout_s,
-            memory_mb=self.config.grade_memory_mb,
-            concurrency=self.config.grade_concurrency,
-        )
+        self.grader = FunctionGrader.from_options(self.config)
         self.candidates: list[str] = []
 
     def make_tools(self) -> list[Any]:

@@ -51,16 +51,14 @@ class Country:
         elif self.region:
             facts[0] += f" in {self.region}"
         facts[0] += "."
-        if self.capital:
-            facts.append(f"The capital of {self.name} is {self.capital}.")
-        if self.population:
-            facts.append(f"The population of {self.name} is {self.population}.")
-        if self.area:
-            facts.append(f"The area of {self.name} is {self.area:g} square kilometres.")
-        if self.currencies:
-            facts.append(f"Currency codes used in {self.name}: {', '.join(self.currencies)}.")
-        if self.languages:
-            facts.append(f"Language codes of {self.name}: {', '.join(self.languages)}.")
+        optional = (  # (value, its sentence); an empty value leaves its sentence out
+            (self.capital, "The capital of {name} is {}."),
+            (self.population, "The population of {name} is {}."),
+            (self.area and f"{self.area:g}", "The area of {name} is {} square kilometres."),
+            (", ".join(self.currencies), "Currency codes used in {name}: {}."),
+            (", ".join(self.languages), "Language codes of {name}: {}."),
+        )
+        facts += [sentence.format(value, name=self.name) for value, sentence in optional if value]
         if self.borders:
             facts.append(f"{self.name} borders {', '.join(self.borders)}.")
         else:

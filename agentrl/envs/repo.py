@@ -114,12 +114,7 @@ class RepoEnv(ToolEnvironment):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.grader = RepoGrader(
-            reward=self.config.reward,
-            test_timeout_s=self.config.test_timeout_s,
-            memory_mb=self.config.grade_memory_mb,
-            concurrency=self.config.grade_concurrency,
-        )
+        self.grader = RepoGrader.from_options(self.config)
         self.workspace: Workspace | None = None
 
     def make_tools(self) -> list[Any]:

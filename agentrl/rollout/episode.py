@@ -213,16 +213,8 @@ class EpisodeRunner:
                 if not gen.token_ids:
                     raise _Truncated("sampler returned no tokens")
                 text = self.renderer.decode(gen.token_ids)  # the text is never re-tokenized
-                traj.segments.append(
-                    Segment(
-                        "model",
-                        list(gen.token_ids),
-                        logprobs=list(gen.logprobs),
-                        versions=list(gen.versions),
-                        entropies=list(gen.entropies) if gen.entropies is not None else None,
-                        text=text,
-                    )
-                )
+                entropies = list(gen.entropies) if gen.entropies is not None else None
+                traj.segments.append(gen.segment(text, entropies=entropies))
                 turn = gen.turn(len(traj.turns), text, gen_latency, state=acted_from)
                 traj.turns.append(turn)
                 if state.initial_entropy is None and gen.entropies:

@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from agentrl.errors import SandboxError
 from agentrl.sandbox import Sandbox, create_sandbox
@@ -134,6 +134,17 @@ class HarnessGrader:
         self.memory_mb = int(memory_mb)
         self.max_message_bytes = int(max_message_bytes)
         self.concurrency = int(concurrency)
+
+    @classmethod
+    def from_options(cls, options: Any) -> Self:
+        """A grader with an environment's grading options (``reward``, ``test_timeout_s``,
+        ``grade_memory_mb``, ``grade_concurrency``)."""
+        return cls(
+            reward=options.reward,
+            test_timeout_s=options.test_timeout_s,
+            memory_mb=options.grade_memory_mb,
+            concurrency=options.grade_concurrency,
+        )
 
     def sandbox_limits(self, **own: Any) -> dict[str, Any]:
         """Limits of a grading sandbox (each grading run takes a fresh interpreter): what
