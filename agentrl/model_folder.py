@@ -29,7 +29,6 @@ def write_model_folder(
     """Save `model` with its renderer's tokenizer and chat template and a generation config
     that stops where the renderer's turns end (sampling settings from `sampler`, a
     :class:`~agentrl.config.SamplerConfig`, else greedy); written whole or not at all."""
-    import torch
     from transformers import GenerationConfig
 
     out = Path(out)
@@ -60,13 +59,23 @@ def write_model_folder(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        with torch.no_grad():
-            model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / EXPORT_RECORD).write_text(json.dumps(record, indent=1))
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
+        publish_folder(model, tokenizer, tmp, out, EXPORT_RECORD, record)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def publish_folder(
+    model: Any, tokenizer: Any, folder: Path, out: Path, record_name: str, record: dict[str, Any]
+) -> None:
+    """Write `model` (safetensors), `tokenizer` and the JSON `record` into the staging
+    `folder`, then move it to `out` in one rename (an old `out` is replaced)."""
+    import torch
+
+    with torch.no_grad():
+        model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    (folder / record_name).write_text(json.dumps(record, indent=1))
+    if out.exists():
+        shutil.rmtree(out)
+    os.rename(folder, out)

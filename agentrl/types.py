@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 SegmentKind = Literal["prompt", "model", "observation"]
 TrajectoryStatus = Literal["ok", "truncated", "infra_error"]
@@ -151,8 +151,26 @@ class SegmentViews:
         return out
 
 
+class JsonLine:
+    """One line of a JSONL file: ``to_json`` / ``from_json`` over ``to_dict`` / ``from_dict``."""
+
+    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - each class defines it
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Self:  # pragma: no cover - each class defines it
+        raise NotImplementedError
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> Self:
+        return cls.from_dict(json.loads(line))
+
+
 @dataclass
-class Trajectory(SegmentViews):
+class Trajectory(JsonLine, SegmentViews):
     """One sampled episode (or one leaf of a branch tree)."""
 
     segments: list[Segment] = field(default_factory=list)
@@ -271,16 +289,9 @@ class Trajectory(SegmentViews):
                 d["turns"][outcome_turn].step_reward = None
         return cls(**d)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, line: str) -> Trajectory:
-        return cls.from_dict(json.loads(line))
-
 
 @dataclass
-class TrajectoryGroup:
+class TrajectoryGroup(JsonLine):
     """The G samples for one task (a tree when branching is on)."""
 
     task_id: str
@@ -324,13 +335,6 @@ class TrajectoryGroup:
             metadata=d.get("metadata", {}),
             trajectories=[Trajectory.from_dict(t) for t in d["trajectories"]],
         )
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False)
-
-    @classmethod
-    def from_json(cls, line: str) -> TrajectoryGroup:
-        return cls.from_dict(json.loads(line))
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentrl.algos.registry import ADVANTAGES, keyword_parameters, register_advantage
+from agentrl.algos.registry import ADVANTAGES, register_advantage
 
 
 def _check_rows(rewards: Tensor, group_ids: Tensor | None, valid: Tensor | None) -> Tensor:
@@ -195,16 +195,21 @@ def estimate_advantages(
 ) -> tuple[Tensor, Tensor | None]:
     """``(advantages, returns)`` with the estimator registered as ``name``.
 
-    Outcome rewards ``[B]``; ``options`` go to the estimator (``eps=``, ...). Estimators
-    registered with ``needs_critic=True`` (``"gae"``) also get ``values`` and ``mask``
-    ``[B, T]``, ``gamma`` and ``lam``, and give per-token advantages plus the value
-    targets ``returns`` ``[B, T]``; for the others ``returns`` is None.
+    Routed by the estimator's registration, never by its signature: outcome rewards ``[B]``
+    go to every estimator, per-token rewards ``[B, T]`` (with ``mask``) only to one
+    registered with ``token_rewards=True`` or ``needs_critic=True`` (a ValueError names the
+    estimator and the shape it takes otherwise). ``options`` go to the estimator
+    (``eps=``, ...). Estimators registered with ``needs_critic=True`` (``"gae"``) also get
+    ``values`` and ``mask`` ``[B, T]``, ``gamma`` and ``lam``, and give per-token
+    advantages plus the value targets ``returns`` ``[B, T]``; for the others ``returns``
+    is None and ``mask`` / ``gamma`` reach an outcome estimator that declares them as
+    inputs (:meth:`~agentrl.algos.registry.AdvantageRegistry.inputs`).
     """
     fn = ADVANTAGES.get(name)
-    token_rewards = rewards.dim() == 2 and ADVANTAGES.takes_token_rewards(name)
-    if token_rewards and not ADVANTAGES.needs_critic(name):
-        return fn(rewards, group_ids, valid=valid, mask=mask, gamma=gamma, **options), None
-    if ADVANTAGES.needs_critic(name):
+    critic = ADVANTAGES.needs_critic(name)
+    token_level = ADVANTAGES.takes_token_rewards(name)  # needs_critic implies it
+    _check_reward_shape(name, rewards, token_level)
+    if critic:
         advantages, returns = fn(
             rewards, group_ids, valid=valid, values=values, mask=mask, gamma=gamma, lam=lam,
             **options,
@@ -215,14 +220,37 @@ def estimate_advantages(
             f"advantage '{name}' uses no critic, so it takes no values=; pass values only to "
             f"an estimator registered with needs_critic=True (such as 'gae')"
         )
+    if rewards.dim() == 2:  # per-token rewards: a token_rewards estimator (REINFORCE++)
+        return fn(rewards, group_ids, valid=valid, mask=mask, gamma=gamma, **options), None
     if valid is not None:
         options["valid"] = valid
-    named, _ = keyword_parameters(fn)
-    if mask is not None and "mask" in named:  # declared: e.g. to weight rows by length
+    declared = ADVANTAGES.inputs(name)
+    if mask is not None and "mask" in declared:  # e.g. to weight rows by length
         options["mask"] = mask
-    if "gamma" in named:
+    if "gamma" in declared:
         options["gamma"] = gamma
     return fn(rewards, group_ids, **options), None
+
+
+def _check_reward_shape(name: str, rewards: Tensor, token_level: bool) -> None:
+    """Outcome rewards ``[B]`` for any estimator, ``[B, T]`` for a token-level one."""
+    if rewards.dim() == 1 or (rewards.dim() == 2 and token_level):
+        return
+    if token_level:
+        takes = "outcome rewards [B] or per-token rewards [B, T]"
+    else:
+        others = ", ".join(_token_level_names())
+        takes = (
+            "outcome rewards [B] (one per row); per-token rewards [B, T] go to an estimator "
+            f"registered with token_rewards=True or needs_critic=True ({others})"
+        )
+    raise ValueError(
+        f"advantage '{name}' takes {takes}; got rewards of shape {tuple(rewards.shape)}"
+    )
+
+
+def _token_level_names() -> list[str]:
+    return [n for n in ADVANTAGES.names() if ADVANTAGES.takes_token_rewards(n)]
 
 
 def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kw: Any) -> Tensor:

@@ -119,10 +119,21 @@ class AdvantageRegistry(Registry[Callable[..., Any]]):
         token_rewards: bool = False,
         inputs: Sequence[str] | None = None,
         selects_rows: bool = False,
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    ) -> Callable[[F], F]:
+        """Register ``fn(rewards [B], group_ids [B], *, valid=None, **options) -> advantages``.
+
+        ``needs_critic=True``: ``fn`` also takes ``values=``, ``mask=`` ``[B, T]``, ``gamma=``
+        and ``lam=`` and returns ``(advantages [B, T], returns [B, T])``.
+        ``token_rewards=True`` (implied by ``needs_critic``): ``fn`` also accepts per-token
+        rewards ``[B, T]`` with ``mask=`` and ``gamma=`` (``algorithm.kl_in_reward`` needs it).
+        ``inputs``: the :class:`AdvantageInputs` fields ``fn`` reads, each passed as a keyword
+        (None: its keyword parameters that are fields). ``selects_rows=True``: rows ``fn``
+        gives advantage 0 leave the loss mask (RAFT's rejection sampling), so the loss is
+        averaged over the kept rows only.
+        """
         add = super().register(name, override=override)
 
-        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def deco(fn: F) -> F:
             declared = declared_inputs(fn, inputs, AdvantageInputs, f"advantage '{name}'")
             add(fn)
             self._needs_critic[name] = needs_critic
@@ -174,10 +185,21 @@ class PolicyLossRegistry(Registry[Callable[..., Any]]):
         override: bool = False,
         couples_group: bool = False,
         inputs: Sequence[str] | None = None,
-    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    ) -> Callable[[F], F]:
+        """Register ``fn(logprobs, old_logprobs, advantages [B,T], mask, **kw) -> (loss [B,T], metrics)``.
+
+        ``kw``: the clip settings it names (``eps_low``, ``eps_high``, ``dual_clip_c``), the
+        options it names, and the batch inputs it names (the learner passes each one a loss
+        names: ``ref_logprobs`` ``[B,T]``, ``group_ids`` ``[B]``, ``rewards`` ``[B]``,
+        ``lengths`` ``[B]``). ``couples_group=True``: the loss mixes the rows of a group, so
+        the learner never splits a group across minibatches or micro-batches. The returned
+        per-token loss is then importance-weighted (off-policy correction) and aggregated by
+        :func:`agentrl.algos.policy_loss`. ``inputs``: the :class:`LossInputs` fields it reads
+        (None: its keyword parameters that are fields).
+        """
         add = super().register(name, override=override)
 
-        def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def deco(fn: F) -> F:
             declared = declared_inputs(fn, inputs, LossInputs, f"policy loss '{name}'")
             add(fn)
             self._couples_group[name] = couples_group
@@ -233,57 +255,9 @@ TREE_ATTRIBUTIONS: Registry[Callable[..., Any]] = Registry("tree_attribution")
 OFF_POLICY_MASKS: Registry[Callable[..., Any]] = Registry("off_policy_mask")
 
 
-def register_advantage(
-    name: str,
-    *,
-    override: bool = False,
-    needs_critic: bool = False,
-    token_rewards: bool = False,
-    inputs: Sequence[str] | None = None,
-    selects_rows: bool = False,
-) -> Callable[[F], F]:
-    """Register ``fn(rewards [B], group_ids [B], *, valid=None, **options) -> advantages``.
-
-    ``needs_critic=True``: ``fn`` also takes ``values=``, ``mask=`` ``[B, T]``, ``gamma=``
-    and ``lam=`` and returns ``(advantages [B, T], returns [B, T])``.
-    ``token_rewards=True`` (implied by ``needs_critic``): ``fn`` also accepts per-token
-    rewards ``[B, T]`` with ``mask=`` and ``gamma=`` (``algorithm.kl_in_reward`` needs it).
-    ``inputs``: the :class:`AdvantageInputs` fields ``fn`` reads, each passed as a keyword
-    (None: its keyword parameters that are fields). ``selects_rows=True``: rows ``fn``
-    gives advantage 0 leave the loss mask (RAFT's rejection sampling), so the loss is
-    averaged over the kept rows only.
-    """
-    return ADVANTAGES.register(  # type: ignore[return-value]
-        name,
-        override=override,
-        needs_critic=needs_critic,
-        token_rewards=token_rewards,
-        inputs=inputs,
-        selects_rows=selects_rows,
-    )
-
-
-def register_policy_loss(
-    name: str,
-    *,
-    override: bool = False,
-    couples_group: bool = False,
-    inputs: Sequence[str] | None = None,
-) -> Callable[[F], F]:
-    """Register ``fn(logprobs, old_logprobs, advantages [B,T], mask, **kw) -> (loss [B,T], metrics)``.
-
-    ``kw``: the clip settings it names (``eps_low``, ``eps_high``, ``dual_clip_c``), the
-    options it names, and the batch inputs it names (the learner passes each one a loss
-    names: ``ref_logprobs`` ``[B,T]``, ``group_ids`` ``[B]``, ``rewards`` ``[B]``,
-    ``lengths`` ``[B]``). ``couples_group=True``: the loss mixes the rows of a group, so
-    the learner never splits a group across minibatches or micro-batches. The returned
-    per-token loss is then importance-weighted (off-policy correction) and aggregated by
-    :func:`agentrl.algos.policy_loss`. ``inputs``: the :class:`LossInputs` fields it reads
-    (None: its keyword parameters that are fields).
-    """
-    return POLICY_LOSSES.register(  # type: ignore[return-value]
-        name, override=override, couples_group=couples_group, inputs=inputs
-    )
+# the registries' own register, typed: ``@register_advantage("name", needs_critic=True)``
+register_advantage = ADVANTAGES.register
+register_policy_loss = POLICY_LOSSES.register  # ``@register_policy_loss("name", ...)``
 
 
 def register_kl(name: str, *, override: bool = False) -> Callable[[F], F]:

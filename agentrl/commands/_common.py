@@ -12,6 +12,23 @@ import typer
 from agentrl.errors import user_error
 
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="override: section.key=value")]  # noqa: UP045
+EpochsOpt = Annotated[int, typer.Option(min=1)]
+MaxLengthOpt = Annotated[int, typer.Option(min=16)]
+SeedOpt = Annotated[int, typer.Option()]
+
+
+def optional(kind: Any, help: str, *names: str) -> Any:
+    """The annotation of an option that may be left out (default None): a `kind` value,
+    spelled `names` (default: from the parameter's name)."""
+    return Annotated[Optional[kind], typer.Option(*names, help=help)]  # noqa: UP045
+
+
+def flag(name: str, help: str) -> Any:
+    """The annotation of an on/off option spelled `name` (default off)."""
+    return Annotated[bool, typer.Option(name, help=help)]
+
+
+DeviceOpt = optional(str, "overrides learner.device")
 
 
 @contextmanager

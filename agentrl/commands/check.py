@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from agentrl.commands._common import SetOpt, exit_on_user_error
+from agentrl.commands._common import SetOpt, exit_on_user_error, optional
 
 check_app = typer.Typer(help="Check a setup: the sampler-vs-learner log-prob gap.")
 
@@ -21,18 +21,9 @@ def mismatch(
     config: Annotated[Path, typer.Argument(help="YAML config (its sampler and learner)")],
     set_: SetOpt = None,
     tasks: Annotated[int, typer.Option("-n", "--tasks", help="task groups to sample", min=1)] = 4,
-    max_kl: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option("--max-kl", help="exit 1 when the k3 KL estimate is above this"),
-    ] = None,
-    max_abs: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option("--max-abs", help="exit 1 when the mean absolute gap is above this"),
-    ] = None,
-    out: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option("--json", help="also write the report here"),
-    ] = None,
+    max_kl: optional(float, "exit 1 when the k3 KL estimate is above this", "--max-kl") = None,
+    max_abs: optional(float, "exit 1 when the mean absolute gap is above this", "--max-abs") = None,
+    out: optional(Path, "also write the report here", "--json") = None,
 ) -> None:
     """Sample a few episodes with the configured sampler and report how far its log-probs
     are from the learner's on the same tokens (mean/max |gap|, KL k3, Pearson)."""

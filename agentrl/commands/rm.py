@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from agentrl.commands._common import SetOpt, exit_on_user_error
+from agentrl.commands._common import (
+    DeviceOpt,
+    EpochsOpt,
+    MaxLengthOpt,
+    SeedOpt,
+    SetOpt,
+    exit_on_user_error,
+    optional,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -17,27 +25,18 @@ def register(app: typer.Typer) -> None:
     def train(
         pairs: Annotated[Path, typer.Argument(help="JSONL of {prompt, chosen, rejected}")],
         out: Annotated[Path, typer.Option(help="the reward model folder to write")],
-        model: Annotated[
-            Optional[str],  # noqa: UP045
-            typer.Option(help="base model: alias, folder, .gguf or hub id (default: model.name)"),
-        ] = None,
-        config: Annotated[
-            Optional[Path],  # noqa: UP045
-            typer.Option(help="a YAML config: its model.name and learner.* settings"),
-        ] = None,
+        model: optional(
+            str, "base model: alias, folder, .gguf or hub id (default: model.name)"
+        ) = None,
+        config: optional(Path, "a YAML config: its model.name and learner.* settings") = None,
         set_: SetOpt = None,
-        epochs: Annotated[int, typer.Option(min=1)] = 1,
-        lr: Annotated[
-            Optional[float],  # noqa: UP045
-            typer.Option(help="overrides learner.lr (default: the config's, else 5e-5)"),
-        ] = None,
+        epochs: EpochsOpt = 1,
+        lr: optional(float, "overrides learner.lr (default: the config's, else 5e-5)") = None,
         batch_size: Annotated[int, typer.Option(min=1, help="pairs per step")] = 8,
         eval_fraction: Annotated[float, typer.Option(help="held-out share of the pairs")] = 0.1,
-        max_length: Annotated[int, typer.Option(min=16)] = 1024,
-        seed: Annotated[int, typer.Option()] = 0,
-        device: Annotated[
-            Optional[str], typer.Option(help="overrides learner.device")  # noqa: UP045
-        ] = None,
+        max_length: MaxLengthOpt = 1024,
+        seed: SeedOpt = 0,
+        device: DeviceOpt = None,
     ) -> None:
         """Train a reward model (pairwise loss) and report held-out pairwise accuracy."""
         from agentrl.config import load_config

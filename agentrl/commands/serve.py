@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from agentrl.commands._common import SetOpt
+from agentrl.commands._common import SetOpt, flag, optional
 
 
 def serve(
@@ -16,28 +16,17 @@ def serve(
     set_: SetOpt = None,
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port (0 = any free port)")] = 8000,
-    out: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option("--out", help="where the recorded trajectories go on exit"),
-    ] = None,
-    strict_model: Annotated[
-        bool,
-        typer.Option(
-            "--strict-model", help="answer model names other than the served ones with 404"
-        ),
-    ] = False,
-    checkpoint: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option("--checkpoint", help="serve these weights (a run or checkpoint folder)"),
-    ] = None,
-    tinker: Annotated[
-        bool,
-        typer.Option("--tinker", help="serve the Tinker training API instead (docs/tinker.md)"),
-    ] = False,
-    state_dir: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option("--state-dir", help="--tinker: where tinker:// checkpoints are kept"),
-    ] = None,
+    out: optional(Path, "where the recorded trajectories go on exit", "--out") = None,
+    strict_model: flag(
+        "--strict-model", "answer model names other than the served ones with 404"
+    ) = False,
+    checkpoint: optional(
+        Path, "serve these weights (a run or checkpoint folder)", "--checkpoint"
+    ) = None,
+    tinker: flag("--tinker", "serve the Tinker training API instead (docs/tinker.md)") = False,
+    state_dir: optional(
+        Path, "--tinker: where tinker:// checkpoints are kept", "--state-dir"
+    ) = None,
 ) -> None:
     """Serve the config's model over the OpenAI and Anthropic APIs; each API key is one
     recorded session.

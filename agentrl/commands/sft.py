@@ -3,36 +3,36 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from agentrl.commands._common import SetOpt, exit_on_user_error
+from agentrl.commands._common import (
+    DeviceOpt,
+    EpochsOpt,
+    MaxLengthOpt,
+    SeedOpt,
+    SetOpt,
+    exit_on_user_error,
+    optional,
+)
 
 
 def sft(
     data: Annotated[Path, typer.Argument(help="JSONL of {messages, tools?} transcripts")],
     out: Annotated[Path, typer.Option(help="the model folder to write")],
-    model: Annotated[
-        Optional[str], typer.Option(help="base model (default: the config's model.name)")  # noqa: UP045
-    ] = None,
-    config: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(help="the RL config: its model, template, tools and learner.* settings"),
-    ] = None,
+    model: optional(str, "base model (default: the config's model.name)") = None,
+    config: optional(
+        Path, "the RL config: its model, template, tools and learner.* settings"
+    ) = None,
     set_: SetOpt = None,
-    epochs: Annotated[int, typer.Option(min=1)] = 1,
-    lr: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option(help="overrides learner.lr (default: the config's, else 1e-5)"),
-    ] = None,
+    epochs: EpochsOpt = 1,
+    lr: optional(float, "overrides learner.lr (default: the config's, else 1e-5)") = None,
     batch_size: Annotated[int, typer.Option(min=1)] = 8,
-    max_length: Annotated[int, typer.Option(min=16)] = 2048,
+    max_length: MaxLengthOpt = 2048,
     eval_fraction: Annotated[float, typer.Option(help="held-out share for the loss")] = 0.0,
-    seed: Annotated[int, typer.Option()] = 0,
-    device: Annotated[
-        Optional[str], typer.Option(help="overrides learner.device")  # noqa: UP045
-    ] = None,
+    seed: SeedOpt = 0,
+    device: DeviceOpt = None,
 ) -> None:
     """Fine-tune on transcripts with assistant-only loss; RL starts from --out."""
     from agentrl.run.preflight import load_run_config

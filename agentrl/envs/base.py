@@ -24,9 +24,9 @@ malformed call is an observation for the agent, never an exception.
 from __future__ import annotations
 
 import abc
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -35,6 +35,8 @@ from agentrl._suggest import suggest
 from agentrl.errors import ConfigError, EnvError, InfraError
 from agentrl.tools import prepare_calls, run_tool_calls
 from agentrl.tools.base import ToolContext
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from agentrl.envs.verifiers import Verifier
@@ -186,24 +188,25 @@ def parse_options(env_cls: type[EnvBase], options: dict[str, Any]) -> Any:
         raise ConfigError(f"environment {label!r}: " + "; ".join(problems)) from None
 
 
-async def safe_reset(env: Environment, task: dict[str, Any]) -> list[Message]:
-    """``env.reset(task)``; an exception becomes :class:`EnvError` (infra failure)."""
+async def env_call(env: Environment, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+    """``await fn()`` (a call of `env`'s `what`); anything but an :class:`InfraError` it
+    raises becomes an :class:`EnvError` (the environment's bug is the platform's failure)."""
     try:
-        return await env.reset(task)
+        return await fn()
     except InfraError:
         raise
     except Exception as e:
-        raise EnvError(f"environment {type(env).__name__}.reset raised: {e!r}") from e
+        raise EnvError(f"environment {type(env).__name__}.{what} raised: {e!r}") from e
+
+
+async def safe_reset(env: Environment, task: dict[str, Any]) -> list[Message]:
+    """``env.reset(task)``; an exception becomes :class:`EnvError` (infra failure)."""
+    return await env_call(env, "reset", lambda: env.reset(task))
 
 
 async def safe_step(env: Environment, turn: AssistantTurn) -> StepResult:
     """``env.step(turn)``; an exception becomes :class:`EnvError` (infra failure)."""
-    try:
-        return await env.step(turn)
-    except InfraError:
-        raise
-    except Exception as e:
-        raise EnvError(f"environment {type(env).__name__}.step raised: {e!r}") from e
+    return await env_call(env, "step", lambda: env.step(turn))
 
 
 class ToolEnvironment(Environment):

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.envs.countries import Country, load_countries
+from agentrl.envs.countries import Country, load_countries, question
 from agentrl.extras import require
 
 CITY_SINGLE_HOP = ("city_country", "city_population")
@@ -90,16 +90,8 @@ def documents() -> list[dict[str, str]]:
     return [c.document() for c in load_cities()]
 
 
-def _q(kind: str, question: str, answers: list[str], city: City, hops: int) -> dict[str, Any]:
-    return {
-        "question": question,
-        "answer": answers[0],
-        "answers": answers,
-        "kind": kind,
-        "hops": hops,
-        "subject": city.name,  # what the split is decided by
-        "country": city.country.name,
-    }
+def _q(kind: str, text: str, answers: list[str], city: City, hops: int) -> dict[str, Any]:
+    return question(kind, text, answers, city.country, hops, subject=city.name)
 
 
 def city_question(kind: str, city: City, rng: random.Random, pool: list[City]) -> dict | None:

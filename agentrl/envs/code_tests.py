@@ -24,12 +24,13 @@ from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
-from agentrl.envs.base import AssistantTurn, EnvOptions, StepResult, ToolEnvironment
+from agentrl.envs.base import AssistantTurn, StepResult, ToolEnvironment
 from agentrl.envs.code_math import call_text
 from agentrl.envs.coding.function_tests import FunctionGrader, defines
 from agentrl.envs.coding.tasks import easy_tasks, humaneval_tasks, load_tasks_file
+from agentrl.envs.graded import FileSourceOptions, GradedInReward
 from agentrl.errors import EnvError
 from agentrl.tools import PythonTool, get_parser, prepare_calls
 from agentrl.tools.base import ToolContext
@@ -68,7 +69,7 @@ FEWSHOT: tuple[tuple[str, str, str], ...] = (
 _FENCE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)```", re.DOTALL)
 
 
-class CodeTestsOptions(EnvOptions):
+class CodeTestsOptions(FileSourceOptions):
     source: Literal["easy", "humaneval", "file"] = Field(
         "easy", description="tasks: the generated easy split, HumanEval's 164, or dataset_path"
     )
@@ -96,21 +97,6 @@ class CodeTestsOptions(EnvOptions):
                 raise ValueError(str(e)) from None
         return name
 
-    @model_validator(mode="after")
-    def _file_needs_path(self) -> CodeTestsOptions:
-        if self.source == "file" and not self.dataset_path:
-            raise ValueError("source 'file' needs dataset_path (a JSONL of tasks)")
-        if self.dataset_path and self.source != "file":
-            raise ValueError(f"dataset_path is read with source: file (got source: {self.source})")
-        return self
-
-
-class _GradedInReward:
-    """The verifier slot: code_tests grades in ``reward()`` (sandboxed, async), never here."""
-
-    def score(self, answer_text: str, task: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        raise EnvError("code_tests grades answers in reward(), not through a verifier")
-
 
 class CodeTestsEnv(ToolEnvironment):
     """Write a Python function; graded by hidden unit tests in a fresh sandbox."""
@@ -123,12 +109,7 @@ class CodeTestsEnv(ToolEnvironment):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.grader = FunctionGrader(
-            reward=self.config.reward,
-            test_timeout_s=self.config.test_timeout_s,
-            memory_mb=self.config.grade_memory_mb,
-            concurrency=self.config.grade_concurrency,
-        )
+        self.grader = FunctionGrader.from_options(self.config)
         self.candidates: list[str] = []
 
     def make_tools(self) -> list[Any]:
@@ -137,7 +118,7 @@ class CodeTestsEnv(ToolEnvironment):
         return [PythonTool(timeout=self.config.python_timeout_s)]
 
     def make_verifier(self) -> Any:
-        return _GradedInReward()
+        return GradedInReward("code_tests grades answers in reward(), not through a verifier")
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         return [] if self.config.call_format == "code" else super().tool_schemas()

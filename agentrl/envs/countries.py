@@ -51,16 +51,14 @@ class Country:
         elif self.region:
             facts[0] += f" in {self.region}"
         facts[0] += "."
-        if self.capital:
-            facts.append(f"The capital of {self.name} is {self.capital}.")
-        if self.population:
-            facts.append(f"The population of {self.name} is {self.population}.")
-        if self.area:
-            facts.append(f"The area of {self.name} is {self.area:g} square kilometres.")
-        if self.currencies:
-            facts.append(f"Currency codes used in {self.name}: {', '.join(self.currencies)}.")
-        if self.languages:
-            facts.append(f"Language codes of {self.name}: {', '.join(self.languages)}.")
+        optional = (  # (value, its sentence); an empty value leaves its sentence out
+            (self.capital, "The capital of {name} is {}."),
+            (self.population, "The population of {name} is {}."),
+            (self.area and f"{self.area:g}", "The area of {name} is {} square kilometres."),
+            (", ".join(self.currencies), "Currency codes used in {name}: {}."),
+            (", ".join(self.languages), "Language codes of {name}: {}."),
+        )
+        facts += [sentence.format(value, name=self.name) for value, sentence in optional if value]
         if self.borders:
             facts.append(f"{self.name} borders {', '.join(self.borders)}.")
         else:
@@ -113,15 +111,27 @@ class QuestionBank:
     by_kind: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
-def _q(kind: str, question: str, answers: list[str], country: Country, hops: int) -> dict:
-    return {
-        "question": question,
+def question(
+    kind: str,
+    text: str,
+    answers: list[str],
+    country: Country,
+    hops: int,
+    subject: str | None = None,
+) -> dict[str, Any]:
+    """A task of the knowledge environments (`subject`: what a split is decided by, when it
+    is not the country)."""
+    q: dict[str, Any] = {
+        "question": text,
         "answer": answers[0],
         "answers": answers,
         "kind": kind,
         "hops": hops,
-        "country": country.name,
     }
+    if subject is not None:
+        q["subject"] = subject
+    q["country"] = country.name
+    return q
 
 
 @functools.lru_cache(maxsize=1)
@@ -143,87 +153,47 @@ def question_bank() -> QuestionBank:
 
     bank: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
     for c in countries:
-        if c.capital:
-            bank["capital"].append(
-                _q("capital", f"What is the capital of {c.name}?", [c.capital], c, 1)
-            )
-        if c.currencies:
-            bank["currency"].append(
-                _q(
-                    "currency",
-                    f"What is the ISO currency code used in {c.name}?",
-                    list(c.currencies),
-                    c,
-                    1,
-                )
-            )
-        if c.region:
-            bank["region"].append(
-                _q("region", f"In which region of the world is {c.name}?", [c.region], c, 1)
-            )
-        if c.subregion:
-            bank["subregion"].append(
-                _q(
-                    "subregion",
-                    f"In which subregion of the world is {c.name}?",
-                    [c.subregion],
-                    c,
-                    1,
-                )
-            )
-        if c.population:
-            bank["population"].append(
-                _q("population", f"What is the population of {c.name}?", [str(c.population)], c, 1)
-            )
+        capital = [c.capital] if c.capital else []
+        region = [c.region] if c.region else []
+        population = [str(c.population)] if c.population else []
+        facts = [  # (kind, question, answers, hops); a kind without answers is skipped
+            ("capital", f"What is the capital of {c.name}?", capital, 1),
+            ("currency", f"What is the ISO currency code used in {c.name}?", list(c.currencies), 1),
+            ("region", f"In which region of the world is {c.name}?", region, 1),
+            (
+                "subregion",
+                f"In which subregion of the world is {c.name}?",
+                [c.subregion] if c.subregion else [],
+                1,
+            ),
+            ("population", f"What is the population of {c.name}?", population, 1),
+        ]
         cap = unique_capital.get(c.name)
-        if cap and c.currencies:
-            bank["capital_to_currency"].append(
-                _q(
+        if cap:
+            whose = f"the country whose capital is {cap}"
+            facts += [
+                (
                     "capital_to_currency",
-                    f"What is the ISO currency code used in the country whose capital is {cap}?",
+                    f"What is the ISO currency code used in {whose}?",
                     list(c.currencies),
-                    c,
                     2,
-                )
-            )
-        if cap and c.region:
-            bank["capital_to_region"].append(
-                _q(
-                    "capital_to_region",
-                    f"In which region of the world is the country whose capital is {cap}?",
-                    [c.region],
-                    c,
-                    2,
-                )
-            )
-        if cap and c.population:
-            bank["capital_to_population"].append(
-                _q(
-                    "capital_to_population",
-                    f"What is the population of the country whose capital is {cap}?",
-                    [str(c.population)],
-                    c,
-                    2,
-                )
-            )
-        if c.capital:
-            pairs = [
-                (a, b)
-                for i, a in enumerate(c.borders)
-                for b in c.borders[i + 1 :]
-                if pair_owners[(a, b)] == 1
+                ),
+                ("capital_to_region", f"In which region of the world is {whose}?", region, 2),
+                ("capital_to_population", f"What is the population of {whose}?", population, 2),
             ]
-            if pairs:
-                a, b = pairs[0]
-                bank["borders_to_capital"].append(
-                    _q(
-                        "borders_to_capital",
-                        f"What is the capital of the country that borders both {a} and {b}?",
-                        [c.capital],
-                        c,
-                        2,
-                    )
-                )
+        pairs = [
+            (a, b)
+            for i, a in enumerate(c.borders)
+            for b in c.borders[i + 1 :]
+            if pair_owners[(a, b)] == 1
+        ]
+        if pairs:
+            a, b = pairs[0]
+            both = f"What is the capital of the country that borders both {a} and {b}?"
+            facts.append(("borders_to_capital", both, capital, 2))
+        for kind, text, answers, hops in facts:
+            if answers:
+                bank[kind].append(question(kind, text, answers, c, hops))
     return QuestionBank(bank)
 
 

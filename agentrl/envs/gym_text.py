@@ -19,7 +19,8 @@ the episode's outcome (TextArena's final reward from ``close()``, GEM's last ste
 the rewards of the steps before it are step rewards. With ``reward.step_weight: 1`` (the
 default) a sequence estimator trains on the game's return, their sum; an episode cut short
 by ``rollout.max_turns`` has no outcome and keeps its step rewards. ``reward_info`` keeps
-``step_rewards``, the game's reward of every model turn.
+``step_rewards``, the game's reward of every model turn, and ``return``, their sum (the
+run logs its mean over finished episodes as ``return_mean``, for both libraries).
 
 The libraries are synchronous: every call into a game runs in a worker thread, off the
 event loop. A game that raises is the episode's infrastructure failure (the rollout turns
@@ -131,7 +132,7 @@ class GymTextEnv(Environment):
         self.step_rewards.append(0.0 if reward is None else float(reward))
         if done:
             self.done = True
-            info = {**info, "step_rewards": list(self.step_rewards)}
+            info = {**info, **self._paid()}
             self.final = (self.step_rewards[-1], info)  # the last step's reward: the outcome
             return StepResult(outcome=self.final[0], done=True, info=info)
         if not text.strip():
@@ -142,8 +143,12 @@ class GymTextEnv(Environment):
         if self.final is not None:
             return self.final
         if self.step_rewards:  # cut short (max_turns): no outcome; the step rewards stand
-            return 0.0, {"step_rewards": list(self.step_rewards)}
+            return 0.0, self._paid()
         return None
+
+    def _paid(self) -> dict[str, Any]:
+        """What the game paid: per model turn, and the return (each payment once)."""
+        return {"step_rewards": list(self.step_rewards), "return": sum(self.step_rewards)}
 
     async def close(self) -> None:
         if self.game is not None:
@@ -210,7 +215,9 @@ class TextArenaEnv(GymTextEnv):
 
 
 class GemEnv(GymTextEnv):
-    """A GEM environment (gem.make): games, reasoning-gym tasks; per-step rewards summed."""
+    """A GEM environment (gem.make): games, reasoning-gym tasks. Every step's reward is
+    reported once: the last one as the outcome, the earlier ones as step rewards (module
+    doc); the game's return is their sum."""
 
     name = "gem"
     extra = "gem"

@@ -25,13 +25,14 @@ from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from agentrl.envs.base import EnvOptions, StepResult, ToolEnvironment
+from agentrl.envs.base import StepResult, ToolEnvironment
 from agentrl.envs.coding.repo_diff import make_diff, read_tree
 from agentrl.envs.coding.repo_tasks import generated_tasks, load_repo_tasks
 from agentrl.envs.coding.repo_tests import RepoGrader, repo_size_mb
 from agentrl.envs.coding.workspace import Workspace, prepared_for, workspace_root
+from agentrl.envs.graded import FileSourceOptions, GradedInReward
 from agentrl.errors import EnvError
 from agentrl.sandbox import shared_pace
 from agentrl.tools import prepare_calls
@@ -68,7 +69,9 @@ def tool_call_text(name: str, arguments: dict[str, str]) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
-class RepoOptions(EnvOptions):
+class RepoOptions(FileSourceOptions):
+    file_holds: ClassVar[str] = "repository tasks"
+
     source: Literal["generated", "file"] = Field(
         "generated", description="tasks: generated bug fixes, or a JSONL of repositories"
     )
@@ -97,19 +100,6 @@ class RepoOptions(EnvOptions):
     )
     tool_parser: str = "hermes"
 
-    @model_validator(mode="after")
-    def _file_needs_path(self) -> RepoOptions:
-        if self.source == "file" and not self.dataset_path:
-            raise ValueError("source 'file' needs dataset_path (a JSONL of repository tasks)")
-        if self.dataset_path and self.source != "file":
-            raise ValueError(f"dataset_path is read with source: file (got source: {self.source})")
-        return self
-
-
-class _GradedInReward:
-    def score(self, answer_text: str, task: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        raise EnvError("repo grades the workspace's diff in reward(), not through a verifier")
-
 
 class RepoEnv(ToolEnvironment):
     """Fix a bug in a repository with shell/view/edit tools; graded by hidden tests."""
@@ -124,12 +114,7 @@ class RepoEnv(ToolEnvironment):
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.grader = RepoGrader(
-            reward=self.config.reward,
-            test_timeout_s=self.config.test_timeout_s,
-            memory_mb=self.config.grade_memory_mb,
-            concurrency=self.config.grade_concurrency,
-        )
+        self.grader = RepoGrader.from_options(self.config)
         self.workspace: Workspace | None = None
 
     def make_tools(self) -> list[Any]:
@@ -146,7 +131,9 @@ class RepoEnv(ToolEnvironment):
         return [ShellTool(self.handle), ViewTool(self.handle), EditTool(self.handle)]
 
     def make_verifier(self) -> Any:
-        return _GradedInReward()
+        return GradedInReward(
+            "repo grades the workspace's diff in reward(), not through a verifier"
+        )
 
     def system_prompt(self) -> str:
         return self.config.system_prompt or INSTRUCTIONS

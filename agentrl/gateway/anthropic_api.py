@@ -30,15 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.extras import require
-
-try:
-    from fastapi import Request
-    from fastapi.responses import JSONResponse
-except ModuleNotFoundError:
-    require("fastapi", "gateway", "the gateway server")
-    raise
-from agentrl.gateway.http import key_of, parse, sse
+from agentrl.gateway.http import JSONResponse, Request, key_of, parse, sse
 from agentrl.gateway.protocol import (
     ChatCompletionRequest,
     ChatMessage,

@@ -1,4 +1,6 @@
-"""What every API's routes share: the JSON body, the session key, server-sent events."""
+"""What every API's routes share: the web framework (imported here once, with the error
+that names the ``gateway`` extra when it is missing), the JSON body, the session key,
+server-sent events."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ from pydantic import BaseModel, ValidationError
 from agentrl.extras import require
 
 try:
-    from fastapi import Request
-    from fastapi.responses import StreamingResponse
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
 except ModuleNotFoundError:
     require("fastapi", "gateway", "the gateway server")  # MissingExtra when fastapi is absent
     raise
 from agentrl.gateway.protocol import bad_request, from_validation
+
+__all__ = ["FastAPI", "HTTPException", "JSONResponse", "Request", "key_of", "parse", "sse"]
 
 
 async def parse(request: Request, model: type[BaseModel]) -> Any:

@@ -323,16 +323,7 @@ class Session:
 
     @staticmethod
     def _append_model(sample: Sample, gen: Generation, text: str, latency_s: float) -> None:
-        sample.segments.append(
-            Segment(
-                "model",
-                list(gen.token_ids),
-                logprobs=list(gen.logprobs),
-                versions=list(gen.versions),
-                text=text,
-                forced=gen.metadata.get("forced_tokens") or None,
-            )
-        )
+        sample.segments.append(gen.segment(text, forced=gen.metadata.get("forced_tokens") or None))
         sample.turns.append(gen.turn(len(sample.turns), text, latency_s))
         sample.last_model_ids = list(gen.token_ids)
 

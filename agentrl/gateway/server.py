@@ -26,16 +26,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from agentrl.extras import require
-
-try:
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
-    from starlette.exceptions import HTTPException
-except ModuleNotFoundError:
-    require("fastapi", "gateway", "the gateway server")  # MissingExtra when fastapi is absent
-    raise
 from agentrl.gateway import anthropic_api, responses_api
-from agentrl.gateway.http import key_of, parse, sse
+from agentrl.gateway.http import FastAPI, HTTPException, JSONResponse, Request, key_of, parse, sse
 from agentrl.gateway.protocol import ChatCompletionRequest, CompletionRequest, OpenAIError
 from agentrl.gateway.service import Gateway, GatewaySettings
 from agentrl.resources import ResourceScope
@@ -77,21 +69,22 @@ def create_app(gateway: Gateway) -> Any:
         )
         return answer(request, err)
 
-    async def chat(request: Request, key: str | None = None) -> Any:
-        req = await parse(request, ChatCompletionRequest)
-        session = gateway.session_for(key_of(request, key))
-        done = await gateway.chat(session, req)
-        if req.stream:
-            return sse(gateway.chat_chunks(done, req), done=True)
-        return JSONResponse(gateway.chat_body(done, req))
+    def serve(api: type[Any], call: Any, body: Any, chunks: Any) -> Any:
+        """A route of one OpenAI API: parse, serve in the key's session, answer or stream."""
 
-    async def completions(request: Request, key: str | None = None) -> Any:
-        req = await parse(request, CompletionRequest)
-        session = gateway.session_for(key_of(request, key))
-        done = await gateway.complete(session, req)
-        if req.stream:
-            return sse(gateway.completion_chunks(done, req), done=True)
-        return JSONResponse(gateway.completion_body(done, req))
+        async def route(request: Request, key: str | None = None) -> Any:
+            req = await parse(request, api)
+            done = await call(gateway.session_for(key_of(request, key)), req)
+            if req.stream:
+                return sse(chunks(done, req), done=True)
+            return JSONResponse(body(done, req))
+
+        return route
+
+    chat = serve(ChatCompletionRequest, gateway.chat, gateway.chat_body, gateway.chat_chunks)
+    completions = serve(
+        CompletionRequest, gateway.complete, gateway.completion_body, gateway.completion_chunks
+    )
 
     async def models(request: Request, key: str | None = None) -> Any:
         return JSONResponse(gateway.models_body())

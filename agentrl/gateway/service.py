@@ -9,7 +9,8 @@
 sampler as for built-in episodes, so a weight update while an agent is mid-call follows
 the sampler's rules (partial rollouts: the call continues on the new weights and its
 tokens carry both versions; ``on_update: drain``: it finishes on the old ones). The call
-waits for the swap; it never fails because of it.
+waits for the swap; it never fails because of it. The OpenAI response bodies are built in
+:mod:`agentrl.gateway.openai_bodies`; sessions record in :mod:`agentrl.gateway.recorder`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import secrets
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from agentrl.chat import ChatRenderer
 from agentrl.errors import AgentRLError, PromptError
 from agentrl.gateway.convert import Reply, reply_from_text, tool_schemas, tools_key
 from agentrl.gateway.forcing import forced_name, opening_text, single_call_stop, with_forced
+from agentrl.gateway.openai_bodies import Completed, OpenAIBodies
 from agentrl.gateway.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -38,6 +39,8 @@ from agentrl.samplers.base import Generation, Sampler, SamplingParams
 
 RENDERER_CACHE = 64  # distinct tool lists kept rendered
 LATENCY_WINDOW = 100_000  # per-call overheads kept for percentiles
+
+__all__ = ["Completed", "Gateway", "GatewaySettings", "GatewayStats"]
 
 
 @dataclass(frozen=True)
@@ -76,18 +79,7 @@ class GatewayStats:
     overhead_s: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
 
 
-@dataclass
-class Completed:
-    """One served call: what was sampled and how the agent sees it."""
-
-    prompt_ids: list[int]
-    gens: list[Generation]
-    replies: list[Reply]
-    created: int
-    id: str
-
-
-class Gateway:
+class Gateway(OpenAIBodies):
     """OpenAI-compatible chat and completions over one sampler, recorded per session."""
 
     def __init__(self, sampler: Sampler, settings: GatewaySettings | None = None) -> None:
@@ -344,171 +336,6 @@ class Gateway:
     def _account(self, t0: float, gen_s: float) -> None:
         self.stats.calls += 1
         self.stats.overhead_s.append(time.perf_counter() - t0 - gen_s)
-
-    # --- response bodies ---------------------------------------------------------------------
-
-    def token_logprobs(self, gen: Generation) -> dict[str, Any]:
-        entries = []
-        for tid, lp in zip(gen.token_ids, gen.logprobs, strict=True):
-            tok = self.tokenizer.decode([tid], skip_special_tokens=False)
-            entries.append(
-                {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
-            )
-        return {"content": entries}
-
-    def chat_body(self, done: Completed, req: ChatCompletionRequest) -> dict[str, Any]:
-        choices = []
-        for i, (gen, reply) in enumerate(zip(done.gens, done.replies, strict=True)):
-            choices.append(
-                {
-                    "index": i,
-                    "message": reply.message(),
-                    "finish_reason": _finish(gen, reply),
-                    "logprobs": self.token_logprobs(gen) if req.logprobs else None,
-                }
-            )
-        return {
-            "id": done.id,
-            "object": "chat.completion",
-            "created": done.created,
-            "model": req.model,
-            "choices": choices,
-            "usage": _usage(done),
-        }
-
-    def chat_chunks(self, done: Completed, req: ChatCompletionRequest) -> Iterator[dict[str, Any]]:
-        """The same completion as ``chat.completion.chunk`` events (sampled whole, then
-        streamed token by token where the content is the model's text)."""
-        head = {
-            "id": done.id,
-            "object": "chat.completion.chunk",
-            "created": done.created,
-            "model": req.model,
-        }
-        for i, (gen, reply) in enumerate(zip(done.gens, done.replies, strict=True)):
-            yield {**head, "choices": [_delta(i, {"role": "assistant", "content": ""})]}
-            entries = self.token_logprobs(gen)["content"] if req.logprobs else None
-            pieces = self.pieces(gen, reply.content or "") if reply.content else []
-            if len(pieces) == len(gen.token_ids):  # one chunk per sampled token
-                for k, piece in enumerate(pieces):
-                    lp = {"content": [entries[k]]} if entries is not None else None
-                    yield {**head, "choices": [_delta(i, {"content": piece}, logprobs=lp)]}
-            else:
-                lp = {"content": entries} if entries is not None else None
-                if reply.content:
-                    yield {**head, "choices": [_delta(i, {"content": reply.content}, logprobs=lp)]}
-                elif lp is not None:
-                    yield {**head, "choices": [_delta(i, {}, logprobs=lp)]}
-            for j, call in enumerate(reply.tool_calls):
-                yield {**head, "choices": [_delta(i, {"tool_calls": [{"index": j, **call}]})]}
-            yield {**head, "choices": [_delta(i, {}, finish=_finish(gen, reply))]}
-        if req.stream_options is not None and req.stream_options.include_usage:
-            yield {**head, "choices": [], "usage": _usage(done)}
-
-    def pieces(self, gen: Generation, content: str) -> list[str]:
-        """Per-token increments of `content` when it is exactly the decoded tokens."""
-        pieces, prev = [], ""
-        ids = gen.token_ids
-        for k in range(len(ids)):
-            cur = self.tokenizer.decode(
-                ids[: k + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
-            if cur.endswith("\ufffd") and k < len(ids) - 1:
-                pieces.append("")  # an incomplete UTF-8 character: wait for its last byte
-                continue
-            if not cur.startswith(prev):
-                return []
-            pieces.append(cur[len(prev) :])
-            prev = cur
-        # the content may end before the decoded text (end-of-turn or stop string dropped)
-        total = 0
-        out = []
-        for piece in pieces:
-            take = piece[: max(len(content) - total, 0)]
-            out.append(take)
-            total += len(take)
-        return out if "".join(out) == content else []
-
-    def completion_body(self, done: Completed, req: CompletionRequest) -> dict[str, Any]:
-        choices = []
-        for i, (gen, reply) in enumerate(zip(done.gens, done.replies, strict=True)):
-            logprobs = None
-            if req.logprobs is not None:
-                tokens = [self.tokenizer.decode([t]) for t in gen.token_ids]
-                logprobs = {
-                    "tokens": tokens,
-                    "token_logprobs": list(gen.logprobs),
-                    "top_logprobs": None,
-                    "text_offset": None,
-                }
-            choices.append(
-                {
-                    "index": i,
-                    "text": reply.content,
-                    "logprobs": logprobs,
-                    "finish_reason": "length" if gen.finish_reason == "length" else "stop",
-                }
-            )
-        return {
-            "id": done.id,
-            "object": "text_completion",
-            "created": done.created,
-            "model": req.model,
-            "choices": choices,
-            "usage": _usage(done),
-        }
-
-    def completion_chunks(
-        self, done: Completed, req: CompletionRequest
-    ) -> Iterator[dict[str, Any]]:
-        body = self.completion_body(done, req)
-        head = {k: body[k] for k in ("id", "object", "created", "model")}
-        for choice in body["choices"]:
-            yield {**head, "choices": [{**choice, "finish_reason": None}]}
-            yield {
-                **head,
-                "choices": [
-                    {
-                        "index": choice["index"],
-                        "text": "",
-                        "logprobs": None,
-                        "finish_reason": choice["finish_reason"],
-                    }
-                ],
-            }
-        if req.stream_options is not None and req.stream_options.include_usage:
-            yield {**head, "choices": [], "usage": body["usage"]}
-
-    def models_body(self) -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "agentrl"}
-                for name in self.settings.model_names
-            ],
-        }
-
-
-def _finish(gen: Generation, reply: Reply) -> str:
-    if reply.tool_calls:
-        return "tool_calls"
-    return "length" if gen.finish_reason == "length" else "stop"
-
-
-def _delta(
-    index: int, delta: dict[str, Any], *, logprobs: Any = None, finish: str | None = None
-) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-
-
-def _usage(done: Completed) -> dict[str, int]:
-    completion = sum(len(g.token_ids) for g in done.gens)
-    prompt = len(done.prompt_ids)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
 
 
 def _strip_stop(text: str, stops: tuple[str, ...]) -> str:

@@ -87,6 +87,13 @@ class PreferenceLossRegistry(Registry[Callable[..., PreferenceLoss]]):
         unpaired: bool = False,
         token_kl: bool = False,
     ) -> Callable[[Fn], Fn]:
+        """Register ``fn(logps: PairLogps | UnpairedLogps, **options) -> PreferenceLoss``.
+
+        ``reference=False``: no reference log-probs are computed (ORPO, SimPO);
+        ``unpaired=True``: ``fn`` gets :class:`UnpairedLogps` (pairs are split into a
+        desirable and an undesirable row); ``token_kl=True``: ``fn`` also gets the sequential
+        KLs ``seq_kl_w`` / ``seq_kl_l`` (TDPO), for which the trainer keeps a frozen copy of the
+        reference model and forwards it every step."""
         if token_kl and (unpaired or not reference):
             raise ValueError(
                 f"preference loss {name!r}: token_kl needs a paired loss with a reference"
@@ -118,24 +125,7 @@ class PreferenceLossRegistry(Registry[Callable[..., PreferenceLoss]]):
 PREFERENCE_LOSSES = PreferenceLossRegistry()
 
 
-def register_preference_loss(
-    name: str,
-    *,
-    override: bool = False,
-    reference: bool = True,
-    unpaired: bool = False,
-    token_kl: bool = False,
-) -> Callable[[Fn], Fn]:
-    """Register ``fn(logps: PairLogps | UnpairedLogps, **options) -> PreferenceLoss``.
-
-    ``reference=False``: no reference log-probs are computed (ORPO, SimPO);
-    ``unpaired=True``: ``fn`` gets :class:`UnpairedLogps` (pairs are split into a
-    desirable and an undesirable row); ``token_kl=True``: ``fn`` also gets the sequential
-    KLs ``seq_kl_w`` / ``seq_kl_l`` (TDPO), for which the trainer keeps a frozen copy of the
-    reference model and forwards it every step."""
-    return PREFERENCE_LOSSES.register(
-        name, override=override, reference=reference, unpaired=unpaired, token_kl=token_kl
-    )
+register_preference_loss = PREFERENCE_LOSSES.register  # ``@register_preference_loss("name")``
 
 
 def check_options(name: str, options: dict[str, Any]) -> None:

@@ -23,9 +23,7 @@ flags as overrides; ``lr`` is 5e-5 unless the config or a flag sets ``learner.lr
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
 import shutil
 import tempfile
@@ -38,6 +36,7 @@ from typing import Any
 from agentrl.chat import load_template
 from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError, ModelLoadError
+from agentrl.model_folder import publish_folder
 from agentrl.models import load_model, resolve_model_dir
 from agentrl.rewards.reward_model import encode_batch, ensure_pad_token, render_for_reward
 from agentrl.rewards.settings import RewardModelTrainingSettings
@@ -245,13 +244,8 @@ def train_reward_model(
             epochs=epochs,
             seconds=time.time() - t0,
         )
-        final = tmp / "model"
-        rm.save_pretrained(final, safe_serialization=True)
-        tokenizer.save_pretrained(final)
-        (final / RECORD).write_text(json.dumps({**asdict(report), "base_model": model}, indent=1))
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(final, out)
+        record = {**asdict(report), "base_model": model}
+        publish_folder(rm, tokenizer, tmp / "model", out, RECORD, record)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report

@@ -13,139 +13,51 @@ Limits: ``max_turns`` assistant turns, ``max_tool_calls`` tool calls in total, a
 wall-clock ``timeout_s`` per attempt. Hitting a limit ends the episode as ``truncated``;
 a failure of the platform (the environment raised, a tool reported an infrastructure
 error, the attempt timed out) ends it as ``infra_error`` after ``infra_retries`` retries.
+
+The limits and the episode's state are :mod:`agentrl.rollout.episode_state`; timeouts and
+retries of attempts are :mod:`agentrl.rollout.retries`; this module is the turn loop and
+the scoring of its end.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
-import anyio
+from typing import Any
 
 from agentrl.chat import Renderer, require_renderer
-from agentrl.envs.base import AssistantTurn, Environment, Message, StepResult
+from agentrl.envs.base import AssistantTurn, Environment, StepResult, env_call
 from agentrl.errors import EnvError, InfraError, TemplateMismatchError
-from agentrl.rollout.settings import RolloutSettings
-from agentrl.samplers.base import Generation, Sampler, SamplingParams
-from agentrl.types import Segment, ToolCallRecord, Trajectory, Turn
+from agentrl.rollout.episode_state import (
+    BranchHook,
+    EpisodeLimits,
+    EpisodeState,
+    Snapshot,
+    mean_entropy,
+    new_id,
+    normalised,
+)
+from agentrl.rollout.retries import CLOSE_TIMEOUT_S, close_env, with_retries
+from agentrl.samplers.base import Sampler, SamplingParams
+from agentrl.types import Segment, ToolCallRecord, Trajectory
 
-CLOSE_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    """Per-episode limits (from :class:`~agentrl.rollout.settings.RolloutSettings`)."""
-
-    max_turns: int = 4
-    max_tool_calls: int = 8
-    max_tokens: int = 1024  # response tokens (model + observation) after the prompt
-    timeout_s: float = 300.0  # wall clock of one attempt
-    infra_retries: int = 1
-    context_length: int | None = None  # model context; None = unknown (not enforced)
-    on_template_mismatch: Literal["error", "resample"] = "error"
-
-    def __post_init__(self) -> None:
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1 (got {self.max_turns})")
-        if self.max_tool_calls < 0:
-            raise ValueError(f"max_tool_calls must be >= 0 (got {self.max_tool_calls})")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1 (got {self.max_tokens})")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0 (got {self.timeout_s})")
-        if self.infra_retries < 0:
-            raise ValueError(f"infra_retries must be >= 0 (got {self.infra_retries})")
-
-    @classmethod
-    def from_settings(
-        cls, settings: RolloutSettings, context_length: int | None = None
-    ) -> EpisodeLimits:
-        """The limits ``rollout`` sets, with the model's context length."""
-        return cls(
-            max_turns=settings.max_turns,
-            max_tool_calls=settings.max_tool_calls,
-            max_tokens=settings.max_tokens,
-            timeout_s=settings.episode_timeout_s,
-            infra_retries=settings.infra_retries,
-            context_length=context_length,
-            on_template_mismatch=settings.on_template_mismatch,  # type: ignore[arg-type]
-        )
-
-
-@dataclass
-class Snapshot:
-    """An episode frozen right after an observation: the point a branch forks from."""
-
-    segments: list[Segment]
-    turns: list[Turn]
-    messages: list[Message]
-    steps: list[AssistantTurn]
-    observations: list[list[Message]]
-    num_tool_calls: int
-    initial_entropy: float | None
-
-    @property
-    def position(self) -> int:
-        """Token index in ``input_ids`` where a continuation from here starts."""
-        return sum(len(s) for s in self.segments)
-
-
-@dataclass
-class EpisodeState:
-    """Mutable state of one running episode."""
-
-    task: dict[str, Any]
-    env: Environment
-    traj: Trajectory
-    messages: list[Message]
-    steps: list[AssistantTurn] = field(default_factory=list)  # replay log of env.step inputs
-    observations: list[list[Message]] = field(default_factory=list)  # what env.step answered
-    num_tool_calls: int = 0
-    outcome: float | None = None  # StepResult.outcome of the step that ended the episode
-    initial_entropy: float | None = None  # mean entropy of the first k tokens (nats)
-    after_tool: bool = False  # the last segment is an observation that holds tool results
-    seed: int | None = None
-
-    def snapshot(self) -> Snapshot:
-        return Snapshot(
-            segments=list(self.traj.segments),  # Segment objects are shared, never mutated
-            turns=copy.deepcopy(self.traj.turns),
-            messages=list(self.messages),
-            steps=list(self.steps),
-            observations=list(self.observations),
-            num_tool_calls=self.num_tool_calls,
-            initial_entropy=self.initial_entropy,
-        )
-
-    @property
-    def response_tokens(self) -> int:
-        return self.traj.num_tokens - _prompt_length(self.traj)
-
-
-# A hook called after a turn that follows a tool result has been generated and before
-# the environment sees it: (state, snapshot right after the tool result, generation).
-BranchHook = Callable[[EpisodeState, Snapshot, Generation], Awaitable[None]]
-
-
-def _prompt_length(traj: Trajectory) -> int:
-    return sum(len(s) for s in traj.segments if s.kind == "prompt")
-
-
-def new_id() -> str:
-    return uuid.uuid4().hex[:12]
-
-
-def mean_entropy(entropies: Sequence[float] | None, k: int) -> float | None:
-    """Mean per-token entropy (nats) of the first `k` generated tokens."""
-    if not entropies:
-        return None
-    head = list(entropies[:k])
-    return sum(head) / len(head)
+# names other modules import from here (their home is episode_state / retries)
+__all__ = [
+    "CLOSE_TIMEOUT_S",
+    "BranchHook",
+    "EpisodeLimits",
+    "EpisodeRunner",
+    "EpisodeState",
+    "Snapshot",
+    "close_env",
+    "mean_entropy",
+    "new_id",
+    "normalised",
+    "run_attempts",
+    "run_episode",
+    "with_retries",
+]
 
 
 def _tool_records(info: dict[str, Any]) -> list[ToolCallRecord]:
@@ -199,12 +111,7 @@ class EpisodeRunner:
     # --- environment calls: anything they raise is an infrastructure failure ---------------
 
     async def _env_call(self, what: str, fn: Callable[[], Awaitable[Any]]) -> Any:
-        try:
-            return await fn()
-        except InfraError:
-            raise
-        except Exception as e:  # the environment's bug is the platform's failure here
-            raise EnvError(f"environment {type(self.env).__name__}.{what} raised: {e!r}") from e
+        return await env_call(self.env, what, fn)
 
     async def start(self, task: dict[str, Any], traj: Trajectory, seed: int | None) -> EpisodeState:
         """Spawn an environment, reset it and render the prompt."""
@@ -306,16 +213,8 @@ class EpisodeRunner:
                 if not gen.token_ids:
                     raise _Truncated("sampler returned no tokens")
                 text = self.renderer.decode(gen.token_ids)  # the text is never re-tokenized
-                traj.segments.append(
-                    Segment(
-                        "model",
-                        list(gen.token_ids),
-                        logprobs=list(gen.logprobs),
-                        versions=list(gen.versions),
-                        entropies=list(gen.entropies) if gen.entropies is not None else None,
-                        text=text,
-                    )
-                )
+                entropies = list(gen.entropies) if gen.entropies is not None else None
+                traj.segments.append(gen.segment(text, entropies=entropies))
                 turn = gen.turn(len(traj.turns), text, gen_latency, state=acted_from)
                 traj.turns.append(turn)
                 if state.initial_entropy is None and gen.entropies:
@@ -396,57 +295,6 @@ class EpisodeRunner:
             await self.rewards.apply(state.task, state.messages, traj)
 
 
-async def close_env(env: Environment) -> None:
-    """Close an environment even while the caller is being cancelled."""
-    with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT_S):
-        try:
-            await env.close()
-        except Exception:  # closing is best effort; the episode result stands
-            pass
-
-
-async def with_retries(
-    limits: EpisodeLimits,
-    template: Trajectory,
-    attempt: Callable[[Trajectory], Awaitable[list[Trajectory]]],
-    stop_retrying: Callable[[Trajectory], bool] = lambda traj: False,
-) -> list[Trajectory]:
-    """Run ``attempt(fresh copy of template)`` under the episode timeout, retrying platform
-    failures (timeouts, :class:`InfraError`, template mismatches when configured to
-    resample) ``limits.infra_retries`` times; then one ``infra_error`` trajectory."""
-    errors: list[str] = []
-    t_start = time.perf_counter()
-    traj = template
-    for attempt_no in range(limits.infra_retries + 1):
-        traj = _fresh_copy(template)
-        try:
-            with anyio.fail_after(limits.timeout_s):
-                results = await attempt(traj)
-        except TemplateMismatchError as e:
-            if limits.on_template_mismatch == "error":
-                raise
-            errors.append(f"template mismatch: {e}")
-        except TimeoutError:
-            errors.append(f"episode timed out after {limits.timeout_s}s")
-        except InfraError as e:
-            errors.append(str(e))
-        else:
-            for t in results:
-                t.metadata.update(attempts=attempt_no + 1, latency_s=time.perf_counter() - t_start)
-                if errors:
-                    t.metadata["retried_errors"] = list(errors)
-            return results
-        if stop_retrying(traj):
-            break
-    traj.status = "infra_error"
-    traj.error = errors[-1] if errors else "infrastructure failure"
-    traj.reward = 0.0
-    traj.metadata.update(
-        attempts=len(errors), retried_errors=errors, latency_s=time.perf_counter() - t_start
-    )
-    return [traj]
-
-
 async def run_attempts(
     runner: EpisodeRunner,
     make_state: Callable[[Trajectory], Awaitable[EpisodeState]],
@@ -479,17 +327,6 @@ def _has_children(traj: Trajectory) -> bool:
     return any(p.get("children") for p in traj.metadata.get("branch_points", []))
 
 
-def _fresh_copy(template: Trajectory) -> Trajectory:
-    return Trajectory(
-        task_id=template.task_id,
-        group_id=template.group_id,
-        traj_id=template.traj_id,
-        parent_id=template.parent_id,
-        branch_position=template.branch_position,
-        metadata=dict(template.metadata),
-    )
-
-
 async def run_episode(
     task: dict[str, Any],
     env: Environment,
@@ -514,8 +351,3 @@ async def run_episode(
         task_id=str(task.get("id", "")), group_id=group_id, traj_id=traj_id or new_id()
     )
     return await run_attempts(runner, lambda t: runner.start(task, t, seed), template)
-
-
-def normalised(entropy: float | None, vocab_size: int) -> float | None:
-    """Entropy divided by ln|V| (1.0 = uniform over the vocabulary)."""
-    return None if entropy is None else entropy / math.log(vocab_size)

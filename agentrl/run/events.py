@@ -202,6 +202,13 @@ def summarize_group(group: Any) -> dict[str, float]:
         "turns_per_episode": sum(len(t.turns) for t in trajs) / n,
         "model_tokens": float(sum(t.num_model_tokens for t in trajs)),
     }
+    returns = [
+        t.reward_info["return"]
+        for t in valid
+        if isinstance(t.reward_info.get("return"), int | float)
+    ]
+    if returns:  # a game's return (TextArena, GEM: outcome and step rewards, each once)
+        out["return_mean"] = sum(returns) / len(returns)
     if any("gateway" in t.metadata for t in trajs):
         # agent programs behind the gateway: samples started because the agent changed the
         # model's earlier reply (docs/gateway.md, "What a break costs")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from agentrl.types import Turn, WeightsLike
+from agentrl.types import Segment, Turn, WeightsLike
 
 if TYPE_CHECKING:
     from agentrl.samplers.settings import SamplerSettings
@@ -63,6 +63,17 @@ class Generation:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def segment(self, text: str, **more: Any) -> Segment:
+        """The model segment of this continuation: its tokens exactly as sampled."""
+        return Segment(
+            "model",
+            list(self.token_ids),
+            logprobs=list(self.logprobs),
+            versions=list(self.versions),
+            text=text,
+            **more,
+        )
 
     def turn(self, index: int, text: str, latency_s: float, **more: Any) -> Turn:
         """The trajectory's record of this continuation as its turn ``index``."""

@@ -33,6 +33,9 @@ CUDA -> vLLM's weight-transfer engines (:mod:`agentrl.samplers.vllm_transfer`, n
 no GPU with vLLM): CUDA IPC when the learner's weights sit on vLLM's GPU (colocated), NCCL
 across GPUs, each send under ``transfer_timeout_s``. Updates are checked against the model folder's
 :class:`~agentrl.weights.spec.WeightSpec` first.
+
+The engine's arguments are built and checked in :mod:`agentrl.samplers.vllm_engine`; requests
+and outputs are converted in :mod:`agentrl.samplers.vllm_requests`.
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ import contextlib
 import itertools
 import json
 import logging
-import math
 import os
 import shutil
 import time
@@ -54,28 +56,18 @@ import anyio
 
 from agentrl.errors import ConfigError, PromptError, SamplerError, WeightUpdateError
 from agentrl.models import DEFAULT_MODEL, resolve_model_dir
-from agentrl.samplers.base import FinishReason, Generation, Sampler, SamplingParams, WeightsLike
+from agentrl.samplers.base import Generation, Sampler, SamplingParams, WeightsLike
 from agentrl.samplers.options import check_options, resolve_on_update, shared_options
 from agentrl.samplers.settings import SamplerSettings
 from agentrl.samplers.vllm_cpu import configure_cpu_env
+from agentrl.samplers.vllm_engine import build_engine_args, check_engine_kwargs, cuda_available
+from agentrl.samplers.vllm_requests import check_prompt, to_generation, vllm_params
 from agentrl.samplers.vllm_transfer import EngineWeightSender, pick_transport
-from agentrl.samplers.vllm_worker import RELOAD_METHOD, WORKER_EXTENSION
+from agentrl.samplers.vllm_worker import RELOAD_METHOD
 from agentrl.weights.files import shm_root
 from agentrl.weights.spec import WeightSpec
 
 logger = logging.getLogger(__name__)
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # pragma: no cover
-        return False
-
-
-# --- the sampler ---------------------------------------------------------------------------
 
 
 class VLLMSampler(Sampler):
@@ -167,13 +159,13 @@ class VLLMSampler(Sampler):
         self.max_batch_size = max_batch_size
         self.entropy_top_k = entropy_top_k
         self.on_update = on_update
-        self._engine_kwargs = check_engine_kwargs(engine_kwargs or {})
+        self.engine_kwargs = check_engine_kwargs(engine_kwargs or {})
         self.weight_transport = pick_transport(
             weight_transport,
-            cuda=_cuda_available(),
+            cuda=cuda_available(),
             learner_device=learner_device,
-            workers=int(self._engine_kwargs.get("tensor_parallel_size", 1))
-            * int(self._engine_kwargs.get("pipeline_parallel_size", 1)),
+            workers=int(self.engine_kwargs.get("tensor_parallel_size", 1))
+            * int(self.engine_kwargs.get("pipeline_parallel_size", 1)),
         )
         self.gpu_memory_fraction = gpu_memory_fraction
         self.transfer_timeout_s = transfer_timeout_s
@@ -227,39 +219,14 @@ class VLLMSampler(Sampler):
         return self._tokenizer
 
     def engine_args(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-
-        kwargs: dict[str, Any] = {
-            "model": str(self.model_dir),
-            "dtype": self.dtype,
-            "max_model_len": self.context_length,
-            "max_num_seqs": self.max_batch_size,
-            "logprobs_mode": "processed_logprobs",
-            "max_logprobs": max(20, self.entropy_top_k),
-            "enforce_eager": (not _cuda_available())
-            if self.enforce_eager is None
-            else self.enforce_eager,
-            "disable_log_stats": True,
-            "seed": 0,
-        }
-        if self.weight_transport in ("ipc", "nccl"):
-            kwargs["weight_transfer_config"] = {"backend": self.weight_transport}
-        if self.gpu_memory_fraction is not None:
-            kwargs["gpu_memory_utilization"] = self.gpu_memory_fraction
-        # reloads that also repack a tied LM head (agentrl.samplers.vllm_worker)
-        kwargs["worker_extension_cls"] = WORKER_EXTENSION
-        kwargs.update(self._engine_kwargs)
-        try:
-            return AsyncEngineArgs(**kwargs)
-        except TypeError as e:
-            raise ValueError(f"bad vllm engine option: {e} (see vllm.AsyncEngineArgs)") from e
+        return build_engine_args(self)
 
     async def start(self) -> None:
         """Start the engine (idempotent)."""
         async with self._start_lock:
             if self._engine is not None:
                 return
-            if not _cuda_available():
+            if not cuda_available():
                 configure_cpu_env()
             try:
                 from vllm.v1.engine.async_llm import AsyncLLM
@@ -288,50 +255,14 @@ class VLLMSampler(Sampler):
     # -- generation -----------------------------------------------------------------------
 
     def _check_prompt(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
-        ids = [int(t) for t in prompt_ids]
-        if not ids:
-            raise PromptError("prompt_ids is empty: pass at least one token id")
-        vocab = self._vocab_size()
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise PromptError(f"prompt_ids has ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         limit = self._engine.model_config.max_model_len if self._engine else self.max_model_len
-        if limit is not None and len(ids) >= limit:
-            raise PromptError(
-                f"prompt has {len(ids)} tokens but the context is {limit}: shorten the prompt "
-                "or raise the sampler's max_model_len"
-            )
-        if params.n != 1:
-            raise ValueError(
-                f"generate() samples one continuation (got n={params.n}); use generate_many()"
-            )
-        return ids
+        return check_prompt(prompt_ids, params, self._vocab_size(), limit)
 
     def _vocab_size(self) -> int:
         if not hasattr(self, "_vocab"):
             config = json.loads((self.model_dir / "config.json").read_text())
             self._vocab = int(config["vocab_size"])
         return self._vocab
-
-    def _vllm_params(self, params: SamplingParams) -> Any:
-        from vllm import SamplingParams as VSamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        return VSamplingParams(
-            n=1,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            max_tokens=params.max_new_tokens,
-            stop_token_ids=list(params.stop_token_ids),
-            stop=list(params.stop),
-            include_stop_str_in_output=True,
-            seed=params.seed,
-            logprobs=self.entropy_top_k if params.return_entropy else 0,
-            ignore_eos=self.ignore_eos,
-            skip_special_tokens=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-        )
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         await self.start()
@@ -347,7 +278,9 @@ class VLLMSampler(Sampler):
         final = None
         try:
             stream = self._engine.generate(
-                TokensPrompt(prompt_token_ids=ids), self._vllm_params(params), request_id
+                TokensPrompt(prompt_token_ids=ids),
+                vllm_params(params, self.entropy_top_k, self.ignore_eos),
+                request_id,
             )
             try:
                 async for out in stream:
@@ -365,47 +298,8 @@ class VLLMSampler(Sampler):
                 self._idle.set()
         if final is None or not final.outputs:
             raise SamplerError(f"vLLM returned no output for request {request_id}")
-        return self._to_generation(final.outputs[0], params, start_version)
-
-    def _to_generation(self, out: Any, params: SamplingParams, start_version: int) -> Generation:
-        token_ids = list(out.token_ids)
-        logprobs: list[float] = []
-        entropies: list[float] | None = [] if params.return_entropy else None
-        for token, top in zip(token_ids, out.logprobs or [], strict=False):
-            logprobs.append(float(top[token].logprob))
-            if entropies is not None:
-                entropies.append(
-                    _topk_entropy(
-                        [
-                            lp.logprob
-                            for t, lp in top.items()
-                            if lp.rank is not None and lp.rank <= self.entropy_top_k
-                        ]
-                    )
-                )
-        if len(logprobs) != len(token_ids):
-            raise SamplerError(
-                f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens"
-            )
-        versions = _span_versions(out.weight_versions, len(token_ids), start_version)
-        finish: FinishReason = (
-            out.finish_reason if out.finish_reason in ("stop", "length", "abort") else "stop"
-        )
-        truncated = params.temperature > 0 and (params.top_p < 1 or params.top_k > 0)
-        return Generation(
-            token_ids=token_ids,
-            logprobs=logprobs,
-            versions=versions,
-            finish_reason=finish,
-            entropies=entropies,
-            text=out.text or "",
-            metadata={
-                "logprobs": "truncated" if truncated else "exact",
-                "stop_reason": out.stop_reason,
-                # a swap preempts running sequences; they recompute their KV on the new
-                # weights (reset_prefix_cache(reset_running_requests=True), see _swap)
-                "on_update": self.on_update,
-            },
+        return to_generation(
+            final.outputs[0], params, start_version, self.entropy_top_k, self.on_update
         )
 
     # -- weights --------------------------------------------------------------------------
@@ -491,77 +385,3 @@ class VLLMSampler(Sampler):
                 f"{self.transfer_timeout_s:.0f} s (sampler.options.transfer_timeout_s); a worker "
                 "is stuck or gone"
             ) from e
-
-
-# engine settings the sampler owns: the option (or config key) that sets each
-_OWNED_ENGINE_ARGS = {
-    "model": "model.name",
-    "dtype": "the dtype option (model.dtype)",
-    "max_model_len": "the max_model_len option",
-    "max_num_seqs": "the max_batch_size option (sampler.max_batch_size)",
-    "enforce_eager": "the enforce_eager option",
-    "logprobs_mode": "nothing: processed_logprobs is our log-prob definition (module doc)",
-    "max_logprobs": "the entropy_top_k option",
-    "weight_transfer_config": "the weight_transport option",
-    "gpu_memory_utilization": "sampler.gpu_memory_fraction",
-    "worker_extension_cls": "nothing: agentrl.samplers.vllm_worker's reloads need it",
-}
-
-
-def check_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """`engine_kwargs` if every key is a ``vllm.AsyncEngineArgs`` field the sampler does not
-    set itself; else a ConfigError naming the key (and the closest field). Without vLLM
-    installed the keys are checked when the engine starts."""
-    from agentrl._suggest import suggest
-
-    kwargs = dict(engine_kwargs)
-    for key in kwargs:
-        if key in _OWNED_ENGINE_ARGS:
-            raise ConfigError(
-                f"engine_kwargs.{key} is set by the vllm sampler; use "
-                f"{_OWNED_ENGINE_ARGS[key]} instead"
-            )
-    try:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-    except ImportError:
-        return kwargs
-    import dataclasses
-
-    fields = sorted(f.name for f in dataclasses.fields(AsyncEngineArgs) if f.init)
-    for key in kwargs:
-        if key not in fields:
-            raise ConfigError(
-                f"engine_kwargs.{key} is not a vllm.AsyncEngineArgs field (vLLM "
-                f"{_vllm_version()})" + suggest(key, fields)
-            )
-    return kwargs
-
-
-def _vllm_version() -> str:
-    import vllm
-
-    return str(getattr(vllm, "__version__", "?"))
-
-
-def _topk_entropy(top_logprobs: Sequence[float]) -> float:
-    """Entropy lower bound from the top-k log-probs; the tail is lumped into one outcome."""
-    probs = [math.exp(lp) for lp in top_logprobs if lp > -math.inf]
-    entropy = -sum(p * math.log(p) for p in probs if p > 0)
-    rest = 1.0 - sum(probs)
-    if rest > 1e-12:
-        entropy -= rest * math.log(rest)
-    return entropy
-
-
-def _span_versions(spans: Any, n_tokens: int, fallback: int) -> list[int]:
-    if not spans:
-        return [fallback] * n_tokens
-    versions = [fallback] * n_tokens
-    for span in spans:
-        try:
-            label = int(span.version)
-        except (TypeError, ValueError):
-            label = fallback
-        for i in range(span.start, min(span.end, n_tokens)):
-            versions[i] = label
-    return versions

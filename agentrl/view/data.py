@@ -201,22 +201,12 @@ class Run:
         g = self.by_group.get(group_id)
         if g is None:
             raise KeyError(group_id)
-        with self.trace.open("rb") as f:
-            f.seek(g.offset)
-            raw = _loads(f.read(g.size))
-        if raw is None:
-            raise DatasetError(f"{self.trace}: the line of group {group_id} no longer parses")
-        return raw
+        return _read_line(self.trace, g, f"the line of group {group_id} no longer parses")
 
     def eval_group(self, number: int) -> dict[str, Any]:
         """A held-out group as written (read back from eval_trajectories.jsonl)."""
         g = self.eval_groups[number]
-        with self.eval_trace.open("rb") as f:
-            f.seek(g.offset)
-            raw = _loads(f.read(g.size))
-        if raw is None:
-            raise DatasetError(f"{self.eval_trace}: line of held-out group {number} is torn")
-        return raw
+        return _read_line(self.eval_trace, g, f"line of held-out group {number} is torn")
 
     def trajectory(self, traj_id: str) -> tuple[GroupSummary, dict[str, Any], dict[str, Any]]:
         g, i = self.by_traj[traj_id]
@@ -388,6 +378,16 @@ class Run:
                 "reason", "finished" if self.trained_steps else "rollout"
             ),
         }
+
+
+def _read_line(path: Path, g: GroupSummary, torn: str) -> dict[str, Any]:
+    """The group whose line `g` indexes in `path`, parsed (`torn`: what a bad line means)."""
+    with path.open("rb") as f:
+        f.seek(g.offset)
+        raw = _loads(f.read(g.size))
+    if raw is None:
+        raise DatasetError(f"{path}: {torn}")
+    return raw
 
 
 def _loads(line: bytes) -> dict[str, Any] | None:

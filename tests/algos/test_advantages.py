@@ -207,8 +207,43 @@ def test_dynamic_sampling_drops_uniform_groups():
 
 
 def test_bad_shapes_name_the_field():
-    with pytest.raises(ValueError, match="rewards must be a 1-D"):
+    with pytest.raises(ValueError, match=r"advantage .grpo. takes outcome rewards \[B\]"):
         compute_advantages("grpo", torch.zeros(2, 2), torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="group_ids"):
         compute_advantages("grpo", torch.zeros(3), torch.zeros(2, dtype=torch.long))
     assert math.isfinite(float(compute_advantages("grpo", torch.zeros(3), torch.zeros(3)).sum()))
+
+
+def test_rewards_are_routed_by_the_estimators_registration_with_a_shape_error():
+    r2, g, mask = torch.ones(2, 3), torch.tensor([0, 0]), torch.ones(2, 3)
+    # an outcome estimator given per-token rewards: named, with the shape it takes
+    with pytest.raises(
+        ValueError,
+        match=r"advantage 'grpo' takes outcome rewards \[B\].*reinforce_pp.*shape \(2, 3\)",
+    ):
+        estimate_advantages("grpo", r2, g, mask=mask)
+    with pytest.raises(
+        ValueError,
+        match=r"'reinforce_pp' takes outcome rewards \[B\] or per-token rewards \[B, T\]; got rewards of shape \(2, 3, 1\)",
+    ):
+        estimate_advantages("reinforce_pp", r2[..., None], g, mask=mask)
+    adv, returns = estimate_advantages("reinforce_pp", r2, g, mask=mask, gamma=1.0)
+    assert adv.shape == (2, 3) and returns is None
+
+    seen: dict[str, object] = {}
+
+    # its signature names mask and gamma, its registration declares neither: it gets neither
+    @ADVANTAGES.register("test_routed_outcome", inputs=())
+    def routed(rewards, group_ids, *, valid=None, mask=None, gamma=None):
+        seen.update(mask=mask, gamma=gamma)
+        return rewards - rewards.mean()
+
+    try:
+        estimate_advantages(
+            "test_routed_outcome", torch.tensor([1.0, 0.0]), g, mask=mask, gamma=0.5
+        )
+        assert seen == {"mask": None, "gamma": None}
+        with pytest.raises(ValueError, match="'test_routed_outcome' takes outcome rewards"):
+            estimate_advantages("test_routed_outcome", r2, g, mask=mask)
+    finally:
+        ADVANTAGES._fns.pop("test_routed_outcome", None)

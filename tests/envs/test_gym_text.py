@@ -113,6 +113,7 @@ def test_the_adapter_maps_reset_and_step_onto_turns() -> None:
     assert "target number is higher" in results[0].observations[0]["content"]
     paid = [r.step_reward for r in results[:-1]] + [results[-1].outcome]
     assert results[-1].done and info["step_rewards"] == paid
+    assert info["return"] == pytest.approx(sum(paid))  # what the game paid, each once
     assert reward == results[-1].outcome and results[-1].step_reward is None
 
     first, results, (reward, info) = anyio.run(
@@ -123,6 +124,7 @@ def test_the_adapter_maps_reset_and_step_onto_turns() -> None:
     assert "You moved disk 1 from A to C" in observation
     assert "You are playing Tower of Hanoi" not in observation  # the new text only
     assert not results[-1].done and reward == 0.0  # cut short: no outcome
+    assert info["return"] == 0.0 == sum(info["step_rewards"])  # TextArena pays at the end
 
 
 def test_a_game_that_raises_is_an_infra_error_of_its_episodes(tmp_path: Path) -> None:
@@ -220,6 +222,7 @@ def test_a_game_with_intermediate_rewards_trains_on_exactly_its_return() -> None
     from agentrl.learner.settings import AlgorithmSettings
     from agentrl.models import load_tokenizer
     from agentrl.rollout import EpisodeLimits, run_episode
+    from agentrl.run.events import summarize_group
     from agentrl.types import Batch, TrajectoryGroup
 
     game = {"code_length": 3, "num_numbers": 6, "max_turns": 6}
@@ -250,6 +253,11 @@ def test_a_game_with_intermediate_rewards_trains_on_exactly_its_return() -> None
     paid = traj.reward_info["step_rewards"]
     assert paid == pytest.approx([1 / 3, 1 / 3, 1 / 3])  # intermediate rewards, then the end
     game_return = sum(paid)
+    assert traj.reward_info["return"] == pytest.approx(game_return)
+    # the run's metric of it (TextArena's and GEM's episodes alike)
+    assert summarize_group(TrajectoryGroup(task["id"], [traj]))["return_mean"] == pytest.approx(
+        game_return
+    )
 
     loser = Trajectory.from_dict(traj.to_dict())
     loser.traj_id, loser.reward = "loser", 0.0

@@ -21,12 +21,10 @@ A failing, crashing or stalling answer scores 0; a sandbox that cannot grade rai
 from __future__ import annotations
 
 import ast
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from agentrl.envs.coding.harness import HarnessGrader, harness_source
-from agentrl.sandbox import Sandbox, create_sandbox
+from agentrl.sandbox import Sandbox
 
 HARNESS_SOURCE = harness_source("_function_harness.py")
 
@@ -67,29 +65,10 @@ class FunctionGrader(HarnessGrader):
     source = HARNESS_SOURCE
     who = "the answer"
 
-    def sandbox_limits(self) -> dict[str, Any]:
-        """Limits of the grading sandbox (each grading run takes a fresh interpreter)."""
-        return {
-            "memory_mb": self.memory_mb,
-            "timeout_s": self.test_timeout_s,
-            # the harness's own CPU over all tests (it mostly waits); each test's wall deadline
-            # bounds the answer's processes
-            "cpu_s": 300.0,
-            "max_output_bytes": 4 * 1024 * 1024,  # the report line
-            "max_sessions": self.concurrency,
-            "pool_size": min(2, self.concurrency),
-            "acquire_timeout_s": 600.0,
-            "label": "grader",
-        }
-
-    @asynccontextmanager
-    async def sandbox(self, backend: str = "auto") -> AsyncIterator[Sandbox]:
-        """A grading sandbox of its own (training shares one per run instead)."""
-        sb = create_sandbox(backend=backend, **self.sandbox_limits())
-        try:
-            yield sb
-        finally:
-            await sb.close()
+    def sandbox_limits(self) -> dict[str, Any]:  # type: ignore[override]
+        # the harness's own CPU over all tests (it mostly waits); each test's wall deadline
+        # bounds the answer's processes
+        return super().sandbox_limits(cpu_s=300.0, label="grader")
 
     async def grade(
         self, sandbox: Sandbox, task: dict[str, Any], answer: str | None

@@ -36,11 +36,14 @@ import hashlib
 import hmac
 import json
 import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from agentrl.errors import SandboxError
+from agentrl.sandbox import Sandbox, create_sandbox
 
 # Runs first in the sandbox: non-dumpable, then the report channel. PR_SET_DUMPABLE = 4.
 PRELUDE = """\
@@ -131,6 +134,39 @@ class HarnessGrader:
         self.memory_mb = int(memory_mb)
         self.max_message_bytes = int(max_message_bytes)
         self.concurrency = int(concurrency)
+
+    @classmethod
+    def from_options(cls, options: Any) -> Self:
+        """A grader with an environment's grading options (``reward``, ``test_timeout_s``,
+        ``grade_memory_mb``, ``grade_concurrency``)."""
+        return cls(
+            reward=options.reward,
+            test_timeout_s=options.test_timeout_s,
+            memory_mb=options.grade_memory_mb,
+            concurrency=options.grade_concurrency,
+        )
+
+    def sandbox_limits(self, **own: Any) -> dict[str, Any]:
+        """Limits of a grading sandbox (each grading run takes a fresh interpreter): what
+        every grader sets, and the subclass's `own` (CPU, /tmp, label)."""
+        return {
+            "memory_mb": self.memory_mb,
+            "timeout_s": self.test_timeout_s,
+            "max_output_bytes": 4 * 1024 * 1024,  # the report line
+            "max_sessions": self.concurrency,
+            "pool_size": min(2, self.concurrency),
+            "acquire_timeout_s": 600.0,
+            **own,
+        }
+
+    @asynccontextmanager
+    async def sandbox(self, backend: str = "auto", **limits: Any) -> AsyncIterator[Sandbox]:
+        """A grading sandbox of its own (training shares one per run instead)."""
+        sb = create_sandbox(backend=backend, **self.sandbox_limits(**limits))
+        try:
+            yield sb
+        finally:
+            await sb.close()
 
     async def run_tests(
         self, sandbox: Any, config: dict[str, Any], info: dict[str, Any]

@@ -18,13 +18,11 @@ cannot grade raises :class:`~agentrl.errors.SandboxError` (the episode is masked
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from agentrl.envs.coding.harness import HarnessGrader, harness_source
 from agentrl.envs.coding.repo_diff import DiffError, apply_diff
-from agentrl.sandbox import Sandbox, create_sandbox
+from agentrl.sandbox import Sandbox
 
 HARNESS_SOURCE = harness_source("_repo_harness.py")
 
@@ -40,28 +38,11 @@ class RepoGrader(HarnessGrader):
     source = HARNESS_SOURCE
     who = "the repository"
 
-    def sandbox_limits(self, tmp_mb: int = 64) -> dict[str, Any]:
-        """Limits of the grading sandbox (each grading run takes a fresh interpreter)."""
-        return {
-            "memory_mb": self.memory_mb,
-            "timeout_s": self.test_timeout_s,
-            "cpu_s": 4 * self.test_timeout_s,
-            "tmp_mb": tmp_mb,
-            "max_output_bytes": 4 * 1024 * 1024,  # the report line
-            "max_sessions": self.concurrency,
-            "pool_size": min(2, self.concurrency),
-            "acquire_timeout_s": 600.0,
-            "label": "repo-grader",
-        }
-
-    @asynccontextmanager
-    async def sandbox(self, backend: str = "auto", tmp_mb: int = 64) -> AsyncIterator[Sandbox]:
-        """A grading sandbox of its own (training shares one per run instead)."""
-        sb = create_sandbox(backend=backend, **self.sandbox_limits(tmp_mb))
-        try:
-            yield sb
-        finally:
-            await sb.close()
+    def sandbox_limits(self, tmp_mb: int = 64) -> dict[str, Any]:  # type: ignore[override]
+        """The grading sandbox's limits; its /tmp holds `tmp_mb` (sized from the repository)."""
+        return super().sandbox_limits(
+            cpu_s=4 * self.test_timeout_s, tmp_mb=tmp_mb, label="repo-grader"
+        )
 
     async def grade(
         self, sandbox: Sandbox, task: dict[str, Any], diff: str | None

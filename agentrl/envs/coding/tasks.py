@@ -19,12 +19,12 @@ passes when its code runs without raising).
 from __future__ import annotations
 
 import ast
-import json
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from agentrl.envs.dataset import read_jsonl
 from agentrl.errors import DatasetError
 from agentrl.extras import require
 
@@ -308,20 +308,12 @@ def load_tasks_file(path: str | Path) -> list[dict[str, Any]]:
         raise DatasetError(f"{path}: no such task file")
     tasks: list[dict[str, Any]] = []
     seen: dict[str, str] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{where}: invalid JSON ({e.msg})") from None
-            task = task_from_row(row, where, f"{path.stem}-{len(tasks)}")
-            if task["id"] in seen:
-                raise _field_error(where, "id", f"{task['id']!r} repeats {seen[task['id']]}")
-            seen[task["id"]] = where
-            tasks.append(task)
+    for where, row in read_jsonl(path):
+        task = task_from_row(row, where, f"{path.stem}-{len(tasks)}")
+        if task["id"] in seen:
+            raise _field_error(where, "id", f"{task['id']!r} repeats {seen[task['id']]}")
+        seen[task["id"]] = where
+        tasks.append(task)
     if not tasks:
         raise DatasetError(f"{path}: the file holds no tasks")
     return tasks

@@ -69,17 +69,16 @@ class Futures:
 
     def submit(self, fn: Callable[[], Any]) -> str:
         """Queue `fn`; its request id (the caller answers it to the SDK)."""
-        request_id = self._register()
-        with self._wake:
-            self._calls.append((request_id, fn))
-            self._wake.notify()
-        return request_id
+        return self._queue(self._calls, fn)
 
     def submit_batched(self, payload: Any) -> str:
         """Queue `payload` for the next batch run; its request id."""
+        return self._queue(self._batched, payload)
+
+    def _queue(self, queue: Any, item: Any) -> str:
         request_id = self._register()
         with self._wake:
-            self._batched.append((request_id, payload))
+            queue.append((request_id, item))
             self._wake.notify()
         return request_id
 
