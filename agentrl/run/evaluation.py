@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,25 @@ def group_scores(group: TrajectoryGroup, ks: list[int]) -> dict[str, float]:
     accepted = {a for a, ok in zip(answers, correct, strict=True) if ok and a is not None}
     out[f"maj@{n}"] = maj_at_k(answers, accepted)
     out["mean_reward"] = sum(t.reward for t in trajs) / n
+    return out
+
+
+def average_scores(per_task: list[dict[str, float]], samples: int) -> dict[str, float]:
+    """Each metric averaged over the tasks that have it, plus ``tasks_scored``.
+
+    A task whose samples partly failed for infrastructure reasons has fewer valid samples
+    than asked: its pass@k exists only for k up to that count, and its majority vote (over
+    the samples it has) is reported as ``maj@<samples asked>``. A missing score is not a
+    zero (an infrastructure failure is not a wrong answer); a task with no valid sample is
+    left out and counted by ``infra_errors`` and ``tasks_scored``.
+    """
+    rows = [
+        {(f"maj@{samples}" if k.startswith("maj@") else k): v for k, v in row.items()}
+        for row in per_task
+    ]
+    keys = sorted({k for row in rows for k in row})
+    out = {k: statistics.fmean(row[k] for row in rows if k in row) for k in keys}
+    out["tasks_scored"] = float(sum(1 for row in rows if row))
     return out
 
 
@@ -85,12 +105,9 @@ class Evaluator:
                 tg.start_soon(one)
         groups.sort(key=lambda g: int(g.metadata.get("task_index", 0)))
         self.last_groups = groups
-        per_task = [group_scores(g, self.ks) for g in groups]
-        keys = sorted({k for row in per_task for k in row})
-        out = {
-            f"eval/{k}": sum(row.get(k, 0.0) for row in per_task) / max(len(per_task), 1)
-            for k in keys
-        }
+        out = {f"eval/{k}": v for k, v in average_scores(
+            [group_scores(g, self.ks) for g in groups], self.samples
+        ).items()}  # fmt: skip
         out["eval/infra_errors"] = float(
             sum(1 for g in groups for t in g.trajectories if t.status == "infra_error")
         )
