@@ -19,6 +19,7 @@ stripped), ``lora.json`` (base model, rank, targets) and, for ``weights`` (save_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import secrets
@@ -56,6 +57,9 @@ class RequestError(AgentRLError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the status survives a trip through Ray
+        return (type(self), (str(self), self.status))
 
 
 @dataclass
@@ -129,6 +133,26 @@ class Engine:
     @property
     def context_length(self) -> int:
         return int(getattr(self.lm.config, "max_position_embeddings", 2048))
+
+    @property
+    def placement(self) -> str:
+        return f"in this process, {self.device}"
+
+    @property
+    def arch(self) -> str | None:
+        return getattr(self.lm.config, "model_type", None)
+
+    def close(self) -> None:
+        """Nothing to free beyond memory (a remote engine's proxy stops its process)."""
+
+    def describe_model(self, model_id: str) -> tuple[LoraSpec, int]:
+        """(spec, optimizer steps) of a training model: what the HTTP side shows of it."""
+        tm = self.model(model_id)
+        return tm.spec, tm.steps
+
+    def adapter_state(self, model_id: str) -> dict[str, Tensor]:
+        """A copy of the model's LoRA tensors on the host (tests compare them bitwise)."""
+        return {k: p.detach().cpu().clone() for k, p in self.model(model_id).params.items()}
 
     # --- adapters ------------------------------------------------------------------------
 
@@ -286,13 +310,7 @@ class Engine:
     # --- checkpoints ---------------------------------------------------------------------
 
     def _folder(self, path: str) -> tuple[Path, str]:
-        m = _PATH.match(path)
-        if m is None:
-            raise RequestError(
-                f"path {path!r} is not a checkpoint of this server: expected "
-                "tinker://MODEL_ID/weights/NAME or tinker://MODEL_ID/sampler_weights/NAME"
-            )
-        return self.state_dir / m.group(1) / m.group(2) / m.group(3), m.group(2)
+        return checkpoint_folder(self.state_dir, path)
 
     def _write(self, tm: TrainingModel, kind: str, name: str, optimizer: bool) -> str:
         from safetensors.torch import save_file
@@ -443,18 +461,14 @@ class Engine:
                 m._disable_adapters = False
 
     def check_sample(self, request: Request) -> None:
-        if not request.prompt:
-            raise RequestError("prompt is empty")
-        if len(request.prompt) + request.params.max_tokens > self.context_length:
-            raise RequestError(
-                f"prompt ({len(request.prompt)} tokens) + max_tokens "
-                f"({request.params.max_tokens}) exceeds {self.base_model}'s context of "
-                f"{self.context_length}"
-            )
+        check_sample(request, self.base_model, self.context_length)
 
-    def sample_batch(self, jobs: list[tuple[str | None, Request]]) -> list[Any]:
+    def sample_batch(
+        self, jobs: list[tuple[str | None, Request]], seed: int | None = None
+    ) -> list[Any]:
         """Each job's (sequences, prompt log-probs or None), or the error that refused it;
-        the accepted ones decoded in one batch. A job is (sampler path or None, request)."""
+        the accepted ones decoded in one batch. A job is (sampler path or None, request);
+        `seed` seeds the draws of unseeded requests (ranks that decode together share it)."""
         out: list[Any] = [None] * len(jobs)
         ready: list[tuple[int, Request]] = []
         keep = {path for path, _ in jobs if path is not None}
@@ -471,11 +485,36 @@ class Engine:
                 prompt_logprobs(self._forward, r, self.device) if r.prompt_logprobs else None
                 for r in requests
             ]
-            for (i, _), seqs, lp in zip(
-                ready, decode(self._forward, requests, self.device), scored, strict=True
-            ):
+            for r in requests:  # stop strings need text; a remote caller sends no tokenizer
+                if r.params.stop_strings and r.params.decode_text is None:
+                    r.params = dataclasses.replace(r.params, decode_text=self.tokenizer.decode)
+            decoded = decode(self._forward, requests, self.device, seed)
+            for (i, _), seqs, lp in zip(ready, decoded, scored, strict=True):
                 out[i] = (seqs, lp)
         return out
+
+
+def checkpoint_folder(state_dir: Path, path: str) -> tuple[Path, str]:
+    """(folder, kind) of a ``tinker://MODEL_ID/KIND/NAME`` path under `state_dir`."""
+    m = _PATH.match(path)
+    if m is None:
+        raise RequestError(
+            f"path {path!r} is not a checkpoint of this server: expected "
+            "tinker://MODEL_ID/weights/NAME or tinker://MODEL_ID/sampler_weights/NAME"
+        )
+    return Path(state_dir) / m.group(1) / m.group(2) / m.group(3), m.group(2)
+
+
+def check_sample(request: Request, base_model: str, context_length: int) -> None:
+    """Refuse a request that cannot be served (before it is queued)."""
+    if not request.prompt:
+        raise RequestError("prompt is empty")
+    if len(request.prompt) + request.params.max_tokens > context_length:
+        raise RequestError(
+            f"prompt ({len(request.prompt)} tokens) + max_tokens "
+            f"({request.params.max_tokens}) exceeds {base_model}'s context of "
+            f"{context_length}"
+        )
 
 
 def _linear_layers(model: Any) -> dict[str, str]:
