@@ -44,11 +44,12 @@ def client_round(url: str, base_model: str) -> dict[str, Any]:
         ),
     ]
     base = service.create_sampling_client(base_model=base_model).result()
-    losses = []
+    losses, norms = [], []
     for _ in range(5):
         fb = client.forward_backward(data, "cross_entropy")
-        client.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        step = client.optim_step(types.AdamParams(learning_rate=2e-2)).result()
         losses.append(fb.result().metrics["loss:sum"])
+        norms.append(step.metrics["grad_norm:mean"])
     trained = client.forward(data[:1], "cross_entropy").result()
     expected = trained.loss_fn_outputs[0]["logprobs"].tolist()
     sampler = client.save_weights_and_get_sampling_client().result()
@@ -65,6 +66,7 @@ def client_round(url: str, base_model: str) -> dict[str, Any]:
 
     return {
         "losses": losses,
+        "norms": norms,
         "expected": expected,
         "sampled": prompt_logprobs(sampler),
         "base": prompt_logprobs(base),
@@ -165,3 +167,49 @@ def test_the_engine_in_a_ray_actor_serves_the_same_client_code(tiny_folder, tmp_
     finally:
         server.close()
     assert not ray.is_initialized()  # the local instance stopped with the server
+
+
+@pytest.mark.slow  # two ranks load torch and the model (~30 s on 2 shared cores)
+@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
+def test_the_engine_on_two_ranks_serves_the_same_client_code(tiny_folder, tmp_path, parallel):
+    cfg = _config(
+        tiny_folder, "learner.device=cpu", "learner.world_size=2", f"learner.parallel={parallel}"
+    )
+    whole = _serve(_config(tiny_folder, "learner.device=cpu"), tmp_path / "one")
+    try:
+        whole_bytes = whole.service.engine.base_bytes()
+        one = client_round(whole.url, str(tiny_folder))
+    finally:
+        whole.close()
+    server = _serve(cfg, tmp_path / "two")
+    try:
+        engine = server.service.engine
+        assert engine.placement.startswith(f"2 ranks ({parallel})")
+        # FSDP: rank 0 holds about half of the base weights; DDP: all of them
+        if parallel == "fsdp":
+            assert engine.info["base_bytes"] < 0.6 * whole_bytes
+        else:
+            assert engine.info["base_bytes"] == whole_bytes
+        out = client_round(server.url, str(tiny_folder))
+        check_round(out)
+        # the ranks' gradients are summed: the same losses and gradient norms as one
+        # process (each rank took one of the two datums), within float noise
+        assert out["losses"] == pytest.approx(one["losses"], rel=1e-3)
+        assert out["norms"] == pytest.approx(one["norms"], rel=1e-3)
+        other = out["other"].model_id
+        before = engine.adapter_state(other)
+        out["client"].forward_backward(
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints([5, 6, 7]),
+                    loss_fn_inputs={"target_tokens": [6, 7, 8]},
+                )
+            ],  # one datum: rank 1 runs a padding forward and backward
+            "cross_entropy",
+        ).result()
+        out["client"].optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        after = engine.adapter_state(other)  # checks every rank holds the same copy
+        assert all(torch.equal(before[k], after[k]) for k in before)
+        engine.adapter_state(out["client"].model_id)
+    finally:
+        server.close()

@@ -142,6 +142,16 @@ class Engine:
     def arch(self) -> str | None:
         return getattr(self.lm.config, "model_type", None)
 
+    def base_bytes(self) -> int:
+        """Bytes of base weights this process holds (its shard under FSDP)."""
+        total = 0
+        for name, p in self.lm.named_parameters():
+            if ".lora_" in name:
+                continue
+            local = p.to_local() if hasattr(p, "to_local") else p
+            total += local.numel() * local.element_size()
+        return total
+
     def close(self) -> None:
         """Nothing to free beyond memory (a remote engine's proxy stops its process)."""
 
@@ -245,7 +255,7 @@ class Engine:
     # --- training ------------------------------------------------------------------------
 
     def forward_backward(
-        self, call: ForwardBackwardCall
+        self, call: ForwardBackwardCall, loss_scale: float = 1.0
     ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         tm = self.model(call.model_id)
         losses.check(call.loss_fn, call.data, call.config)
@@ -284,7 +294,7 @@ class Engine:
                 )
             assert total is not None
             if not call.forward_only:
-                total.backward()
+                (total * loss_scale).backward()  # 0: a rank's padding datum (FSDP lockstep)
         return outputs, {"loss:sum": float(total.detach())}
 
     def optim_step(self, model_id: str, adam: dict[str, float]) -> dict[str, Any]:

@@ -153,6 +153,7 @@ def describe(engine: Any) -> dict[str, Any]:
         "arch": engine.arch,
         "device": str(engine.device),
         "pid": os.getpid(),
+        "base_bytes": engine.base_bytes(),
     }
 
 
