@@ -47,6 +47,7 @@ OPTIMIZER_STATE = "optimizer.pt"
 LORA_ALPHA = 32  # Tinker's scale convention: alpha 32, so rank 32 adds B @ A unscaled
 SAMPLER_SLOTS = 8  # resident sampler snapshots (each one adapter's size)
 EPHEMERAL = "ephemeral"  # the name prefix of unnamed sampler snapshots
+PEFT_FOLDER = "peft"  # in a sampler snapshot's folder: its adapter as vLLM loads it (.vllm_lora)
 EPHEMERAL_KEEP = 8  # unnamed snapshots kept per model (an async loop samples a few old ones)
 _PATH = re.compile(r"^tinker://([^/]+)/(weights|sampler_weights)/([^/]+)$")
 
@@ -125,6 +126,7 @@ class Engine:
         self.peft: Any = None
         self.models: dict[str, TrainingModel] = {}
         self.slots: OrderedDict[str, str] = OrderedDict()  # sampler path -> adapter name
+        self.vllm: Any = None  # a VLLMLoraSampler: sampling through vLLM (sampler.backend: vllm)
         self._adapters = 0
         for p in self.lm.parameters():
             p.requires_grad_(False)
@@ -153,7 +155,10 @@ class Engine:
         return total
 
     def close(self) -> None:
-        """Nothing to free beyond memory (a remote engine's proxy stops its process)."""
+        """Stop the vLLM engine if there is one (a remote engine's proxy stops its process)."""
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
 
     def describe_model(self, model_id: str) -> tuple[LoraSpec, int]:
         """(spec, optimizer steps) of a training model: what the HTTP side shows of it."""
@@ -330,6 +335,7 @@ class Engine:
         path = f"tinker://{tm.model_id}/{kind}/{name}"
         folder, _ = self._folder(path)
         folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(folder / PEFT_FOLDER, ignore_errors=True)  # vLLM's copy of a re-saved name
         tensors = {k: p.detach().cpu().contiguous() for k, p in tm.params.items()}
         save_file(tensors, str(folder / ADAPTER_WEIGHTS))
         meta = tm.spec.as_json(self.base_model) | {"steps": tm.steps}
@@ -416,6 +422,8 @@ class Engine:
     # --- sampling ------------------------------------------------------------------------
 
     def _evict(self, path: str) -> None:
+        if self.vllm is not None:
+            self.vllm.forget(path)
         adapter = self.slots.pop(path, None)
         if adapter is not None:
             self.peft.delete_adapter(adapter)
@@ -479,6 +487,8 @@ class Engine:
         """Each job's (sequences, prompt log-probs or None), or the error that refused it;
         the accepted ones decoded in one batch. A job is (sampler path or None, request);
         `seed` seeds the draws of unseeded requests (ranks that decode together share it)."""
+        if self.vllm is not None:
+            return self.vllm.sample_batch(self, jobs, seed)
         out: list[Any] = [None] * len(jobs)
         ready: list[tuple[int, Request]] = []
         keep = {path for path, _ in jobs if path is not None}

@@ -12,6 +12,9 @@ The config places it the way it places a training run's learner, with the same k
 * ``learner.world_size: n`` (``learner.parallel: fsdp`` or ``ddp``): n ranks in one
   torch.distributed group (:mod:`.ranks`).
 
+``sampler.backend: vllm`` samples through vLLM's multi-LoRA (:mod:`.vllm_lora`) instead of
+peft's mixed-adapter batches (``hf``, the default).
+
 The HTTP server holds a :class:`~agentrl.run.tinker.remote.RemoteEngine` for the last two;
 the client code is the same for every placement.
 """
@@ -24,8 +27,9 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.errors import ConfigError
-from agentrl.run.settings import train_settings
+from agentrl.run.settings import sampler_settings, train_settings
 from agentrl.run.tinker.engine import Engine
+from agentrl.samplers.settings import SamplerSettings
 
 
 @dataclass(frozen=True)
@@ -39,12 +43,24 @@ class EngineSettings:
     world_size: int = 1  # learner.world_size
     parallel: str = "ddp"  # learner.parallel
     collective_timeout_s: float = 600.0
+    sampler: SamplerSettings | None = None  # sampler.backend: vllm (None: peft's batches)
 
 
 def engine_settings(cfg: Config) -> EngineSettings:
     """The engine's settings from a config (``learner.device`` resolved here: an error
     names the key)."""
     train = train_settings(cfg)
+    backend = cfg.sampler.backend
+    if backend == "openai":
+        raise ConfigError(
+            "agentrl serve --tinker: sampler.backend=openai cannot sample the trained "
+            "adapters; use hf (peft, the default) or vllm (vLLM's multi-LoRA)"
+        )
+    if backend == "vllm" and train.world_size > 1:
+        raise ConfigError(
+            "agentrl serve --tinker: sampler.backend=vllm with learner.world_size="
+            f"{train.world_size} is not supported; use learner.world_size=1 or sampler.backend=hf"
+        )
     return EngineSettings(
         base_model=cfg.model.name,
         dtype=None if cfg.model.dtype == "auto" else cfg.model.dtype,
@@ -53,6 +69,7 @@ def engine_settings(cfg: Config) -> EngineSettings:
         world_size=train.world_size,
         parallel=train.parallel,
         collective_timeout_s=train.collective_timeout_s,
+        sampler=sampler_settings(cfg) if backend == "vllm" else None,
     )
 
 
@@ -61,7 +78,12 @@ def load_engine(settings: EngineSettings, state_dir: Path) -> Engine:
     from agentrl.models import load_model
 
     model, tokenizer = load_model(settings.base_model, settings.dtype, device=settings.device)
-    return Engine(settings.base_model, model, tokenizer, state_dir, settings.device)
+    engine = Engine(settings.base_model, model, tokenizer, state_dir, settings.device)
+    if settings.sampler is not None:
+        from agentrl.run.tinker.vllm_lora import VLLMLoraSampler
+
+        engine.vllm = VLLMLoraSampler(settings.sampler, tokenizer.eos_token_id)
+    return engine
 
 
 def open_server_from_config(
