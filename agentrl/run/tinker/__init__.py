@@ -11,10 +11,12 @@ actor or on torch.distributed ranks (:mod:`.placement`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.run.tinker.engine import Engine
-from agentrl.run.tinker.server import TinkerServer, TinkerService
+
+if TYPE_CHECKING:  # the HTTP side needs fastapi (the [tinker] extra); the engine does not
+    from agentrl.run.tinker.server import TinkerServer, TinkerService
 
 
 def open_server(
@@ -42,12 +44,22 @@ def serve_engine(
 ) -> TinkerServer:
     """Serve `engine` (an :class:`Engine`, or a proxy of one in another process) over HTTP;
     the tokenizer is written under `state_dir` for the SDK's ``get_tokenizer``."""
+    from agentrl.run.tinker.server import TinkerServer, TinkerService
+
     tokenizer_dir = Path(state_dir) / "tokenizer"
     tokenizer_dir.mkdir(parents=True, exist_ok=True)
     engine.tokenizer.save_pretrained(tokenizer_dir)
     server = TinkerServer(TinkerService(engine, str(tokenizer_dir.resolve())), host, port)
     server.start()
     return server
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("TinkerServer", "TinkerService"):
+        from agentrl.run.tinker import server
+
+        return getattr(server, name)
+    raise AttributeError(name)
 
 
 __all__ = ["Engine", "TinkerServer", "TinkerService", "open_server", "serve_engine"]
