@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import secrets
 import shutil
@@ -139,6 +140,10 @@ class Engine:
     @property
     def placement(self) -> str:
         return f"in this process, {self.device}"
+
+    @property
+    def pids(self) -> list[int]:
+        return [os.getpid()]
 
     @property
     def arch(self) -> str | None:

@@ -291,7 +291,8 @@ def start_rank_engine(settings: Any, state_dir: Path) -> RemoteEngine:
         f"{settings.world_size} ranks ({settings.parallel}), pids {[p.pid for p in group.procs]}"
     )
     tokenizer = load_tokenizer(settings.base_model)
-    return RankEngineProxy(group.call, group.info, tokenizer, state_dir, group.close, where)
+    pids = [p.pid for p in group.procs]
+    return RankEngineProxy(group.call, group.info, tokenizer, state_dir, group.close, where, pids)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ class RemoteEngine:
         state_dir: Path,
         close: Callable[[], None] = lambda: None,
         placement: str = "remote",
+        pids: list[int] | None = None,
     ) -> None:
         self._call = call
         self.placement = f"{placement}, {info['device']}"
@@ -77,9 +78,14 @@ class RemoteEngine:
         self.tokenizer = tokenizer
         self.state_dir = Path(state_dir)
         self.models: dict[str, ModelView] = {}
+        self.pids = pids or [info["pid"]]  # the processes holding the model (memory checks)
 
     def close(self) -> None:
         self._close()
+
+    def base_bytes(self) -> int:
+        """Bytes of base weights the first engine process holds (rank 0's shard)."""
+        return int(self.info["base_bytes"])
 
     # --- read on the HTTP side ----------------------------------------------------------
 
@@ -228,10 +234,12 @@ def start_ray_engine(cfg: Config, state_dir: Path) -> RemoteEngine:
             return ray.get(handle.call.remote(method, *args))
         except ray.exceptions.RayTaskError as e:
             raise e.cause from None  # the engine's own error (a RequestError: a 400)
-        except ray.exceptions.RayActorError as e:
+        except ray.exceptions.RayError as e:  # the actor died (killed, out of memory)
+            first = (str(e).strip().splitlines() or [""])[0]
             raise RuntimeError(
-                f"the Tinker engine's Ray actor died while running {method}: {_first(e)}; "
-                "restart agentrl serve --tinker (saved checkpoints are intact)"
+                f"the Tinker engine's Ray actor failed while running {method} "
+                f"({type(e).__name__}: {first}); restart agentrl serve --tinker (saved "
+                "checkpoints are intact)"
             ) from None
 
     def close() -> None:
