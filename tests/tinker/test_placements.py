@@ -207,6 +207,8 @@ def test_the_engine_on_two_ranks_serves_the_same_client_code(tiny_folder, tmp_pa
             ],  # one datum: rank 1 runs a padding forward and backward
             "cross_entropy",
         ).result()
+        with pytest.raises(tinker.RequestFailedError, match="learning_rate must be >= 0"):
+            out["client"].optim_step(types.AdamParams(learning_rate=-1.0)).result()
         out["client"].optim_step(types.AdamParams(learning_rate=1e-2)).result()
         after = engine.adapter_state(other)  # checks every rank holds the same copy
         assert all(torch.equal(before[k], after[k]) for k in before)

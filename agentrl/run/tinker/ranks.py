@@ -44,7 +44,7 @@ from agentrl.learner.distributed import (
     leave_rank_group,
     set_collective_timeout,
 )
-from agentrl.run.tinker.engine import Engine
+from agentrl.run.tinker.engine import Engine, RequestError
 from agentrl.run.tinker.remote import RemoteEngine, describe, run_method
 from agentrl.run.tinker.wire import ForwardBackwardCall
 
@@ -86,10 +86,8 @@ class RankEngine(Engine):
         merged = [by_index[i] for i in range(len(call.data))]
         return merged, {"loss:sum": float(sum(t for _, _, t in gathered))}
 
-    def optim_step(self, model_id: str, adam: dict[str, float]) -> dict[str, Any]:
-        tm = self.model(model_id)
-        self._adapter_sum.reduce_gradients(list(tm.params.values()))
-        return super().optim_step(model_id, adam)
+    def _combine_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        self._adapter_sum.reduce_gradients(list(params))
 
     def adapter_state(self, model_id: str) -> dict[str, torch.Tensor]:
         """Rank 0's copy, after checking every rank holds the same one (bitwise)."""
@@ -108,6 +106,8 @@ class RankEngine(Engine):
     def _write(self, tm: Any, kind: str, name: str, optimizer: bool) -> str:
         if self.ranks.is_main:
             return super()._write(tm, kind, name, optimizer)
+        if not name or "/" in name:  # refused on every rank alike (rank 0's error is sent)
+            raise RequestError(f"checkpoint name {name!r} must be non-empty and without '/'")
         return f"tinker://{tm.model_id}/{kind}/{name}"  # the same path; rank 0 writes it
 
     def _drop(self, path: str) -> None:
