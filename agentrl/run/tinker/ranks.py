@@ -132,6 +132,8 @@ def _serve(conn: Connection) -> None:
         torch.set_num_threads(threads)
         device = torch.device(settings.device)
         init_rank_group(rank, world, address, device=device, timeout_s=START_TIMEOUT_S)
+        if device.type == "cuda":  # one GPU per rank: the group set this rank's (LOCAL_RANK)
+            settings = dataclasses.replace(settings, device=f"cuda:{torch.cuda.current_device()}")
         engine = _load(settings, Path(state_dir), Ranks(rank, world, settings.parallel))
         set_collective_timeout(settings.collective_timeout_s)
         _send(conn, ("ok", describe(engine)))
