@@ -18,6 +18,7 @@ The server runs in this process (a thread); the clients are the real SDK. Prints
 and writes benchmarks/results/tinker_<model>.json.
 
     --placement ray    the engine in a Ray actor (orchestrator.backend: ray)
+    --sampler vllm     sampling through vLLM's multi-LoRA (run it in .venv-vllm)
     --placement fsdp   two ranks, the base model sharded (learner.world_size: 2), ddp: whole
                        copies; memory is then the RSS of every engine process together
 (results: tinker_<model>_<placement>.json).
@@ -105,6 +106,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--samples", type=int, default=16, help="sample requests per client")
     parser.add_argument("--placement", choices=["local", "ray", "fsdp", "ddp"], default="local")
+    parser.add_argument(
+        "--sampler", choices=["hf", "vllm"], default="hf", help="vllm: run in .venv-vllm"
+    )
+    parser.add_argument("--out", type=Path, help="the JSON file (default: by model and placement)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -123,6 +128,8 @@ def main() -> None:
         "fsdp": ["learner.world_size=2", "learner.parallel=fsdp"],
         "ddp": ["learner.world_size=2", "learner.parallel=ddp"],
     }[args.placement]
+    if args.sampler == "vllm":
+        overrides += ["sampler.backend=vllm", "sampler.options.max_model_len=512"]
     server = open_server_from_config(load_config(overrides=overrides), state)
     engine = server.service.engine
     pids = engine.pids
@@ -156,6 +163,7 @@ def main() -> None:
     result = {
         "model": args.model,
         "placement": f"{args.placement}: {engine.placement}",
+        "sampler": args.sampler,
         "base_params_mb_in_first_engine_process": round(base_mb, 1),
         "lora_rank": args.rank,
         "adapter_params_mb": round(adapter_mb, 2),
@@ -183,7 +191,8 @@ def main() -> None:
     }
     server.close()
     suffix = "" if args.placement == "local" else f"_{args.placement}"
-    out = RESULTS / f"tinker_{args.model.replace('/', '_')}{suffix}.json"
+    suffix += "" if args.sampler == "hf" else f"_{args.sampler}"
+    out = args.out or RESULTS / f"tinker_{args.model.replace('/', '_')}{suffix}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"| measure | {args.model} |\n|---|---|")
     print(f"| base model params | {base_mb:.1f} MB |")
