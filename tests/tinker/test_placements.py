@@ -169,11 +169,24 @@ def test_the_engine_in_a_ray_actor_serves_the_same_client_code(tiny_folder, tmp_
     assert not ray.is_initialized()  # the local instance stopped with the server
 
 
+RAY = ["orchestrator.backend=ray", "ray.num_cpus=2", "ray.learner.num_cpus=0.5"]
+
+
 @pytest.mark.slow  # two ranks load torch and the model (~30 s on 2 shared cores)
-@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])
-def test_the_engine_on_two_ranks_serves_the_same_client_code(tiny_folder, tmp_path, parallel):
+@pytest.mark.parametrize(
+    ("parallel", "backend"), [("fsdp", "local"), ("ddp", "local"), ("fsdp", "ray")]
+)
+def test_the_engine_on_two_ranks_serves_the_same_client_code(
+    tiny_folder, tmp_path, parallel, backend
+):
+    if backend == "ray":
+        pytest.importorskip("ray")
     cfg = _config(
-        tiny_folder, "learner.device=cpu", "learner.world_size=2", f"learner.parallel={parallel}"
+        tiny_folder,
+        "learner.device=cpu",
+        "learner.world_size=2",
+        f"learner.parallel={parallel}",
+        *(RAY if backend == "ray" else []),
     )
     whole = _serve(_config(tiny_folder, "learner.device=cpu"), tmp_path / "one")
     try:
@@ -185,6 +198,7 @@ def test_the_engine_on_two_ranks_serves_the_same_client_code(tiny_folder, tmp_pa
     try:
         engine = server.service.engine
         assert engine.placement.startswith(f"2 ranks ({parallel})")
+        assert ("Ray actors" in engine.placement) == (backend == "ray")
         # FSDP: rank 0 holds about half of the base weights; DDP: all of them
         if parallel == "fsdp":
             assert engine.info["base_bytes"] < 0.6 * whole_bytes

@@ -10,7 +10,8 @@ The config places it the way it places a training run's learner, with the same k
   the server's node (it writes the ``tinker://`` checkpoints under ``--state-dir``);
   ``learner.device`` is resolved there, on the actor's own node;
 * ``learner.world_size: n`` (``learner.parallel: fsdp`` or ``ddp``): n ranks in one
-  torch.distributed group (:mod:`.ranks`).
+  torch.distributed group (:mod:`.ranks`): child processes of the server, or Ray actors
+  with ``orchestrator.backend: ray`` (:mod:`.ray_ranks`).
 
 ``sampler.backend: vllm`` samples through vLLM's multi-LoRA (:mod:`.vllm_lora`) instead of
 peft's mixed-adapter batches (``hf``, the default).
@@ -94,16 +95,14 @@ def open_server_from_config(
 
     settings = engine_settings(cfg)
     state_dir = Path(state_dir)
-    if settings.backend == "ray":
-        if settings.world_size > 1:
-            raise ConfigError(
-                "agentrl serve --tinker: orchestrator.backend=ray with learner.world_size="
-                f"{settings.world_size} is not supported; use learner.world_size=1 on Ray, or "
-                "orchestrator.backend=local for ranks on this machine"
-            )
+    if settings.backend == "ray" and settings.world_size > 1:
+        from agentrl.run.tinker.ray_ranks import start_ray_ranks
+
+        engine: Any = start_ray_ranks(cfg, state_dir)
+    elif settings.backend == "ray":
         from agentrl.run.tinker.remote import start_ray_engine
 
-        engine: Any = start_ray_engine(cfg, state_dir)
+        engine = start_ray_engine(cfg, state_dir)
     elif settings.world_size > 1:
         from agentrl.run.tinker.ranks import start_rank_engine
 

@@ -130,12 +130,7 @@ def _serve(conn: Connection) -> None:
     try:
         settings, state_dir, threads = _recv(conn)
         torch.set_num_threads(threads)
-        device = torch.device(settings.device)
-        init_rank_group(rank, world, address, device=device, timeout_s=START_TIMEOUT_S)
-        if device.type == "cuda":  # one GPU per rank: the group set this rank's (LOCAL_RANK)
-            settings = dataclasses.replace(settings, device=f"cuda:{torch.cuda.current_device()}")
-        engine = _load(settings, Path(state_dir), Ranks(rank, world, settings.parallel))
-        set_collective_timeout(settings.collective_timeout_s)
+        engine = join_and_load(settings, Path(state_dir), rank, world, address)
         _send(conn, ("ok", describe(engine)))
     except BaseException as e:
         _reply_error(conn, e)
@@ -154,6 +149,20 @@ def _serve(conn: Connection) -> None:
             _reply_error(conn, e)
     with contextlib.suppress(Exception):
         leave_rank_group()
+
+
+def join_and_load(
+    settings: Any, state_dir: Path, rank: int, world: int, address: str
+) -> RankEngine:
+    """Join the group at `address` as `rank` and load this rank's engine (a child process's
+    or a Ray actor's)."""
+    device = torch.device(settings.device)
+    init_rank_group(rank, world, address, device=device, timeout_s=START_TIMEOUT_S)
+    if device.type == "cuda":  # one GPU per rank: the group set this rank's (LOCAL_RANK)
+        settings = dataclasses.replace(settings, device=f"cuda:{torch.cuda.current_device()}")
+    engine = _load(settings, state_dir, Ranks(rank, world, settings.parallel))
+    set_collective_timeout(settings.collective_timeout_s)
+    return engine
 
 
 def _load(settings: Any, state_dir: Path, ranks: Ranks) -> RankEngine:
