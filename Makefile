@@ -43,7 +43,7 @@ test-vllm:
 	VENV_VLLM=$(VLLM_VENV) bash scripts/setup_vllm.sh
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_env.py tests/samplers/test_vllm_sampler.py tests/samplers/test_openai_sampler.py tests/samplers/test_vllm_eval.py \
 		tests/samplers/test_vllm_options.py tests/samplers/test_vllm_train.py tests/samplers/test_openai_train.py \
-		tests/samplers/test_vllm_mismatch.py tests/samplers/test_vllm_teacher.py
+		tests/samplers/test_vllm_mismatch.py tests/samplers/test_vllm_teacher.py tests/tinker/test_vllm_lora.py
 
 # On a CUDA machine: tests/gpu and benchmarks/gpu.py section by section, installed into the
 # machine's own Python (scripts/gpu_check.sh; one JSON per section under --out).

@@ -16,6 +16,12 @@ each extra training client adds on one shared base model.
 
 The server runs in this process (a thread); the clients are the real SDK. Prints a table
 and writes benchmarks/results/tinker_<model>.json.
+
+    --placement ray    the engine in a Ray actor (orchestrator.backend: ray)
+    --sampler vllm     sampling through vLLM's multi-LoRA (run it in .venv-vllm)
+    --placement fsdp   two ranks, the base model sharded (learner.world_size: 2), ddp: whole
+                       copies; memory is then the RSS of every engine process together
+(results: tinker_<model>_<placement>.json).
 """
 
 from __future__ import annotations
@@ -36,11 +42,14 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def _rss_mb(pids: list[int] | None = None) -> float:
+    """RSS of `pids` together (this process when None)."""
+    total = 0.0
+    for pid in pids or ["self"]:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
+    return total
 
 
 def _batch(tokenizer: Any, n: int, length: int) -> list[Any]:
@@ -96,20 +105,36 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--samples", type=int, default=16, help="sample requests per client")
+    parser.add_argument("--placement", choices=["local", "ray", "fsdp", "ddp"], default="local")
+    parser.add_argument(
+        "--sampler", choices=["hf", "vllm"], default="hf", help="vllm: run in .venv-vllm"
+    )
+    parser.add_argument("--out", type=Path, help="the JSON file (default: by model and placement)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
     import tinker
 
-    from agentrl.run.tinker import open_server
+    from agentrl.config import load_config
+    from agentrl.run.tinker.placement import open_server_from_config
 
     state = Path(tempfile.mkdtemp(prefix="tinker-bench-"))
     rss_start = _rss_mb()
-    server = open_server(args.model, state)
+    overrides = [f"model.name={args.model}", "model.dtype=float32", "learner.device=cpu"]
+    overrides += {
+        "local": [],
+        "ray": ["orchestrator.backend=ray", "ray.num_cpus=2", "ray.learner.num_cpus=1"],
+        "fsdp": ["learner.world_size=2", "learner.parallel=fsdp"],
+        "ddp": ["learner.world_size=2", "learner.parallel=ddp"],
+    }[args.placement]
+    if args.sampler == "vllm":
+        overrides += ["sampler.backend=vllm", "sampler.options.max_model_len=512"]
+    server = open_server_from_config(load_config(overrides=overrides), state)
     engine = server.service.engine
-    base_mb = sum(p.numel() * p.element_size() for p in engine.lm.parameters()) / 2**20
-    rss_base = _rss_mb()
+    pids = engine.pids
+    base_mb = engine.base_bytes() / 2**20
+    rss_base = _rss_mb(pids)
     service = tinker.ServiceClient(base_url=server.url, api_key="tml-bench")
     name = engine.base_model
     clients, rss_clients = [], []
@@ -122,16 +147,12 @@ def main() -> None:
     data = _batch(tokenizer, 8, 64)
     for client in clients:  # one step each: the AdamW moments exist from here on
         _train_rate([client], data, 1)
-        rss_clients.append(_rss_mb())
-    adapter_mb = (
-        sum(
-            p.numel() * p.element_size() for p in engine.models[clients[0].model_id].params.values()
-        )
-        / 2**20
-    )
+        rss_clients.append(_rss_mb(pids))
+    adapter = engine.adapter_state(clients[0].model_id)
+    adapter_mb = sum(t.numel() * t.element_size() for t in adapter.values()) / 2**20
     one_train = _train_rate(clients[:1], data, args.steps)
     all_train = _train_rate(clients, data, args.steps)
-    samplers = [c.save_weights_and_get_sampling_client() for c in clients]
+    samplers = [c.save_weights_and_get_sampling_client().result() for c in clients]
     prompt = tokenizer.encode("Once upon a time")
     _sample_rate(samplers[:1], prompt, 2)  # warm
     one_sample = _sample_rate(samplers[:1], prompt, args.samples)
@@ -141,7 +162,9 @@ def main() -> None:
     per_client = (rss_clients[-1] - rss_clients[0]) / max(1, len(rss_clients) - 1)
     result = {
         "model": args.model,
-        "base_params_mb": round(base_mb, 1),
+        "placement": f"{args.placement}: {engine.placement}",
+        "sampler": args.sampler,
+        "base_params_mb_in_first_engine_process": round(base_mb, 1),
         "lora_rank": args.rank,
         "adapter_params_mb": round(adapter_mb, 2),
         "adapter_plus_grad_plus_adam_mb": round(4 * adapter_mb, 2),
@@ -167,7 +190,9 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}",
     }
     server.close()
-    out = RESULTS / f"tinker_{args.model.replace('/', '_')}.json"
+    suffix = "" if args.placement == "local" else f"_{args.placement}"
+    suffix += "" if args.sampler == "hf" else f"_{args.sampler}"
+    out = args.out or RESULTS / f"tinker_{args.model.replace('/', '_')}{suffix}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"| measure | {args.model} |\n|---|---|")
     print(f"| base model params | {base_mb:.1f} MB |")

@@ -8,20 +8,19 @@ from typing import Any
 
 
 def serve_tinker(cfg: Any, host: str, port: int, state_dir: Path | None) -> None:
-    """Serve ``model.name`` (on ``learner.device``) to the official ``tinker`` SDK until
-    Ctrl-C; checkpoints (``tinker://`` paths) are folders under `state_dir`."""
+    """Serve ``model.name`` to the official ``tinker`` SDK until Ctrl-C, placed like a
+    learner (``learner.device``, ``orchestrator.backend: ray``, ``learner.world_size``);
+    checkpoints (``tinker://`` paths) are folders under `state_dir`."""
     from rich.console import Console
 
-    from agentrl.devices import resolve_device
-    from agentrl.run.tinker import open_server
+    from agentrl.run.tinker.placement import open_server_from_config
 
     console = Console()
     folder = state_dir or Path("runs") / f"tinker-{time.strftime('%Y%m%d-%H%M%S')}"
-    device = str(resolve_device(cfg.learner.device, "learner.device"))
-    dtype = None if cfg.model.dtype == "auto" else cfg.model.dtype
-    server = open_server(cfg.model.name, folder, dtype=dtype, device=device, host=host, port=port)
+    server = open_server_from_config(cfg, folder, host=host, port=port)
+    where = server.service.engine.placement
     console.print(
-        f"Tinker API for [bold]{cfg.model.name}[/bold] ({device}) at [bold]{server.url}[/bold]; "
+        f"Tinker API for [bold]{cfg.model.name}[/bold] ({where}) at [bold]{server.url}[/bold]; "
         f"checkpoints in {folder}\n"
         f'  tinker.ServiceClient(base_url="{server.url}", api_key="tml-local")  '
         "(any tml- key; Ctrl-C stops)"

@@ -62,8 +62,11 @@ def prompt_logprobs(forward: Forward, request: Request, device: torch.device) ->
 
 
 @torch.no_grad()
-def decode(forward: Forward, requests: list[Request], device: torch.device) -> list[list[Sequence]]:
-    """Each request's sequences, all rows decoded in one batch."""
+def decode(
+    forward: Forward, requests: list[Request], device: torch.device, seed: int | None = None
+) -> list[list[Sequence]]:
+    """Each request's sequences, all rows decoded in one batch (`seed`: the draws of the
+    unseeded rows; random when None)."""
     rows = [(r, i) for r in requests for i in range(r.num_samples)]
     width = max(len(r.prompt) for r in requests)
     ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
@@ -87,7 +90,7 @@ def decode(forward: Forward, requests: list[Request], device: torch.device) -> l
         else None
         for r, i in rows
     ]
-    rng = torch.Generator().manual_seed(secrets.randbits(63))
+    rng = torch.Generator().manual_seed(secrets.randbits(63) if seed is None else seed)
     adapters = [r.adapter for r, _ in rows]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     out = forward(ids, mask, positions, adapters, None)

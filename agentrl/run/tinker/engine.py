@@ -19,7 +19,9 @@ stripped), ``lora.json`` (base model, rank, targets) and, for ``weights`` (save_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import os
 import re
 import secrets
 import shutil
@@ -46,6 +48,7 @@ OPTIMIZER_STATE = "optimizer.pt"
 LORA_ALPHA = 32  # Tinker's scale convention: alpha 32, so rank 32 adds B @ A unscaled
 SAMPLER_SLOTS = 8  # resident sampler snapshots (each one adapter's size)
 EPHEMERAL = "ephemeral"  # the name prefix of unnamed sampler snapshots
+PEFT_FOLDER = "peft"  # in a sampler snapshot's folder: its adapter as vLLM loads it (.vllm_lora)
 EPHEMERAL_KEEP = 8  # unnamed snapshots kept per model (an async loop samples a few old ones)
 _PATH = re.compile(r"^tinker://([^/]+)/(weights|sampler_weights)/([^/]+)$")
 
@@ -56,6 +59,9 @@ class RequestError(AgentRLError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the status survives a trip through Ray
+        return (type(self), (str(self), self.status))
 
 
 @dataclass
@@ -121,6 +127,7 @@ class Engine:
         self.peft: Any = None
         self.models: dict[str, TrainingModel] = {}
         self.slots: OrderedDict[str, str] = OrderedDict()  # sampler path -> adapter name
+        self.vllm: Any = None  # a VLLMLoraSampler: sampling through vLLM (sampler.backend: vllm)
         self._adapters = 0
         for p in self.lm.parameters():
             p.requires_grad_(False)
@@ -129,6 +136,43 @@ class Engine:
     @property
     def context_length(self) -> int:
         return int(getattr(self.lm.config, "max_position_embeddings", 2048))
+
+    @property
+    def placement(self) -> str:
+        return f"in this process, {self.device}"
+
+    @property
+    def pids(self) -> list[int]:
+        return [os.getpid()]
+
+    @property
+    def arch(self) -> str | None:
+        return getattr(self.lm.config, "model_type", None)
+
+    def base_bytes(self) -> int:
+        """Bytes of base weights this process holds (its shard under FSDP)."""
+        total = 0
+        for name, p in self.lm.named_parameters():
+            if ".lora_" in name:
+                continue
+            local = p.to_local() if hasattr(p, "to_local") else p
+            total += local.numel() * local.element_size()
+        return total
+
+    def close(self) -> None:
+        """Stop the vLLM engine if there is one (a remote engine's proxy stops its process)."""
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
+
+    def describe_model(self, model_id: str) -> tuple[LoraSpec, int]:
+        """(spec, optimizer steps) of a training model: what the HTTP side shows of it."""
+        tm = self.model(model_id)
+        return tm.spec, tm.steps
+
+    def adapter_state(self, model_id: str) -> dict[str, Tensor]:
+        """A copy of the model's LoRA tensors on the host (tests compare them bitwise)."""
+        return {k: p.detach().cpu().clone() for k, p in self.model(model_id).params.items()}
 
     # --- adapters ------------------------------------------------------------------------
 
@@ -221,7 +265,7 @@ class Engine:
     # --- training ------------------------------------------------------------------------
 
     def forward_backward(
-        self, call: ForwardBackwardCall
+        self, call: ForwardBackwardCall, loss_scale: float = 1.0
     ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         tm = self.model(call.model_id)
         losses.check(call.loss_fn, call.data, call.config)
@@ -260,7 +304,7 @@ class Engine:
                 )
             assert total is not None
             if not call.forward_only:
-                total.backward()
+                (total * loss_scale).backward()  # 0: a rank's padding datum (FSDP lockstep)
         return outputs, {"loss:sum": float(total.detach())}
 
     def optim_step(self, model_id: str, adam: dict[str, float]) -> dict[str, Any]:
@@ -269,6 +313,7 @@ class Engine:
         if lr < 0:
             raise RequestError(f"adam_params.learning_rate must be >= 0 (got {lr})")
         params = list(tm.params.values())
+        self._combine_gradients(params)
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         clip = float(adam.get("grad_clip_norm", 0.0))
         if clip > 0:
@@ -283,16 +328,13 @@ class Engine:
         tm.steps += 1
         return {"metrics": {"grad_norm:mean": float(norm)}}
 
+    def _combine_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Where several processes hold copies of the adapter, sum their gradients (ranks)."""
+
     # --- checkpoints ---------------------------------------------------------------------
 
     def _folder(self, path: str) -> tuple[Path, str]:
-        m = _PATH.match(path)
-        if m is None:
-            raise RequestError(
-                f"path {path!r} is not a checkpoint of this server: expected "
-                "tinker://MODEL_ID/weights/NAME or tinker://MODEL_ID/sampler_weights/NAME"
-            )
-        return self.state_dir / m.group(1) / m.group(2) / m.group(3), m.group(2)
+        return checkpoint_folder(self.state_dir, path)
 
     def _write(self, tm: TrainingModel, kind: str, name: str, optimizer: bool) -> str:
         from safetensors.torch import save_file
@@ -302,6 +344,7 @@ class Engine:
         path = f"tinker://{tm.model_id}/{kind}/{name}"
         folder, _ = self._folder(path)
         folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(folder / PEFT_FOLDER, ignore_errors=True)  # vLLM's copy of a re-saved name
         tensors = {k: p.detach().cpu().contiguous() for k, p in tm.params.items()}
         save_file(tensors, str(folder / ADAPTER_WEIGHTS))
         meta = tm.spec.as_json(self.base_model) | {"steps": tm.steps}
@@ -388,6 +431,8 @@ class Engine:
     # --- sampling ------------------------------------------------------------------------
 
     def _evict(self, path: str) -> None:
+        if self.vllm is not None:
+            self.vllm.forget(path)
         adapter = self.slots.pop(path, None)
         if adapter is not None:
             self.peft.delete_adapter(adapter)
@@ -443,18 +488,16 @@ class Engine:
                 m._disable_adapters = False
 
     def check_sample(self, request: Request) -> None:
-        if not request.prompt:
-            raise RequestError("prompt is empty")
-        if len(request.prompt) + request.params.max_tokens > self.context_length:
-            raise RequestError(
-                f"prompt ({len(request.prompt)} tokens) + max_tokens "
-                f"({request.params.max_tokens}) exceeds {self.base_model}'s context of "
-                f"{self.context_length}"
-            )
+        check_sample(request, self.base_model, self.context_length)
 
-    def sample_batch(self, jobs: list[tuple[str | None, Request]]) -> list[Any]:
+    def sample_batch(
+        self, jobs: list[tuple[str | None, Request]], seed: int | None = None
+    ) -> list[Any]:
         """Each job's (sequences, prompt log-probs or None), or the error that refused it;
-        the accepted ones decoded in one batch. A job is (sampler path or None, request)."""
+        the accepted ones decoded in one batch. A job is (sampler path or None, request);
+        `seed` seeds the draws of unseeded requests (ranks that decode together share it)."""
+        if self.vllm is not None:
+            return self.vllm.sample_batch(self, jobs, seed)
         out: list[Any] = [None] * len(jobs)
         ready: list[tuple[int, Request]] = []
         keep = {path for path, _ in jobs if path is not None}
@@ -471,11 +514,36 @@ class Engine:
                 prompt_logprobs(self._forward, r, self.device) if r.prompt_logprobs else None
                 for r in requests
             ]
-            for (i, _), seqs, lp in zip(
-                ready, decode(self._forward, requests, self.device), scored, strict=True
-            ):
+            for r in requests:  # stop strings need text; a remote caller sends no tokenizer
+                if r.params.stop_strings and r.params.decode_text is None:
+                    r.params = dataclasses.replace(r.params, decode_text=self.tokenizer.decode)
+            decoded = decode(self._forward, requests, self.device, seed)
+            for (i, _), seqs, lp in zip(ready, decoded, scored, strict=True):
                 out[i] = (seqs, lp)
         return out
+
+
+def checkpoint_folder(state_dir: Path, path: str) -> tuple[Path, str]:
+    """(folder, kind) of a ``tinker://MODEL_ID/KIND/NAME`` path under `state_dir`."""
+    m = _PATH.match(path)
+    if m is None:
+        raise RequestError(
+            f"path {path!r} is not a checkpoint of this server: expected "
+            "tinker://MODEL_ID/weights/NAME or tinker://MODEL_ID/sampler_weights/NAME"
+        )
+    return Path(state_dir) / m.group(1) / m.group(2) / m.group(3), m.group(2)
+
+
+def check_sample(request: Request, base_model: str, context_length: int) -> None:
+    """Refuse a request that cannot be served (before it is queued)."""
+    if not request.prompt:
+        raise RequestError("prompt is empty")
+    if len(request.prompt) + request.params.max_tokens > context_length:
+        raise RequestError(
+            f"prompt ({len(request.prompt)} tokens) + max_tokens "
+            f"({request.params.max_tokens}) exceeds {base_model}'s context of "
+            f"{context_length}"
+        )
 
 
 def _linear_layers(model: Any) -> dict[str, str]:

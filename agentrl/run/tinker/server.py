@@ -71,6 +71,7 @@ class TinkerService:
 
     def close(self) -> None:
         self.futures.close()
+        self.engine.close()
 
     def _sample_batch(self, jobs: list[tuple[str | None, SampleJob]]) -> list[Any]:
         out = self.engine.sample_batch(jobs)
@@ -201,7 +202,7 @@ def create_app(service: TinkerService) -> Any:
             "is_lora": True,
             "lora_rank": tm.spec.rank,
             "model_data": {
-                "arch": getattr(engine.lm.config, "model_type", None),
+                "arch": engine.arch,
                 "model_name": engine.base_model,
                 "tokenizer_id": service.tokenizer_id,
             },
