@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from agentrl.models import load_model
+from agentrl.run.tinker.adapters import LoraSpec
 from agentrl.run.tinker.decode import DecodeParams, Request
-from agentrl.run.tinker.engine import Engine, LoraSpec
+from agentrl.run.tinker.engine import Engine
 from agentrl.run.tinker.wire import Datum, ForwardBackwardCall
 
 TEXT = "The quick brown fox jumps over the lazy dog, and the dog sleeps on."

@@ -344,7 +344,7 @@ def test_closing_a_service_client_frees_its_adapters(server, service, tiny_folde
 def test_unnamed_sampler_snapshots_are_bounded_and_say_why_they_are_gone(
     server, service, tiny_folder
 ):
-    from agentrl.run.tinker.engine import EPHEMERAL_KEEP
+    from agentrl.run.tinker.adapters import EPHEMERAL_KEEP
 
     client = service.create_lora_training_client(base_model=str(tiny_folder), rank=2).result()
     engine = server.service.engine

@@ -19,7 +19,6 @@ from typing import Any
 import agentrl.run.placement.cluster as cluster
 from agentrl.chat import ChatRenderer
 from agentrl.config import Config
-from agentrl.errors import ConfigError, PluginError
 from agentrl.models import load_tokenizer, prepare_files
 from agentrl.resources import ResourceScope
 from agentrl.run.components import Run, build_env
@@ -50,21 +49,6 @@ def _probe_env(cfg: Config) -> dict[str, str]:
 
     build_env(cfg)
     return {"node": ray.get_runtime_context().get_node_id(), "pid": str(os.getpid())}
-
-
-def _ready(ray: Any, refs: list[Any], what: str, timeout_s: float) -> list[Any]:
-    """Wait for actors' first calls; a constructor error becomes one line naming `what`."""
-    try:
-        return ray.get(refs, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        raise ConfigError(
-            f"{what} did not start within ray.start_timeout_s={timeout_s:g} s (available "
-            f"resources: {cluster._brief(ray.available_resources())})"
-        ) from None
-    except ray.exceptions.RayError as e:
-        cause = getattr(e, "cause", None) or e
-        first = str(cause).strip().splitlines()[-1] if str(cause).strip() else repr(cause)
-        raise PluginError(f"{what} failed to start: {type(cause).__name__}: {first}") from None
 
 
 def _learner_ranks(
@@ -114,7 +98,7 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Run:
         )
         # the environment (a plug-in) must import where the episodes run
         probe = ray.remote(num_cpus=0)(_probe_env)
-        _ready(
+        cluster.wait_started(
             ray,
             [
                 probe.options(**cluster.scheduling(pg_workers, i)).remote(cfg)
@@ -164,15 +148,17 @@ def assemble_on_ray(cfg: Config, role: str, **kwargs: Any) -> Run:
             workers.append(handle)
             actors.append(handle)
         # every actor boots at once (imports and model loads overlap); then wait for each role
-        infos = _ready(
+        infos = cluster.wait_started(
             ray,
             [s.describe.remote() for s in samplers],
             f"sampler replica (sampler.backend={cfg.sampler.backend})",
             timeout + 120,
         )
         info = infos[0]
-        _ready(ray, [w.describe.remote() for w in workers], "rollout worker", timeout + 60)
-        _ready(ray, [learner_handle.describe.remote()], "learner", timeout + 120)
+        cluster.wait_started(
+            ray, [w.describe.remote() for w in workers], "rollout worker", timeout + 60
+        )
+        cluster.wait_started(ray, [learner_handle.describe.remote()], "learner", timeout + 120)
         learner = RemoteLearner(ray, learner_handle)
         ray.get(learner_handle.connect_replicas.remote(samplers))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl.config import Config, RayRoleConfig
-from agentrl.errors import ConfigError
+from agentrl.errors import ConfigError, PluginError
 from agentrl.extras import require
 
 MIN_RAY = (2, 9)
@@ -292,3 +292,19 @@ def on_this_node(ray: Any) -> dict[str, Any]:
 
     node = ray.get_runtime_context().get_node_id()
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)}
+
+
+def wait_started(ray: Any, refs: list[Any], what: str, timeout_s: float) -> list[Any]:
+    """Wait for actors' first calls; a timeout or a constructor error becomes one line
+    naming `what` (and, on a timeout, what the cluster has free)."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise ConfigError(
+            f"{what} did not start within {timeout_s:g} s (ray.start_timeout_s plus model "
+            f"loading; available resources: {_brief(ray.available_resources())})"
+        ) from None
+    except ray.exceptions.RayError as e:
+        cause = getattr(e, "cause", None) or e
+        first = str(cause).strip().splitlines()[-1] if str(cause).strip() else repr(cause)
+        raise PluginError(f"{what} failed to start: {type(cause).__name__}: {first}") from None

@@ -67,7 +67,7 @@ def export_tinker_checkpoint(
     from agentrl.chat import ChatRenderer
     from agentrl.model_folder import write_model_folder
     from agentrl.models import load_model, resolve_dtype
-    from agentrl.run.tinker.engine import _linear_layers
+    from agentrl.run.tinker.adapters import linear_layers
 
     folder, out = Path(folder), Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -85,11 +85,11 @@ def export_tinker_checkpoint(
         "unembed": meta["train_unembed"],
     }
     targets = meta.get("targets") or sorted(
-        leaf for leaf, kind in _linear_layers(model).items() if wanted[kind]
+        leaf for leaf, kind in linear_layers(model).items() if wanted[kind]
     )
     head = model.get_output_embeddings()
     if getattr(model.config, "tie_word_embeddings", False) and any(
-        _linear_layers(model).get(t) == "unembed" for t in targets
+        linear_layers(model).get(t) == "unembed" for t in targets
     ):  # merging into a tied head would change the input embedding too: untie first
         head.weight = torch.nn.Parameter(head.weight.detach().clone())
         model.config.tie_word_embeddings = False

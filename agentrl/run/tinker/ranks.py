@@ -44,7 +44,8 @@ from agentrl.learner.distributed import (
     leave_rank_group,
     set_collective_timeout,
 )
-from agentrl.run.tinker.engine import Engine, RequestError
+from agentrl.run.tinker.adapters import RequestError
+from agentrl.run.tinker.engine import Engine
 from agentrl.run.tinker.remote import RemoteEngine, describe, run_method
 from agentrl.run.tinker.wire import ForwardBackwardCall
 

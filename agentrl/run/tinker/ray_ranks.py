@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config
-from agentrl.errors import ConfigError
 from agentrl.run.tinker.ranks import RankEngineProxy, join_and_load
 from agentrl.run.tinker.remote import describe, run_method
 
@@ -75,16 +74,10 @@ def start_ray_ranks(cfg: Config, state_dir: Path) -> RankEngineProxy:
         for r in range(1, world):
             placed = shell.options(**options, **cluster.scheduling(pg, r - 1))
             actors.append(placed.remote(cfg, r, address, folder))
-        try:
-            infos = ray.get([a.describe.remote() for a in actors], timeout=timeout + 120)
-        except ray.exceptions.GetTimeoutError:
-            raise ConfigError(
-                f"the Tinker engine's {world} rank actors (ray.learner: {cluster.demand(role)} "
-                f"each) did not start within {timeout + 120:g} s"
-            ) from None
-        except ray.exceptions.RayError as e:
-            first = (str(e).strip().splitlines() or [""])[-1]
-            raise ConfigError(f"a Tinker engine rank actor failed to start: {first}") from None
+        what = f"the Tinker engine's {world} rank actors (ray.learner: {cluster.demand(role)} each)"
+        infos = cluster.wait_started(
+            ray, [a.describe.remote() for a in actors], what, timeout + 120
+        )
     except BaseException:
         for a in actors:
             ray.kill(a, no_restart=True)

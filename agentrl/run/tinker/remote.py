@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import Config
-from agentrl.errors import ConfigError
-from agentrl.run.tinker.decode import Request
-from agentrl.run.tinker.engine import (
+from agentrl.run.tinker.adapters import (
     LoraSpec,
-    RequestError,
     check_sample,
     checkpoint_folder,
+    unknown_model,
 )
+from agentrl.run.tinker.decode import Request
 from agentrl.run.tinker.wire import ForwardBackwardCall
 
 # what a remote engine may be asked to run (anything else is a bug on the server's side)
@@ -92,11 +91,7 @@ class RemoteEngine:
     def model(self, model_id: str) -> ModelView:
         view = self.models.get(model_id)
         if view is None:
-            raise RequestError(
-                f"unknown model_id {model_id!r}: create it with create_lora_training_client "
-                "(models live as long as the server)",
-                404,
-            )
+            raise unknown_model(model_id)
         return view
 
     def _folder(self, path: str) -> tuple[Path, str]:
@@ -216,15 +211,8 @@ def start_ray_engine(cfg: Config, state_dir: Path) -> RemoteEngine:
         )
         handle = shell.remote(cfg, str(Path(state_dir).resolve()))
         timeout = cfg.ray.start_timeout_s + 120
-        try:
-            info = ray.get(handle.describe.remote(), timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise ConfigError(
-                f"the Tinker engine's actor (ray.learner: {cluster.demand(role)}) did not start "
-                f"within {timeout:g} s (available: {cluster._brief(ray.available_resources())})"
-            ) from None
-        except ray.exceptions.RayActorError as e:
-            raise ConfigError(f"the Tinker engine's actor failed to start: {_first(e)}") from None
+        what = f"the Tinker engine's actor (ray.learner: {cluster.demand(role)})"
+        (info,) = cluster.wait_started(ray, [handle.describe.remote()], what, timeout)
     except BaseException:
         conn.close()
         raise
@@ -252,8 +240,3 @@ def start_ray_engine(cfg: Config, state_dir: Path) -> RemoteEngine:
     tokenizer = load_tokenizer(cfg.model.name)
     where = f"Ray actor pid {info['pid']} on node {info['node'][:8]}"
     return RemoteEngine(call, info, tokenizer, state_dir, close, where)
-
-
-def _first(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[-1] if lines else type(e).__name__

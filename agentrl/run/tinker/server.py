@@ -34,9 +34,10 @@ except ModuleNotFoundError:
     require("fastapi", "tinker", "the Tinker server")  # MissingExtra naming the extra
     raise
 from agentrl.run.tinker import losses
+from agentrl.run.tinker.adapters import LoraSpec, RequestError
 from agentrl.run.tinker.decode import DecodeParams
 from agentrl.run.tinker.decode import Request as SampleJob
-from agentrl.run.tinker.engine import Engine, LoraSpec, RequestError
+from agentrl.run.tinker.engine import Engine
 from agentrl.run.tinker.futures import Futures
 from agentrl.run.tinker.wire import (
     WireError,

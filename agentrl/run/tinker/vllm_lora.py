@@ -25,8 +25,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from agentrl.run.tinker.adapters import PEFT_FOLDER, RequestError
 from agentrl.run.tinker.decode import BASE, Request, prompt_logprobs
-from agentrl.run.tinker.engine import PEFT_FOLDER, RequestError
 from agentrl.run.tinker.wire import Sequence
 from agentrl.samplers.settings import SamplerSettings
 
