@@ -1,7 +1,7 @@
 """Each harness trains the real SmolLM2-135M for 2 steps through `agentrl train`'s
 machinery, with its examples/harnesses config as it is (CPU heavy: minutes per harness).
 
-Prints one `harness-training` line per run (first prompt tokens, samples, step times, peak
+Prints one `harness-training` line per run (each sample's prompt tokens, samples, step times, peak
 RSS, rewards): docs/gateway.md's table of these runs is made from them."""
 
 from __future__ import annotations
