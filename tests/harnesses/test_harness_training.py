@@ -42,7 +42,7 @@ def test_two_training_steps_of_smollm2_through_a_harness(
     if not have(HARNESSES[name]):
         pytest.skip("make setup-harnesses")
     if name not in DEFAULT and os.environ.get("AGENTRL_HARNESS_TRAINING") != "all":
-        pytest.skip("AGENTRL_HARNESS_TRAINING=all trains through every harness (13-29 min each)")
+        pytest.skip("AGENTRL_HARNESS_TRAINING=all trains through every harness (12-29 min each)")
     from agentrl.config import load_config
 
     monkeypatch.chdir(REPO)  # the configs name the harnesses relative to the repo
