@@ -23,6 +23,7 @@ from agentrl.view.catalog import Catalog, Indexer
 from agentrl.view.data import SORTS, Filters, Run
 from agentrl.view.outcomes import call_error_text, call_outcome
 from agentrl.view.series import config_diff, eval_table, metric_payload
+from agentrl.view.session import RELATIONS, session_tree
 from agentrl.view.tokens import QUANTITIES, tokens_of, warm_up
 from agentrl.view.tree import WIDTH, layout
 
@@ -307,8 +308,12 @@ def create_app(root: Path, follow: bool = False, pending_run: bool = False) -> F
         summ = g.trajectories[r.by_traj[id][1]]
         trained_version = r.version_at.get(g.step) if g.trained else None
         toks, legend = tokens_of(t, color, _model_name(r), trained_version, summ.advantage)
+        session, credit = session_tree(t, raw_group)
         return render(
             "traj.html",
+            session=session,
+            credit=credit,
+            relations=RELATIONS,
             run=r,
             g=g,
             t=t,

@@ -125,11 +125,12 @@ async def test_opencode(inner: Any) -> None:
 @pytest.mark.skipif(not have(NODE_BIN / "opencode"), reason="make setup-harnesses")
 @pytest.mark.parametrize("credit", ["all", "main"])
 async def test_opencode_compaction_is_a_branch_of_the_session_tree(inner: Any, credit: str) -> None:
-    """A context limit just above OpenCode's first prompt: after the first reply it
-    compacts (a summarising conversation), then goes on from the summary."""
+    """A context limit just above OpenCode's first prompt (~4.9k tokens with the example's
+    three tools): after the first reply it compacts (a summarising conversation), then goes
+    on from the summary."""
     options = example_options("opencode")
     config = json.loads(options["env"]["OPENCODE_CONFIG_CONTENT"])
-    config["provider"]["agentrl"]["models"]["agentrl"]["limit"] = {"context": 7950, "output": 100}
+    config["provider"]["agentrl"]["models"]["agentrl"]["limit"] = {"context": 4950, "output": 100}
     options["env"] = {**options["env"], "OPENCODE_CONFIG_CONTENT": json.dumps(config)}
     policy = _opencode_policy(inner)
     result, trajs, session = await run_episode(policy, options, subagent_credit=credit)
@@ -191,7 +192,12 @@ class SubagentPolicy(ToolCallPolicy):
 @pytest.mark.skipif(not have(NODE_BIN / "claude"), reason="make setup-harnesses")
 async def test_claude_code_subagent_is_a_separate_sample_under_its_caller(inner: Any) -> None:
     policy = SubagentPolicy(inner)
-    result, trajs, _ = await run_episode(policy, example_options("claude_code"))
+    options = example_options("claude_code")
+    # the example keeps Bash, Read and Edit (SmolLM2's 8192 tokens); the Agent tool too here
+    command = list(options["command"])
+    for flag in ("--tools", "--allowedTools"):
+        command[command.index(flag) + 1] += ",Agent"
+    result, trajs, _ = await run_episode(policy, {**options, "command": command})
     assert result["reward"] == 1.0, result
     tree = trajs[0].metadata["gateway"]["tree"]
     assert [r["relation"] for r in tree] == ["root", "separate"]
