@@ -92,9 +92,13 @@ class ScriptedSampler(RecordingSampler):
 
 @pytest.fixture
 async def hf_sampler(tiny: tuple[Any, Any]) -> AsyncIterator[RecordingSampler]:
+    # the sampler computes on the session's tiny model itself: a test that publishes
+    # weights changes them for every later test, so they are put back afterwards
+    weights = {k: v.clone() for k, v in tiny[0].state_dict().items()}
     sampler = RecordingSampler(create_sampler("hf", model=tiny, max_batch_size=64, seed=0))
     yield sampler
     await sampler.close()
+    tiny[0].load_state_dict(weights)
 
 
 async def start_gateway(sampler: Sampler, **settings: Any) -> GatewayServer:
