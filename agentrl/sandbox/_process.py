@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import marshal
 import os
 import re
 import signal
@@ -32,6 +31,7 @@ from agentrl.sandbox._wire import (
     kernel_config,
     kernel_source,
     kernel_tag,
+    write_frame,
 )
 from agentrl.sandbox.limits import SandboxLimits
 
@@ -265,17 +265,8 @@ class KernelProcess:
             self._proto += data
 
     async def _write_frame(self, obj: dict[str, Any]) -> bool:
-        body = marshal.dumps(obj, 4)
-        view = memoryview(struct.pack(">I", len(body)) + body)
         fd = self._fds["in"]
-        while view:
-            try:
-                view = view[os.write(fd, view) :]
-            except BlockingIOError:
-                await anyio.wait_writable(fd)
-            except (BrokenPipeError, OSError):
-                return False
-        return True
+        return await write_frame(obj, lambda view: os.write(fd, view), fd)
 
     # --- one call -----------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import marshal
 import os
 import secrets
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,6 +57,24 @@ async def _read_some(fd: int) -> bytes:
             return os.read(fd, _READ_CHUNK)
         except BlockingIOError:
             await anyio.wait_readable(fd)
+
+
+async def write_frame(
+    obj: dict[str, Any], send: Callable[[memoryview], int], waitable: Any
+) -> bool:
+    """Send one length-prefixed marshal frame to the kernel through `send` (a non-blocking
+    write returning the bytes taken), waiting on `waitable` when the pipe is full; False
+    once the other side is gone."""
+    body = marshal.dumps(obj, 4)
+    view = memoryview(struct.pack(">I", len(body)) + body)
+    while view:
+        try:
+            view = view[send(view) :]
+        except (BlockingIOError, InterruptedError):
+            await anyio.wait_writable(waitable)
+        except OSError:  # BrokenPipeError included: the kernel is gone
+            return False
+    return True
 
 
 def _read_now(fd: int, limit: int) -> bytes:

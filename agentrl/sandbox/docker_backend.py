@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import marshal
 import os
 import struct
 import time
@@ -34,6 +33,7 @@ from agentrl.sandbox._wire import (
     kernel_config,
     kernel_source,
     kernel_tag,
+    write_frame,
 )
 from agentrl.sandbox.backends import Backend
 from agentrl.sandbox.limits import SandboxLimits
@@ -357,16 +357,7 @@ class DockerKernel:
                 (self._proto if kind == 1 else self._diag).extend(payload)
 
     async def _send(self, obj: dict[str, Any]) -> bool:
-        body = marshal.dumps(obj, 4)
-        view = memoryview(struct.pack(">I", len(body)) + body)
-        while view:
-            try:
-                view = view[self._raw.send(view) :]
-            except (BlockingIOError, InterruptedError):
-                await anyio.wait_writable(self._raw)
-            except OSError:
-                return False
-        return True
+        return await write_frame(obj, self._raw.send, self._raw)
 
     # --- one call -----------------------------------------------------------------------
 
