@@ -9,11 +9,9 @@ kernel after the code finishes marks where the call's output ends in each stream
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
-import struct
 import subprocess
 import time
 from typing import TYPE_CHECKING, Any
@@ -31,6 +29,7 @@ from agentrl.sandbox._wire import (
     kernel_config,
     kernel_source,
     kernel_tag,
+    take_frame,
     write_frame,
 )
 from agentrl.sandbox.limits import SandboxLimits
@@ -250,15 +249,9 @@ class KernelProcess:
         """The next frame from the kernel, or None when the kernel is gone."""
         fd = self._fds["proto"]
         while True:
-            if len(self._proto) >= 4:
-                (size,) = struct.unpack(">I", self._proto[:4])
-                if len(self._proto) >= 4 + size:
-                    body = bytes(self._proto[4 : 4 + size])
-                    del self._proto[: 4 + size]
-                    try:
-                        return json.loads(body)
-                    except ValueError:
-                        return {"op": "garbage"}
+            frame = take_frame(self._proto)
+            if frame is not None:
+                return frame
             data = await _read_some(fd)
             if not data:
                 return None

@@ -5,6 +5,7 @@ one call's output capture (cut at the limit, ended by a per-call nonce) and the 
 
 from __future__ import annotations
 
+import json
 import marshal
 import os
 import secrets
@@ -57,6 +58,22 @@ async def _read_some(fd: int) -> bytes:
             return os.read(fd, _READ_CHUNK)
         except BlockingIOError:
             await anyio.wait_readable(fd)
+
+
+def take_frame(buffer: bytearray) -> dict[str, Any] | None:
+    """Cut the first whole length-prefixed JSON frame off `buffer` (None until one has
+    fully arrived); a frame that is not JSON comes back as ``{"op": "garbage"}``."""
+    if len(buffer) < 4:
+        return None
+    size = int.from_bytes(buffer[:4], "big")
+    if len(buffer) < 4 + size:
+        return None
+    body = bytes(buffer[4 : 4 + size])
+    del buffer[: 4 + size]
+    try:
+        return json.loads(body)
+    except ValueError:
+        return {"op": "garbage"}
 
 
 async def write_frame(

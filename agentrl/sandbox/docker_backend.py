@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import struct
 import time
@@ -25,16 +24,8 @@ from typing import Any
 
 import anyio
 
+import agentrl.sandbox._wire as wire
 from agentrl.errors import SandboxError
-from agentrl.sandbox._wire import (
-    CallOutcome,
-    call_captures,
-    encode_config,
-    kernel_config,
-    kernel_source,
-    kernel_tag,
-    write_frame,
-)
 from agentrl.sandbox.backends import Backend
 from agentrl.sandbox.limits import SandboxLimits
 
@@ -238,7 +229,7 @@ class DockerKernel:
     # --- start / stop -------------------------------------------------------------------
 
     def _start_blocking(self) -> None:
-        cfg = kernel_config(self.limits)
+        cfg = wire.kernel_config(self.limits)
         cfg.update(mux=True, nproc=None)  # the container's pids limit bounds processes
         self._container = self.backend.take_container(self.limits)
         api = self.backend.client(self.limits).api
@@ -249,11 +240,11 @@ class DockerKernel:
                 _PYTHON,
                 "-I",
                 "-c",
-                kernel_source(),
+                wire.kernel_source(),
                 "0",
                 "1",
-                encode_config(cfg),
-                kernel_tag(self.limits),
+                wire.encode_config(cfg),
+                wire.kernel_tag(self.limits),
             ],
             stdin=True,
             stdout=True,
@@ -329,18 +320,11 @@ class DockerKernel:
 
     async def _read_frame(self, skip_output: bool = False) -> dict[str, Any] | None:
         while True:
-            if len(self._proto) >= 4:
-                (size,) = struct.unpack(">I", self._proto[:4])
-                if len(self._proto) >= 4 + size:
-                    body = bytes(self._proto[4 : 4 + size])
-                    del self._proto[: 4 + size]
-                    try:
-                        frame = json.loads(body)
-                    except ValueError:
-                        return {"op": "garbage"}
-                    if skip_output and frame.get("op") == "out":
-                        continue
-                    return frame
+            frame = wire.take_frame(self._proto)
+            if frame is not None:
+                if skip_output and frame.get("op") == "out":
+                    continue
+                return frame
             if self._eof:
                 return None
             data = await self._recv()
@@ -357,14 +341,14 @@ class DockerKernel:
                 (self._proto if kind == 1 else self._diag).extend(payload)
 
     async def _send(self, obj: dict[str, Any]) -> bool:
-        return await write_frame(obj, self._raw.send, self._raw)
+        return await wire.write_frame(obj, self._raw.send, self._raw)
 
     # --- one call -----------------------------------------------------------------------
 
-    async def execute(self, code: str, timeout: float) -> CallOutcome:
+    async def execute(self, code: str, timeout: float) -> wire.CallOutcome:
         limits = self.limits
         self._calls += 1
-        nonce, out, err = call_captures(limits, self._leftover)
+        nonce, out, err = wire.call_captures(limits, self._leftover)
         reply: dict[str, Any] | None = None
         flooded = broken = False
         timed_out = True
@@ -403,7 +387,7 @@ class DockerKernel:
         if done and not (flooded or timed_out or broken):
             assert reply is not None
             self._leftover = {"out": out.leftover, "err": err.leftover}
-            return CallOutcome(
+            return wire.CallOutcome(
                 out.text(),
                 err.text(),
                 int(reply.get("exit_code", 1)),
@@ -433,7 +417,7 @@ class DockerKernel:
             from agentrl.sandbox.backends import BwrapBackend
 
             status, exit_code = BwrapBackend().classify_exit(rc)  # 128 + N = signal N
-        return CallOutcome(
+        return wire.CallOutcome(
             out.text(),
             err.text(),
             exit_code,
