@@ -14,7 +14,10 @@ its defaults otherwise. Configurations, each a fresh process:
   its own process, ``orchestrator.learner_worker: auto``; for memory,
   ``learner.micro_batch_size: 4``, four micro-batches a step with the same gradients);
 - ``sync+gc`` / ``async+gc`` (on request): the same with ``model.gradient_checkpointing``,
-  which TRL turns on by default.
+  which TRL turns on by default;
+- ``sync+bf16s`` / ``async+bf16s`` / ``sync+int8s`` / ``async+int8s`` (on request): a
+  low-precision sampler (``sampler.weight_precision`` bfloat16 / int8), the learner as in
+  the plain rows (float32 masters and compute in the float32 rows): labelled as such.
 
 Each in ``float32`` and ``bfloat16``: TRL ``bf16=True`` (fp32 weights, bf16 autocast for
 generation and training); agentrl ``model.dtype: bfloat16`` and ``learner.bf16: on`` (fp32
@@ -64,7 +67,13 @@ GROUP = 8
 PROMPTS = 2
 NEW_TOKENS = 64
 DATA_SEED = 0
-CONFIGS = ["trl", "sync", "async", "sync+gc", "async+gc"]
+CONFIGS = [
+    "trl", "sync", "async", "sync+gc", "async+gc",
+    "sync+bf16s", "async+bf16s", "sync+int8s", "async+int8s",
+]  # fmt: skip
+# "+bf16s" / "+int8s": the sampler's weights in that precision (sampler.weight_precision),
+# the learner unchanged (float32 in the float32 rows)
+LOWPREC = {"bf16s": "bfloat16", "int8s": "int8"}
 # agentrl settings of this benchmark beyond the shared workload (--agentrl-set replaces them)
 AGENTRL_DEFAULT_SET: list[str] = []
 # reasoning-gym basic_arithmetic, code_math's "easy" settings (agentrl/envs/code_math.py)
@@ -230,6 +239,53 @@ def agentrl_overrides(settings: list[str], config: str) -> list[str]:
     return out
 
 
+def agentrl_config(
+    config: str, dtype: str, steps: int, lr: float, agentrl_set: list[str]
+) -> list[str]:
+    """The config overrides of an agentrl configuration (``sync``, ``async+bf16s``, ...)."""
+    mode, _, saver = config.partition("+")
+    staleness = 1 if mode == "async" else 0
+    inflight = (staleness + 1) * PROMPTS * GROUP
+    bf16 = dtype == "bfloat16"
+    return [
+        "model.name=smollm2-135m-instruct",
+        f"model.dtype={dtype}",
+        "env.name=benchmarks.vs_trl_env:ArithmeticEnv",
+        f"env.options={{size: {PROMPTS * (steps + 2)}, seed: {DATA_SEED}}}",
+        f"sampler.max_new_tokens={NEW_TOKENS}",
+        "sampler.temperature=1.0",
+        f"sampler.max_batch_size={inflight}",
+        f"rollout.group_size={GROUP}",
+        f"rollout.concurrency={inflight}",
+        "rollout.max_turns=1",
+        "rollout.max_tokens=512",
+        f"learner.batch_groups={PROMPTS}",
+        # async: micro-batches of 4 (the same gradients: the token-mean denominator is
+        # the whole batch's), so the learner holds less while the sampler's process holds
+        # its own memory: measured, 0.5 GB below micro-batches of 8 with
+        # learner.recompute_mlp at ~15% less learner time (docs/vs_trl.md, fifth round)
+        # bf16 sync: micro-batches of 8 (the configuration measured since the sixth
+        # round; the same gradients)
+        f"learner.micro_batch_size={PROMPTS * GROUP // (4 if mode == 'async' else 2 if bf16 else 1)}",
+        f"learner.lr={lr}",
+        f"learner.bf16={'on' if bf16 else 'off'}",
+        "algorithm.advantage=grpo",
+        "algorithm.policy_loss=ppo",
+        "algorithm.agg=token-mean",
+        "algorithm.eps_low=0.2",
+        "algorithm.eps_high=0.28",
+        "algorithm.off_policy=tis",
+        f"orchestrator.max_steps={steps}",
+        f"orchestrator.max_staleness={staleness}",
+        "orchestrator.checkpoint_every=0",
+        "logging.progress=false",
+        "logging.trace=false",
+        *(["model.gradient_checkpointing=true"] if saver == "gc" else []),
+        *([f"sampler.weight_precision={LOWPREC[saver]}"] if saver in LOWPREC else []),
+        *agentrl_overrides(agentrl_set, mode),
+    ]
+
+
 def child_agentrl(args: argparse.Namespace) -> dict[str, Any]:
     import anyio
     import torch
@@ -238,47 +294,8 @@ def child_agentrl(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.run.events import BatchTrained, GroupFinished
     from agentrl.run.orchestrator import Orchestrator
 
-    mode, _, saver = args.config.partition("+")
-    staleness = 1 if mode == "async" else 0
-    inflight = (staleness + 1) * PROMPTS * GROUP
-    bf16 = args.dtype == "bfloat16"
     cfg = load_config(
-        overrides=[
-            "model.name=smollm2-135m-instruct",
-            f"model.dtype={args.dtype}",
-            "env.name=benchmarks.vs_trl_env:ArithmeticEnv",
-            f"env.options={{size: {PROMPTS * (args.steps + 2)}, seed: {DATA_SEED}}}",
-            f"sampler.max_new_tokens={NEW_TOKENS}",
-            "sampler.temperature=1.0",
-            f"sampler.max_batch_size={inflight}",
-            f"rollout.group_size={GROUP}",
-            f"rollout.concurrency={inflight}",
-            "rollout.max_turns=1",
-            "rollout.max_tokens=512",
-            f"learner.batch_groups={PROMPTS}",
-            # async: micro-batches of 4 (the same gradients: the token-mean denominator is
-            # the whole batch's), so the learner holds less while the sampler's process holds
-            # its own memory: measured, 0.5 GB below micro-batches of 8 with
-            # learner.recompute_mlp at ~15% less learner time (docs/vs_trl.md, fifth round)
-            # bf16 sync: micro-batches of 8 (the configuration measured since the sixth
-            # round; the same gradients)
-            f"learner.micro_batch_size={PROMPTS * GROUP // (4 if mode == 'async' else 2 if bf16 else 1)}",
-            f"learner.lr={args.lr}",
-            f"learner.bf16={'on' if bf16 else 'off'}",
-            "algorithm.advantage=grpo",
-            "algorithm.policy_loss=ppo",
-            "algorithm.agg=token-mean",
-            "algorithm.eps_low=0.2",
-            "algorithm.eps_high=0.28",
-            "algorithm.off_policy=tis",
-            f"orchestrator.max_steps={args.steps}",
-            f"orchestrator.max_staleness={staleness}",
-            "orchestrator.checkpoint_every=0",
-            "logging.progress=false",
-            "logging.trace=false",
-            *(["model.gradient_checkpointing=true"] if saver == "gc" else []),
-            *agentrl_overrides(args.agentrl_set, mode),
-        ]
+        overrides=agentrl_config(args.config, args.dtype, args.steps, args.lr, args.agentrl_set)
     )
     with tempfile.TemporaryDirectory() as run_dir:
         orch = Orchestrator(cfg, Path(run_dir) / "run")
@@ -550,7 +567,8 @@ def main() -> None:
         nargs="+",
         default=["trl", "sync", "async"],
         choices=CONFIGS,
-        help="sync+gc / async+gc: agentrl with model.gradient_checkpointing (TRL's default)",
+        help="sync+gc / async+gc: agentrl with model.gradient_checkpointing (TRL's default); "
+        "+bf16s / +int8s: with a bfloat16 / int8 sampler (sampler.weight_precision)",
     )
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument(
@@ -615,6 +633,31 @@ def main() -> None:
             )
 
     summarize(args, runs)
+
+
+def machine() -> dict[str, Any]:
+    """The CPU the runs measured: its model, core count, the vector/bf16 features that pick
+    torch's kernels, and any forced kernel level (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)."""
+    info: dict[str, Any] = {"cpus": os.cpu_count()}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n")[0].splitlines():  # the first processor's block
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip()] = value.strip()
+    flags = set(fields.get("flags", "").split())
+    info["model"] = fields.get("model name", "")
+    info["avx2"] = "avx2" in flags
+    info["avx512f"] = "avx512f" in flags
+    info["avx512_bf16"] = "avx512_bf16" in flags
+    info["amx_bf16"] = "amx_bf16" in flags
+    for var in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        if os.environ.get(var):
+            info[var] = os.environ[var]
+    return info
 
 
 def summarize(args: argparse.Namespace, runs: list[dict]) -> None:
@@ -707,7 +750,7 @@ def summarize(args: argparse.Namespace, runs: list[dict]) -> None:
     print(f"load average (1 min) before each run: {min(loads):.1f} .. {max(loads):.1f}")
     result = {
         "benchmark": "vs_trl",
-        "machine": {"cpus": os.cpu_count()},
+        "machine": machine(),
         "args": {k: v for k, v in vars(args).items() if k not in ("trl_python",)},
         "workload": {
             "task": "reasoning-gym basic_arithmetic (easy)",
