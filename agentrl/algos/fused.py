@@ -35,6 +35,7 @@ FUSED_MODES = ("auto", "on", "off")
 # exp of anything below this is 0 in the normaliser: x86's exp takes a ~7x slower path when
 # its result is subnormal, and e^-80 is ~1e-35 of the row's largest term
 EXP_FLOOR = -80.0
+RECOMPILE_LIMIT = 64  # compiled variants kept per kernel (dynamo's default: 8)
 
 _lock = threading.Lock()
 _broken: str | None = None  # why compiling failed in this process, once it has
@@ -109,7 +110,11 @@ def call(name: str, mode: Fused, *args: Any) -> Any:
     in ``auto`` mode (the caller takes the eager path). In ``on`` mode a failure raises."""
     global _broken
     try:
-        return _get(name)(*args)
+        # each variant (entropy or not, logits dtype, entropy gradient or not, output dtype)
+        # is one compiled graph: a process that meets them all (a test run, a server of
+        # several models) must not hit dynamo's default limit of 8 per function
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return _get(name)(*args)
     except Exception as e:
         if mode == "on":
             raise RuntimeError(
