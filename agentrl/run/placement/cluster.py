@@ -301,8 +301,9 @@ def wait_started(ray: Any, refs: list[Any], what: str, timeout_s: float) -> list
         return ray.get(refs, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         raise ConfigError(
-            f"{what} did not start within {timeout_s:g} s (ray.start_timeout_s plus model "
-            f"loading; available resources: {_brief(ray.available_resources())})"
+            f"{what} did not start within {timeout_s:g} s (ray.start_timeout_s, plus time to "
+            f"load a model where it loads one; available resources: "
+            f"{_brief(ray.available_resources())})"
         ) from None
     except ray.exceptions.RayError as e:
         cause = getattr(e, "cause", None) or e
