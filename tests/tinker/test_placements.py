@@ -26,6 +26,15 @@ from agentrl.errors import ConfigError  # noqa: E402
 TEXT = "The quick brown fox jumps over the lazy dog, and the dog sleeps on."
 
 
+# one more training step of the first client, after which the other's adapter must be as it was
+ONE_DATUM = [
+    types.Datum(
+        model_input=types.ModelInput.from_ints([5, 6, 7]),
+        loss_fn_inputs={"target_tokens": [6, 7, 8]},
+    )
+]
+
+
 def client_round(url: str, base_model: str) -> dict[str, Any]:
     """What a user's loop does; returns what the test checks."""
     service = tinker.ServiceClient(base_url=url, api_key="tml-placement")
@@ -141,15 +150,7 @@ def test_the_engine_in_a_ray_actor_serves_the_same_client_code(tiny_folder, tmp_
         check_round(out)
         other = out["other"].model_id
         before = engine.adapter_state(other)
-        out["client"].forward_backward(
-            [
-                types.Datum(
-                    model_input=types.ModelInput.from_ints([5, 6, 7]),
-                    loss_fn_inputs={"target_tokens": [6, 7, 8]},
-                )
-            ],
-            "cross_entropy",
-        ).result()
+        out["client"].forward_backward(ONE_DATUM, "cross_entropy").result()
         out["client"].optim_step(types.AdamParams(learning_rate=1e-2)).result()
         after = engine.adapter_state(other)
         assert before.keys() == after.keys()
@@ -212,15 +213,8 @@ def test_the_engine_on_two_ranks_serves_the_same_client_code(
         assert out["norms"] == pytest.approx(one["norms"], rel=1e-3)
         other = out["other"].model_id
         before = engine.adapter_state(other)
-        out["client"].forward_backward(
-            [
-                types.Datum(
-                    model_input=types.ModelInput.from_ints([5, 6, 7]),
-                    loss_fn_inputs={"target_tokens": [6, 7, 8]},
-                )
-            ],  # one datum: rank 1 runs a padding forward and backward
-            "cross_entropy",
-        ).result()
+        # one datum: rank 1 runs a padding forward and backward
+        out["client"].forward_backward(ONE_DATUM, "cross_entropy").result()
         with pytest.raises(tinker.RequestFailedError, match="learning_rate must be >= 0"):
             out["client"].optim_step(types.AdamParams(learning_rate=-1.0)).result()
         out["client"].optim_step(types.AdamParams(learning_rate=1e-2)).result()
