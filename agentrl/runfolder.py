@@ -400,3 +400,26 @@ def _read_loop_state(ckpt: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError(f"checkpoint {ckpt}: {LOOP_STATE} has no step")
     return state
+
+
+def walk_session_tree(rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], int]]:
+    """A trace's session tree (``metadata.gateway.tree`` rows) depth first: each row with
+    its depth, children under their parent (`agentrl inspect` and the view both draw it)."""
+    children: dict[int | None, list[dict[str, Any]]] = {}
+    for row in rows:
+        children.setdefault(row.get("parent"), []).append(row)
+
+    def visit(row: dict[str, Any], depth: int) -> Iterator[tuple[dict[str, Any], int]]:
+        yield row, depth
+        for child in children.get(row["sample"], []):
+            yield from visit(child, depth + 1)
+
+    for root in children.get(None, []):
+        yield from visit(root, 0)
+
+
+def shared_with_parent(row: dict[str, Any]) -> str:
+    """What a ``continues`` sample shares with its parent; empty for the other relations."""
+    if row.get("relation") != "continues":
+        return ""
+    return f"{row.get('shared_messages', 0)} messages, {row.get('shared_tokens', 0)} tokens shared"

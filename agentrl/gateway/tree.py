@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agentrl.runfolder import shared_with_parent, walk_session_tree
+
 Relation = Literal["root", "continues", "separate", "choice"]
 SubagentCredit = Literal["all", "main"]
 
@@ -109,22 +111,13 @@ def tree_rows(samples: list[Any], keep: list[int], line: set[int]) -> list[dict[
 
 def format_tree(rows: list[dict[str, Any]], credit: str = "all") -> list[str]:
     """The tree as indented lines, children under their parent (for `agentrl inspect`)."""
-    children: dict[int | None, list[dict[str, Any]]] = {}
-    for row in rows:
-        children.setdefault(row["parent"], []).append(row)
     lines: list[str] = []
-
-    def walk(row: dict[str, Any], depth: int) -> None:
+    for row, depth in walk_session_tree(rows):
         mark = "main" if row["main"] else ("not trained" if credit == "main" else "")
         rel = row["relation"]
-        if rel == "continues":
-            rel += f" ({row['shared_messages']} messages, {row['shared_tokens']} tokens shared)"
+        if shared := shared_with_parent(row):
+            rel += f" ({shared})"
         text = f"{'  ' * depth}sample {row['sample'] + 1}: {rel}, {row['calls']} calls"
         text += f", {row['model_tokens']} model tokens" + (f" [{mark}]" if mark else "")
         lines.append(text)
-        for child in children.get(row["sample"], []):
-            walk(child, depth + 1)
-
-    for root in children.get(None, []):
-        walk(root, 0)
     return lines

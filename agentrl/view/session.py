@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.runfolder import shared_with_parent, walk_session_tree
+
 RELATIONS = {
     "root": "a new conversation",
     "continues": "goes on from its parent's leading messages (a compaction, an edited history)",
@@ -59,37 +61,20 @@ def session_tree(traj: dict[str, Any], group: dict[str, Any]) -> tuple[list[Sess
         g = other.get("metadata", {}).get("gateway") or {}
         if g.get("tree") == rows and _episode_id(other) == episode:
             kept[int(g["sample"])] = str(other["traj_id"])
-    children: dict[int | None, list[dict[str, Any]]] = {}
-    for row in rows:
-        children.setdefault(row.get("parent"), []).append(row)
-    nodes: list[SessionNode] = []
-
-    def visit(row: dict[str, Any], depth: int) -> None:
-        k = int(row["sample"])
-        detail = ""
-        if row.get("relation") == "continues":
-            detail = (
-                f"{row.get('shared_messages', 0)} messages, "
-                f"{row.get('shared_tokens', 0)} tokens shared"
-            )
-        nodes.append(
-            SessionNode(
-                sample=k + 1,
-                depth=depth,
-                relation=str(row.get("relation", "")),
-                detail=detail,
-                calls=int(row.get("calls", 0)),
-                model_tokens=int(row.get("model_tokens", 0)),
-                main=bool(row.get("main")),
-                credited=credit == "all" or bool(row.get("main")),
-                traj_id=kept.get(k),
-                current=k == gateway.get("sample"),
-                started_by=str(row.get("started_by") or ""),
-            )
+    nodes = [
+        SessionNode(
+            sample=int(row["sample"]) + 1,
+            depth=depth,
+            relation=str(row.get("relation", "")),
+            detail=shared_with_parent(row),
+            calls=int(row.get("calls", 0)),
+            model_tokens=int(row.get("model_tokens", 0)),
+            main=bool(row.get("main")),
+            credited=credit == "all" or bool(row.get("main")),
+            traj_id=kept.get(int(row["sample"])),
+            current=int(row["sample"]) == gateway.get("sample"),
+            started_by=str(row.get("started_by") or ""),
         )
-        for child in children.get(k, []):
-            visit(child, depth + 1)
-
-    for root in children.get(None, []):
-        visit(root, 0)
+        for row, depth in walk_session_tree(rows)
+    ]
     return nodes, credit
