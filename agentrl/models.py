@@ -89,6 +89,9 @@ def cpu_supports_bf16() -> bool:
 
     with contextlib.suppress(Exception):
         if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86"):
+            # ATen's kernels held below AVX-512 (ATEN_CPU_CAPABILITY=avx2) have no bf16 path
+            if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+                return False
             return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     from agentrl.cpu import cpu_flags

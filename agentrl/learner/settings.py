@@ -145,6 +145,7 @@ class PolicyModelSettings:
     seed: int = 0
     gradient_checkpointing: bool = False
     lora: LoraSettings | None = None
+    cpu_linear: str = "auto"  # auto | onednn | torch (agentrl.cpu_linear)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import torch
 
 from agentrl.chat import ChatRenderer
 from agentrl.config import Config
+from agentrl.cpu_linear import route_linears
 from agentrl.devices import check_memory, learner_bytes
 from agentrl.envs import AgentProgram, AnyEnvironment, make_env
 from agentrl.envs.dataset import attach_dataset
@@ -121,6 +122,8 @@ def load_learner(settings: LearnerSettings) -> Learner:
     policy, tokenizer = load_model(model.name, dtype="float32", seed=model.seed)
     if model.lora is not None:
         policy = apply_lora(policy, model.lora, model.gradient_checkpointing)
+    if device.type == "cpu":  # compiled layers trace torch's own linear (learner.compile)
+        route_linears(policy, "torch" if settings.train.compile == "on" else model.cpu_linear)
     n_params = sum(p.numel() for p in policy.parameters())
     n_trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     alg = settings.algorithm

@@ -206,6 +206,7 @@ def sampler_settings(cfg: Config) -> SamplerSettings:
         options=dict(s.options),
         model_name=cfg.model.name,
         model_dtype=cfg.model.dtype,
+        model_cpu_linear=cfg.model.cpu_linear,
         model_seed=cfg.model.seed,
         learner_device=cfg.learner.device,
         max_tokens=cfg.rollout.max_tokens,
@@ -359,6 +360,7 @@ def policy_model_settings(cfg: Config, name: str | None = None) -> PolicyModelSe
         seed=cfg.model.seed,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         lora=None if lora is None else mirror(LoraSettings, lora),
+        cpu_linear=cfg.model.cpu_linear,
     )
 
 

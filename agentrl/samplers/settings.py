@@ -36,6 +36,7 @@ class SamplerSettings:
     options: dict[str, Any] = field(default_factory=dict)
     model_name: str = "smollm2-135m-instruct"  # model.name
     model_dtype: str = "auto"  # model.dtype
+    model_cpu_linear: str = "auto"  # model.cpu_linear (hf on a CPU)
     model_seed: int = 0  # model.seed
     learner_device: str = "auto"  # learner.device (vllm: where the weights come from)
     max_tokens: int = 1024  # rollout.max_tokens (the hf sampler's memory check)
