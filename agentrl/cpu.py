@@ -8,9 +8,17 @@ every touch of it. On a small CPU that can cost more than the arithmetic
 (``benchmarks/learner_step.py`` compares both allocators). ``reuse`` raises both thresholds and
 puts every thread on the main arena, so freed memory stays in the process for the next
 allocation, as PyTorch's caching allocator does on a GPU. The price: resident memory stays
-near its peak. It is opt in (``orchestrator.cpu_allocator: reuse``; the default ``system``
-leaves the process's allocator as it is). Threads that allocated before the call keep
-their own arena, so apply it first thing (a run does, in its process settings).
+near its peak. It is opt in (``orchestrator.cpu_allocator: reuse``).
+
+The default, ``compact``, only puts every thread on the main arena and leaves glibc's
+thresholds as they are. Each thread that allocates otherwise gets an arena of its own: the
+sampler's thread, the learner's thread, oneDNN's and OpenMP's workers. Memory one thread
+freed then cannot serve another's next tensor, and the process holds several peaks'
+worth. In ``benchmarks/vs_trl.py``'s synchronous run (sampler and learner threads in one
+process, oneDNN linears) it took the peak RSS from 4,940 to 4,468-4,519 MB, and the step
+from 9.28 to 8.34-8.40 s (docs/performance.md). ``system`` leaves the process's allocator
+as it is. Threads that allocated before the call keep their own arena, so apply it first
+thing (a run does, in its process settings).
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ REUSE_MMAP_THRESHOLD = 1 << 30
 # free memory at the top of the heap kept before any is handed back
 REUSE_TRIM_THRESHOLD = (1 << 31) - 1
 
-Allocator = Literal["reuse", "system"]
+Allocator = Literal["compact", "reuse", "system"]
+ALLOCATORS: tuple[str, ...] = ("compact", "reuse", "system")
 
 
 def cpu_flags() -> set[str]:
@@ -52,18 +61,22 @@ def cpu_flags() -> set[str]:
 def set_allocator(mode: Allocator) -> bool:
     """Apply `mode` to glibc's malloc; returns whether anything was changed.
 
-    ``system`` changes nothing: glibc's defaults, unless ``reuse`` was applied earlier in
-    this process (the setting is process-wide and is not undone). Off glibc (macOS, musl)
-    both are no-ops.
+    ``compact``: one arena for every thread, glibc's thresholds as they are. ``reuse``: one
+    arena, and freed memory kept for reuse. ``system`` changes nothing: glibc's defaults,
+    unless another mode was applied earlier in this process (the setting is process-wide
+    and is not undone). Off glibc (macOS, musl) all are no-ops.
     """
-    if mode not in ("reuse", "system"):
-        raise ValueError(f"orchestrator.cpu_allocator must be 'reuse' or 'system' (got {mode!r})")
+    if mode not in ALLOCATORS:
+        raise ValueError(
+            f"orchestrator.cpu_allocator must be 'compact', 'reuse' or 'system' (got {mode!r})"
+        )
     if mode == "system" or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    ok = libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(REUSE_MMAP_THRESHOLD)) == 1
-    ok = libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(REUSE_TRIM_THRESHOLD)) == 1 and ok
-    ok = libc.mallopt(_M_ARENA_MAX, ctypes.c_int(1)) == 1 and ok
+    ok = libc.mallopt(_M_ARENA_MAX, ctypes.c_int(1)) == 1
+    if mode == "reuse":
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(REUSE_MMAP_THRESHOLD)) == 1 and ok
+        ok = libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(REUSE_TRIM_THRESHOLD)) == 1 and ok
     if not ok:
         log.warning("mallopt refused the allocator thresholds; freed memory goes back to the OS")
     return ok

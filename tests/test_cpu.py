@@ -45,16 +45,19 @@ def _probe(mode: str) -> dict:
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only"
 )
 def test_reuse_keeps_a_worker_threads_freed_block_in_the_process():
-    reuse, system = _probe("reuse"), _probe("system")
-    assert reuse["changed"] and not system["changed"]
+    reuse, system, compact = _probe("reuse"), _probe("system"), _probe("compact")
+    assert reuse["changed"] and compact["changed"] and not system["changed"]
     # reuse: the 128 MiB block came from the main heap and stays there for the next tensor
     assert reuse["free_in_heap"] >= 128 << 20
-    # system: it was mmapped and went straight back to the kernel
+    # system and compact: it was mmapped and went straight back to the kernel
     assert system["free_in_heap"] < 128 << 20
+    assert compact["free_in_heap"] < 128 << 20
 
 
 def test_bad_allocator_names_the_field():
-    with pytest.raises(ValueError, match=r"orchestrator\.cpu_allocator.*'reuse' or 'system'"):
+    with pytest.raises(
+        ValueError, match=r"orchestrator\.cpu_allocator.*'compact', 'reuse' or 'system'"
+    ):
         set_allocator("jemalloc")  # type: ignore[arg-type]
     assert set_allocator("system") is False
 
