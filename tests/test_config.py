@@ -108,10 +108,11 @@ def test_removed_keys_say_they_were_removed(key, value, says, tmp_path):
         assert f"{key} was removed" in str(err.value) and says in str(err.value)
 
 
-def test_the_process_allocator_is_the_systems_unless_asked():
-    assert load_config().orchestrator.cpu_allocator == "system"
-    reuse = load_config(None, ["orchestrator.cpu_allocator=reuse"])
-    assert reuse.orchestrator.cpu_allocator == "reuse"
+def test_the_process_allocator_is_one_arena_unless_asked():
+    assert load_config().orchestrator.cpu_allocator == "compact"
+    for mode in ("reuse", "system"):
+        cfg = load_config(None, [f"orchestrator.cpu_allocator={mode}"])
+        assert cfg.orchestrator.cpu_allocator == mode
 
 
 DEMO = Path(__file__).parent.parent / "configs" / "demo.yaml"
