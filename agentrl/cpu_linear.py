@@ -64,6 +64,12 @@ def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+def matmul_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b.T`` of 2-D float32 CPU tensors (any strides) by oneDNN, for callers that
+    run the products of a routed layer themselves (the learner's chunked LM head)."""
+    return _onednn(a, b, None)
+
+
 class _OneDNNLinear(torch.autograd.Function):
     """``F.linear`` with oneDNN products forward and backward:
     ``y = x W^T + b``, ``dx = dy W``, ``dW = dy^T x``, ``db = sum(dy)``."""

@@ -140,3 +140,27 @@ def test_a_run_trains_the_same_with_onednn_linears_in_the_sampler_and_the_learne
     ]
     moved = (flat[0] - flat[2]).abs().mean()
     assert moved > 0 and (flat[0] - flat[1]).abs().mean() < 0.05 * moved
+
+
+@pytest.mark.parametrize("chunk", [5, 64])  # several chunks; one (its logits kept)
+def test_the_learners_lm_head_products_by_onednn_match_torchs(chunk: int):
+    from agentrl.algos import chunked_logprobs_entropy
+
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(23, 32, generator=gen, requires_grad=True)
+    weight = torch.randn(300, 32, generator=gen, requires_grad=True)
+    labels = torch.randint(0, 300, (23,), generator=gen)
+    labels[3] = -100  # padding: log-prob 0
+    r = torch.randn(2, 23, generator=gen)
+
+    def run(onednn: bool) -> list[torch.Tensor]:
+        lp, ent = chunked_logprobs_entropy(
+            hidden, weight, labels, temperature=0.7, chunk=chunk, onednn=onednn
+        )
+        ((lp * r[0]).sum() + (ent * r[1]).sum()).backward()
+        out = [lp.detach(), ent.detach(), hidden.grad.clone(), weight.grad.clone()]
+        hidden.grad = weight.grad = None
+        return out
+
+    theirs, ours = run(False), run(True)
+    assert all(_close(a, b, rtol=1e-4) for a, b in zip(ours, theirs, strict=True))

@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from agentrl.algos import fused as fused_kernels
 from agentrl.algos.fused import Fused
+from agentrl.cpu_linear import matmul_t
 
 # (data_ptr, version, dtype) -> the weight cast to dtype, while a cast_once() region is open
 _casts: dict[tuple[int, int, torch.dtype], Tensor] | None = None
@@ -187,6 +188,13 @@ def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
+def _logits(hidden: Tensor, weight: Tensor, out: Tensor, onednn: bool) -> Tensor:
+    """``hidden @ weight.T`` written into `out` (a workspace buffer reused every chunk)."""
+    if onednn:
+        return out.copy_(matmul_t(hidden, weight))
+    return torch.mm(hidden, weight.t(), out=out)
+
+
 class _LinearLogprobEntropy(torch.autograd.Function):
     """(hidden [N, H], weight [V, H], labels [N]) -> (logprob [N], entropy [N]), chunked.
 
@@ -207,8 +215,11 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         chunk: int,
         with_entropy: bool,
         fused: Fused,
+        onednn: bool,
     ) -> tuple[Tensor, Tensor]:
         mm_dtype = _matmul_dtype(hidden, weight)
+        # the products by oneDNN (model.cpu_linear) where they run in float32 on the CPU
+        ctx.onednn = onednn and mm_dtype == torch.float32 and hidden.device.type == "cpu"
         # dtypes are chosen explicitly below; autocast would recast the [n, V] reductions
         with torch.autocast(hidden.device.type, enabled=False):
             return _LinearLogprobEntropy._forward(
@@ -245,7 +256,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         for s in range(0, N, chunk):
             e = min(s + chunk, N)
             n = e - s
-            z = torch.mm(hidden[s:e].to(mm_dtype), w.t(), out=z_buf[:n])
+            z = _logits(hidden[s:e].to(mm_dtype), w, z_buf[:n], ctx.onednn)  # type: ignore[attr-defined]
             if compiled:
                 out = fused_kernels.call("forward", fused, z, safe[s:e], inv_t_t, with_entropy)
                 if out is not None:
@@ -304,7 +315,8 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         mm_dtype: torch.dtype = ctx.mm_dtype  # type: ignore[attr-defined]
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
         use_ent = ctx.with_entropy and g_ent is not None  # type: ignore[attr-defined]
-        none = (None, None, None, None, None, None, None)
+        none = (None, None, None, None, None, None, None, None)
+        onednn: bool = ctx.onednn  # type: ignore[attr-defined]
         if (g_lp is None and not use_ent) or not (need_h or need_w):
             return none
         N, V = hidden.shape[0], weight.shape[0]
@@ -347,7 +359,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             e = min(s + chunk, N)
             n = e - s
             h = hidden[s:e].to(mm_dtype)
-            z = z_buf[:n] if kept is not None else torch.mm(h, w.t(), out=z_buf[:n])
+            z = z_buf[:n] if kept is not None else _logits(h, w, z_buf[:n], onednn)
             grad_z = None
             if compiled:
                 grad_z = fused_kernels.call(
@@ -377,10 +389,13 @@ class _LinearLogprobEntropy(torch.autograd.Function):
                 if grad_z.dtype != mm_dtype:
                     grad_z = z.copy_(grad_z)  # the matmul buffer is free again
             if grad_h is not None:
-                grad_h[s:e] = grad_z @ w
+                grad_h[s:e] = matmul_t(grad_z, w.t()) if onednn else grad_z @ w
             if not need_w:
                 continue
-            if grad_w is None:
+            if onednn:  # float32: gw_buf is None
+                part = matmul_t(grad_z.t(), h.t())
+                grad_w = part if grad_w is None else grad_w.add_(part)
+            elif grad_w is None:
                 grad_w = torch.mm(grad_z.t(), h).to(dt)
             elif gw_buf is None:
                 grad_w.addmm_(grad_z.t(), h)
@@ -389,6 +404,7 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         return (
             grad_h,
             (grad_w.to(weight.dtype) if grad_w is not None else None),
+            None,
             None,
             None,
             None,
@@ -405,6 +421,7 @@ def chunked_logprobs_entropy(
     chunk: int = 512,
     with_entropy: bool = True,
     fused: Fused = "auto",
+    onednn: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token log-prob (and entropy) from final hidden states, chunk by chunk.
 
@@ -412,7 +429,9 @@ def chunked_logprobs_entropy(
     ``labels``' shape, float32; gradients flow to both ``hidden`` and ``lm_head_weight``
     while only ``[chunk, V]`` logits exist at any time, in forward and in backward.
     ``fused``: the compiled element-wise passes (:mod:`agentrl.algos.fused`): ``auto`` on
-    CPU where they compile, ``on`` (an error if they cannot run), ``off``.
+    CPU where they compile, ``on`` (an error if they cannot run), ``off``. ``onednn``: the
+    LM-head products by oneDNN where they run in float32 on a CPU (the model's LM head is
+    routed, ``model.cpu_linear``; :mod:`agentrl.cpu_linear`).
     """
     fused_kernels.check_mode(fused)
     _check_labels(hidden.shape[:-1], labels, "hidden")
@@ -432,6 +451,7 @@ def chunked_logprobs_entropy(
         chunk,
         with_entropy,
         fused,
+        onednn,
     )
     return lp.reshape(labels.shape), (ent.reshape(labels.shape) if with_entropy else None)
 

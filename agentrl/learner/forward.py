@@ -26,6 +26,7 @@ from torch import Tensor
 
 from agentrl.algos import chunked_logprobs_entropy
 from agentrl.algos.fused import Fused
+from agentrl.cpu_linear import CpuLinear
 from agentrl.devices import to_device, to_host
 from agentrl.learner.batching import BatchLayout
 from agentrl.learner.critic import ValueHead, ValueModel, shift_values
@@ -252,6 +253,7 @@ def _predicted_logprobs(
         chunk=chunk,
         with_entropy=with_entropy,
         fused=fused,
+        onednn=type(model.get_output_embeddings()) is CpuLinear,  # model.cpu_linear
     )
 
     def place(values: Tensor) -> Tensor:
