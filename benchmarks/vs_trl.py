@@ -17,7 +17,8 @@ its defaults otherwise. Configurations, each a fresh process:
   which TRL turns on by default;
 - ``sync+bf16s`` / ``async+bf16s`` / ``sync+int8s`` / ``async+int8s`` (on request): a
   low-precision sampler (``sampler.weight_precision`` bfloat16 / int8), the learner as in
-  the plain rows (float32 masters and compute in the float32 rows): labelled as such.
+  the plain rows (float32 masters and compute in the float32 rows): labelled as such;
+  ``async+gc+bf16s`` both.
 
 Each in ``float32`` and ``bfloat16``: TRL ``bf16=True`` (fp32 weights, bf16 autocast for
 generation and training); agentrl ``model.dtype: bfloat16`` and ``learner.bf16: on`` (fp32
@@ -69,7 +70,7 @@ NEW_TOKENS = 64
 DATA_SEED = 0
 CONFIGS = [
     "trl", "sync", "async", "sync+gc", "async+gc",
-    "sync+bf16s", "async+bf16s", "sync+int8s", "async+int8s",
+    "sync+bf16s", "async+bf16s", "sync+int8s", "async+int8s", "async+gc+bf16s",
 ]  # fmt: skip
 # "+bf16s" / "+int8s": the sampler's weights in that precision (sampler.weight_precision),
 # the learner unchanged (float32 in the float32 rows)
@@ -243,7 +244,7 @@ def agentrl_config(
     config: str, dtype: str, steps: int, lr: float, agentrl_set: list[str]
 ) -> list[str]:
     """The config overrides of an agentrl configuration (``sync``, ``async+bf16s``, ...)."""
-    mode, _, saver = config.partition("+")
+    mode, *savers = config.split("+")
     staleness = 1 if mode == "async" else 0
     inflight = (staleness + 1) * PROMPTS * GROUP
     bf16 = dtype == "bfloat16"
@@ -280,8 +281,8 @@ def agentrl_config(
         "orchestrator.checkpoint_every=0",
         "logging.progress=false",
         "logging.trace=false",
-        *(["model.gradient_checkpointing=true"] if saver == "gc" else []),
-        *([f"sampler.weight_precision={LOWPREC[saver]}"] if saver in LOWPREC else []),
+        *(["model.gradient_checkpointing=true"] if "gc" in savers else []),
+        *(f"sampler.weight_precision={LOWPREC[s]}" for s in savers if s in LOWPREC),
         *agentrl_overrides(agentrl_set, mode),
     ]
 
