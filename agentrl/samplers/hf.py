@@ -40,7 +40,7 @@ import anyio
 import torch
 
 from agentrl.cpu import release_freed_memory
-from agentrl.cpu_linear import route_linears
+from agentrl.cpu_linear import DECODE_ROWS, route_linears
 from agentrl.devices import check_memory, resolve_device, sampler_bytes
 from agentrl.errors import SamplerError, WeightUpdateError
 from agentrl.models import load_model
@@ -117,7 +117,8 @@ class HFSampler(WeightSwaps, BatchScheduler, Sampler):
             device=device,
             seed=settings.model_seed,
         )
-        route_linears(model, settings.model_cpu_linear)  # float32 on a CPU: oneDNN or torch
+        # float32 on a CPU: oneDNN or torch, timed (auto) at a decode step's rows
+        route_linears(model, settings.model_cpu_linear, DECODE_ROWS)
         tokens = settings.max_tokens
         if options.get("kv_cache") == "static":  # every slot holds max_context positions
             tokens = int(
