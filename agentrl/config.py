@@ -74,7 +74,9 @@ class ModelConfig(_Section):
     """Float32 linear layers of the learner's and the hf sampler's model on a CPU: onednn = torch's
     oneDNN kernels (torch.ops.mkldnn), torch = torch's default (MKL's sgemm on x86 wheels), auto =
     oneDNN when a 0.1 s timing of both at load finds it at least 10% faster on this CPU (2.2-2.9x
-    on AMD EPYC). bf16/fp16, autocast, quantized and torch.compile'd layers keep torch's path. See
+    on AMD EPYC; layers under 256 wide stay on torch's). bf16/fp16, autocast, quantized and
+    torch.compile'd layers keep torch's path. auto is a timing: two runs (a run and its resume)
+    may pick differently and then differ in float rounding; set onednn or torch to pin it. See
     docs/performance.md."""
 
 

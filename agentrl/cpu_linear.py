@@ -51,6 +51,10 @@ MODES: tuple[str, ...] = ("auto", "onednn", "torch")
 _KEY = "model.cpu_linear"
 # auto picks oneDNN when it takes at most this share of torch's time at every size timed
 AUTO_MARGIN = 0.9
+# auto leaves layers narrower than this on torch's path untimed: both libraries spend their
+# time in call overhead there, and a timing of microseconds picks one by noise (tiny test
+# models: 64 -> 64 timed 0.88 once, 1.9 another time)
+AUTO_MIN_FEATURES = 256
 DECODE_ROWS = (16,)  # a sampler's decode step
 TRAIN_ROWS = (512,)  # a learner micro-batch's tokens
 
@@ -200,6 +204,8 @@ def choose(
     shape = _common_shape(model)
     if shape is None:
         return "torch", "no nn.Linear layers"
+    if min(shape) < AUTO_MIN_FEATURES:
+        return "torch", f"linear {shape[0]}->{shape[1]}: too narrow to time the libraries apart"
     ratios = measure(*shape, torch.get_num_threads(), tuple(rows))
     timed = ", ".join(f"{1 / r:.2f}x at {n} rows" for n, r in ratios.items())
     why = f"oneDNN vs torch's float32 linear {shape[0]}->{shape[1]} on this CPU: {timed}"
