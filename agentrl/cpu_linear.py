@@ -3,7 +3,7 @@
 torch's x86 CPU wheels run a float32 ``nn.Linear`` through MKL's sgemm. On the AMD EPYC
 machines this project runs on, MKL took 2.2-2.9x as long as oneDNN for the same products.
 oneDNN is the other GEMM library inside torch, reached through ``torch.ops.mkldnn``.
-Measured on a 2-core EPYC with AVX-512 (docs/performance.md, "float32 GEMMs through oneDNN"):
+Measured on a 2-core EPYC with AVX-512 (docs/performance.md, "Issue 51, third session"):
 
 - decode, 16 rows x 576 -> 1536: 227 vs 77 us
 - the learner, 1120 x 576 -> 1536: 8.8 vs 4.0 ms
@@ -30,7 +30,7 @@ So one model can serve bf16 autocast, a quantized sampler or a compiled learner 
 at the rows of the caller's hot path: 16 for a sampler's decode step, 512 for a learner's
 micro-batch. It picks oneDNN only when that is at least 10% faster there. On an Intel CPU,
 where MKL is at home, it may keep torch's default. With every library held to AVX2 on the
-machine above, oneDNN was 1.2x at 16 rows and even at 1,120.
+machine above, oneDNN was 1.2-1.3x at 16 rows and about even (1.07x) at 1,120.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+
+from agentrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +179,6 @@ def _common_shape(model: torch.nn.Module) -> tuple[int, int] | None:
 def check_mode(mode: str) -> str:
     """`mode` if it is one of :data:`MODES`, else a ConfigError naming the key."""
     if mode not in MODES:
-        from agentrl.errors import ConfigError
-
         raise ConfigError(f"{_KEY} must be one of {', '.join(MODES)} (got {mode!r})")
     return mode
 
@@ -192,8 +192,6 @@ def choose(
         return "torch", f"{_KEY}=torch"
     if not available():
         if mode == "onednn":
-            from agentrl.errors import ConfigError
-
             raise ConfigError(
                 f"{_KEY}=onednn, but this torch build has no oneDNN linear op "
                 f"(torch.ops.mkldnn._linear_pointwise); set {_KEY}: auto or torch"
