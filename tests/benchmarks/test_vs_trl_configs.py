@@ -20,6 +20,7 @@ from benchmarks.vs_trl import CONFIGS, agentrl_config, machine
         ("async+bf16s", "bfloat16", 1, False),
         ("sync+int8s", "int8", 0, False),
         ("async+int8s", "int8", 1, False),
+        ("async+gc+bf16s", "bfloat16", 1, True),
     ],
 )
 def test_each_configuration_runs_what_its_name_says(
