@@ -30,7 +30,8 @@ So one model can serve bf16 autocast, a quantized sampler or a compiled learner 
 at the rows of the caller's hot path: 16 for a sampler's decode step, 512 for a learner's
 micro-batch. It picks oneDNN only when that is at least 10% faster there. On an Intel CPU,
 where MKL is at home, it may keep torch's default. With every library held to AVX2 on the
-machine above, oneDNN was 1.2-1.3x at 16 rows and about even (1.07x) at 1,120.
+machine above, oneDNN with plain weights was about level with MKL (0.97-1.17x) but for
+the LM head (1.76x): ``auto`` then decides by the timing (``benchmarks/cpu_gemm.py``).
 """
 
 from __future__ import annotations
