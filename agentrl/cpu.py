@@ -28,7 +28,7 @@ import ctypes.util
 import logging
 import os
 import platform
-from typing import Literal
+from typing import Literal, get_args
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ REUSE_MMAP_THRESHOLD = 1 << 30
 REUSE_TRIM_THRESHOLD = (1 << 31) - 1
 
 Allocator = Literal["compact", "reuse", "system"]
-ALLOCATORS: tuple[str, ...] = ("compact", "reuse", "system")
+ALLOCATORS: tuple[str, ...] = get_args(Allocator)
 
 
 def cpu_flags() -> set[str]:

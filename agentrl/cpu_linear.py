@@ -40,7 +40,7 @@ import collections
 import functools
 import logging
 import time
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +50,7 @@ from agentrl.errors import ConfigError
 log = logging.getLogger(__name__)
 
 CpuLinearMode = Literal["auto", "onednn", "torch"]
-MODES: tuple[str, ...] = ("auto", "onednn", "torch")
+MODES: tuple[str, ...] = get_args(CpuLinearMode)
 _KEY = "model.cpu_linear"
 # auto picks oneDNN when it takes at most this share of torch's time at every size timed
 AUTO_MARGIN = 0.9
