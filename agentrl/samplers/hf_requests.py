@@ -19,6 +19,7 @@ import torch
 from agentrl.errors import PromptError, SamplerError
 from agentrl.samplers.base import FinishReason, Generation, SamplingParams
 from agentrl.samplers.prefix_cache import PrefixEntry
+from agentrl.weights.shared import drop_pages
 
 
 @dataclass(eq=False)
@@ -162,7 +163,9 @@ def copy_in_place(model: Any, state: dict[str, torch.Tensor], *, share: bool = F
 
     With `share`, a tensor already in the parameter's dtype and on its device becomes the
     parameter's storage instead of being copied (the sampler then computes on the
-    publisher's tensors, which must not change while it generates: a synchronous run)."""
+    publisher's tensors, which must not change while it generates: a synchronous run).
+    Copied tensors that lie in a shared file mapped here (the learner process's buffers)
+    have their pages dropped from this process once read (:func:`drop_pages`)."""
     with torch.no_grad():
         params = model.state_dict()
         written: set[tuple[int, int]] = set()
@@ -181,6 +184,9 @@ def copy_in_place(model: Any, state: dict[str, torch.Tensor], *, share: bool = F
                 except AttributeError:  # a buffer: copied
                     pass
             target.copy_(tensor)  # converts dtype and device in one pass
+            # a publish read from the learner process's shared buffers: their pages leave
+            # this process once copied, so they count in one process's RSS, not two
+            drop_pages(tensor)
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:

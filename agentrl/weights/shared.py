@@ -19,9 +19,13 @@ pickler sends over the learner's pipe, so a sampler on a GPU copies device to de
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import mmap
 import os
 import tempfile
+import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,9 +70,58 @@ def views(buffers: dict[torch.dtype, Tensor], slots: dict[str, Slot]) -> dict[st
     return out
 
 
+# this process's mappings of shared files: start address -> (bytes, the mapping), sorted by
+# start; weak, so a mapping goes with the last tensor over it
+_MAPPED: dict[int, tuple[int, weakref.ref[mmap.mmap]]] = {}
+_MAPPED_STARTS: list[int] = []
+_MAPPED_LOCK = threading.Lock()
+
+
 def map_file(path: str, dtype: torch.dtype, numel: int) -> Tensor:
-    """A tensor over the file at `path`, shared (writes reach every process mapping it)."""
-    return torch.from_file(path, shared=True, size=numel, dtype=dtype)
+    """A tensor over the file at `path`, shared (writes reach every process mapping it); the
+    file grows to `numel` elements if it is shorter."""
+    nbytes = numel * dtype.itemsize
+    if nbytes == 0:
+        return torch.empty(0, dtype=dtype)
+    with open(path, "r+b") as f:
+        if os.fstat(f.fileno()).st_size < nbytes:
+            os.ftruncate(f.fileno(), nbytes)
+        mapping = mmap.mmap(f.fileno(), nbytes, flags=mmap.MAP_SHARED)
+    tensor = torch.frombuffer(mapping, dtype=dtype, count=numel)  # holds the mapping
+    with _MAPPED_LOCK:
+        for start in [a for a, (_, ref) in _MAPPED.items() if ref() is None]:
+            del _MAPPED[start]
+        _MAPPED[tensor.data_ptr()] = (nbytes, weakref.ref(mapping))
+        _MAPPED_STARTS[:] = sorted(_MAPPED)
+    return tensor
+
+
+def drop_pages(tensor: Tensor) -> bool:
+    """Let this process's page-table entries for `tensor`'s bytes go, when they lie in a
+    shared file :func:`map_file` mapped here; returns whether they did.
+
+    The bytes stay in the file (and in every other process mapping it); the next read here
+    maps them again, a minor fault per page. For a process that only copies out of the
+    owner's buffers (a sampler taking a publish): without this, every page it has read
+    stays in its resident set, so the learner's weights count in both processes' RSS.
+    Measured on 513 MB: the next copy takes 77 instead of 30 ms, and RSS falls by 513 MB."""
+    if tensor.device.type != "cpu" or tensor.numel() == 0:
+        return False
+    first = tensor.data_ptr()
+    last = first + tensor.numel() * tensor.element_size()  # contiguous extent, at most
+    with _MAPPED_LOCK:
+        i = bisect.bisect_right(_MAPPED_STARTS, first) - 1
+        if i < 0:
+            return False
+        base = _MAPPED_STARTS[i]
+        nbytes, ref = _MAPPED[base]
+    mapping = ref()
+    if mapping is None or last > base + nbytes:
+        return False
+    page = mmap.PAGESIZE
+    start = (first - base) // page * page
+    mapping.madvise(mmap.MADV_DONTNEED, start, min(nbytes, last - base) - start)
+    return True
 
 
 def _state(source: torch.nn.Module | Mapping[str, Tensor]) -> Mapping[str, Tensor]:
