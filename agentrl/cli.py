@@ -45,6 +45,10 @@ for _name in _COMMAND_MODULES:
 
 
 def main() -> None:
+    """The ``agentrl`` program (the console script; ``python -m agentrl.cli``)."""
+    from agentrl.commands._common import PROGRAM
+
+    PROGRAM["entry"] = True
     app()
 
 

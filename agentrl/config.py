@@ -494,12 +494,15 @@ class OrchestratorConfig(_Section):
     cpu_threads if set, else every core: it then takes the cores the sampler leaves idle between
     batches (idle OpenMP threads sleep there: OMP_WAIT_POLICY=PASSIVE).
     Example: `4`"""
-    cpu_allocator: Literal["compact", "reuse", "system"] = "compact"
-    """The C allocator (glibc) of each process of the run: compact = every thread allocates from one
-    arena (what one thread frees serves another's next tensor: less memory than an arena per
-    thread); reuse = one arena, and freed memory stays in the process for the next allocation
-    instead of going back to the kernel (fewer page faults on CPU, resident memory near its
-    peak); system = the allocator as the process has it. See agentrl.cpu"""
+    cpu_allocator: Literal["auto", "tcmalloc", "compact", "reuse", "system"] = "auto"
+    """The C allocator of each process of the run: tcmalloc = gperftools' tcmalloc, preloaded
+    (`agentrl train` restarts itself once with it; the learner process starts with it): freed
+    memory serves the next tensor without page faults, and less of it stays resident than under
+    glibc (docs/performance.md#tcmalloc); auto = tcmalloc where it is installed (make setup
+    installs libtcmalloc-minimal4), else compact; compact = glibc with every thread on one arena
+    (what one thread frees serves another's next tensor); reuse = one glibc arena, and freed
+    memory stays in the process (fewer page faults, resident memory near its peak); system = the
+    allocator as the process has it. See agentrl.cpu"""
     learner_worker: Literal["auto", "thread", "process"] = "auto"
     """Where the learner computes: process = a spawned child with its own interpreter (its Python
     loop never waits on the sampler's GIL; weights come back in shared memory); thread = a

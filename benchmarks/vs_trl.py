@@ -490,6 +490,20 @@ def setup_trl() -> Path:
     return ROOT / ".venv-trl" / "bin" / "python"
 
 
+def agentrl_process_env(
+    config: str, dtype: str, args: argparse.Namespace, env: dict[str, str]
+) -> tuple[dict[str, str], str]:
+    """The environment of an agentrl child, with the C allocator its config asks for
+    preloaded (``orchestrator.cpu_allocator``: ``agentrl train`` restarts itself on
+    tcmalloc where auto finds it), and that allocator's name for the results."""
+    from agentrl.config import load_config
+    from agentrl.cpu import allocator_env, resolve_allocator
+
+    overrides = agentrl_config(config, dtype, args.steps, args.lr, args.agentrl_set)
+    mode = load_config(overrides=overrides).orchestrator.cpu_allocator
+    return allocator_env(mode, env), resolve_allocator(mode)
+
+
 def run_one(config: str, dtype: str, args: argparse.Namespace, model_dir: Path) -> dict:
     python = args.trl_python if config == "trl" else sys.executable
     with tempfile.TemporaryDirectory() as tmp:
@@ -514,6 +528,9 @@ def run_one(config: str, dtype: str, args: argparse.Namespace, model_dir: Path) 
         load0 = os.getloadavg()
         t0 = time.time()
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+        allocator = "glibc"
+        if config != "trl":  # started as `agentrl train` starts itself (agentrl.cpu)
+            env, allocator = agentrl_process_env(config, dtype, args, env)
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
@@ -537,6 +554,7 @@ def run_one(config: str, dtype: str, args: argparse.Namespace, model_dir: Path) 
     return {
         "config": config,
         "dtype": dtype,
+        "allocator": allocator,
         "s_per_step": s_per_step,
         "step_s": [b - a for a, b in itertools.pairwise(ends)],
         "samples_per_s": PROMPTS * GROUP * measured / span,

@@ -14,6 +14,9 @@ command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 # the browser of agentrl view's tests (driven by playwright; no browser download at test time)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+# gperftools' tcmalloc: orchestrator.cpu_allocator: auto preloads it into a run's processes
+# (faster and smaller than glibc's malloc for the learner: agentrl/cpu.py)
+/sbin/ldconfig -p 2>/dev/null | grep -q "libtcmalloc_minimal.so.4 " || need_apt+=(libtcmalloc-minimal4)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "[setup] apt-get install ${need_apt[*]}"
@@ -21,7 +24,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
     else
         echo "[setup] WARNING: missing ${need_apt[*]}; install them for the bwrap sandbox" \
-            "and the compiled learner kernels (chromium: agentrl view's browser tests)" >&2
+            "and the compiled learner kernels (chromium: agentrl view's browser tests;" \
+            "libtcmalloc-minimal4: the faster allocator, else glibc's)" >&2
     fi
 fi
 

@@ -108,9 +108,9 @@ def test_removed_keys_say_they_were_removed(key, value, says, tmp_path):
         assert f"{key} was removed" in str(err.value) and says in str(err.value)
 
 
-def test_the_process_allocator_is_one_arena_unless_asked():
-    assert load_config().orchestrator.cpu_allocator == "compact"
-    for mode in ("reuse", "system"):
+def test_the_process_allocator_is_tcmalloc_where_installed_unless_asked():
+    assert load_config().orchestrator.cpu_allocator == "auto"
+    for mode in ("tcmalloc", "compact", "reuse", "system"):
         cfg = load_config(None, [f"orchestrator.cpu_allocator={mode}"])
         assert cfg.orchestrator.cpu_allocator == mode
 

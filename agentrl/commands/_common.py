@@ -30,6 +30,11 @@ def flag(name: str, help: str) -> Any:
 
 DeviceOpt = optional(str, "overrides learner.device")
 
+# True when the process is the `agentrl` program itself (agentrl.cli.main), not a command
+# called in another program (a test's CliRunner): only then may a command restart the
+# process (agentrl.cpu.restart_with_allocator)
+PROGRAM = {"entry": False}
+
 
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from agentrl.commands._common import SetOpt, exit_on_user_error
+from agentrl.commands._common import PROGRAM, SetOpt, exit_on_user_error
 
 if TYPE_CHECKING:
     from agentrl.view import ViewServer
@@ -41,7 +41,7 @@ def train(
     """Train an agent with the given config."""
     import anyio
 
-    from agentrl.run.orchestrator import train as run_train
+    from agentrl.cpu import restart_with_allocator
     from agentrl.run.preflight import load_run_config
     from agentrl.runfolder import CONFIG
 
@@ -53,6 +53,10 @@ def train(
         else:  # every config problem at once, before the run folder or a model exists
             cfg = load_run_config(config, set_ or [], "train")
             target = run_dir or Path(cfg.orchestrator.run_dir or _default_run_dir(config))
+        if PROGRAM["entry"]:  # tcmalloc is preloaded at start or not at all (agentrl.cpu)
+            restart_with_allocator(cfg.orchestrator.cpu_allocator)
+        from agentrl.run.orchestrator import train as run_train
+
         viewer = _start_viewer(target, view_port) if view else None
         try:
             anyio.run(run_train, cfg, target, resume is not None)

@@ -6,14 +6,17 @@ before they build anything, so a config means the same in each of them.
 
 from __future__ import annotations
 
+import logging
 import random
 
 import numpy as np
 import torch
 
 from agentrl.config import Config
-from agentrl.cpu import set_allocator, set_threads
+from agentrl.cpu import describe_allocator, set_allocator, set_threads
 from agentrl.run.settings import is_asynchronous
+
+log = logging.getLogger(__name__)
 
 
 def apply_process_settings(cfg: Config) -> None:
@@ -21,6 +24,7 @@ def apply_process_settings(cfg: Config) -> None:
 
     Call first thing: threads that allocated before keep their own malloc arena."""
     set_allocator(cfg.orchestrator.cpu_allocator)
+    log.info("C allocator: %s", describe_allocator(cfg.orchestrator.cpu_allocator))
     set_threads(cfg.orchestrator.cpu_threads, asynchronous=is_asynchronous(cfg))
     seed = cfg.orchestrator.seed
     random.seed(seed)

@@ -237,3 +237,14 @@ def test_shared_weights_are_a_half_type_copy_only_where_they_cannot_be_the_param
     lora = make_cfg(**{**CFG, "model": {**CFG["model"], "dtype": "bfloat16", "lora": {"r": 4}}})
     assert shared_dtype(lora, "shared_memory") == torch.bfloat16
     assert shared_dtype(make_cfg(**CFG), "cuda_ipc") is None  # float32: nothing to cast
+
+
+def test_the_child_runs_on_the_configured_allocator(serving: LearnerProcess) -> None:
+    """orchestrator.cpu_allocator: auto preloads tcmalloc into the learner process where it
+    is installed (agentrl.cpu.allocator_env); the parent's own LD_PRELOAD is not changed."""
+    from agentrl.cpu import tcmalloc_library
+
+    pid = serving._ranks[0].proc.pid
+    mapped = "libtcmalloc" in Path(f"/proc/{pid}/maps").read_text()
+    assert mapped == (tcmalloc_library() is not None)
+    assert "libtcmalloc" not in os.environ.get("LD_PRELOAD", "")

@@ -60,6 +60,7 @@ from torch import Tensor
 
 from agentrl.algos.registry import plugin_modules
 from agentrl.config import Config
+from agentrl.cpu import allocator_env
 from agentrl.errors import AgentRLError
 from agentrl.learner.credit_record import StepCredit
 from agentrl.learner.settings import LearnerSettings
@@ -91,13 +92,14 @@ class LearnerError(AgentRLError):
 class _Rank:
     """One spawned learner process (a rank of the group) and the parent's end of its pipe."""
 
-    def __init__(self, rank: int, world_size: int, address: str) -> None:
+    def __init__(self, rank: int, world_size: int, address: str, allocator: str = "auto") -> None:
         # a fresh interpreter, not multiprocessing's spawn: that re-runs the user's __main__
         # module in the child, which breaks any training script without a __main__ guard
         self.rank = rank
         mine, theirs = socket.socketpair()
         lifeline_r, self.lifeline = os.pipe()  # the child exits when this end closes
-        env = dict(os.environ)
+        # orchestrator.cpu_allocator: tcmalloc (auto, where installed) is preloaded at start
+        env = allocator_env(allocator, os.environ)
         root = str(Path(__file__).resolve().parents[3])  # where `agentrl` imports from
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         # idle OpenMP threads sleep instead of spinning: spinning ones would take CPU from
@@ -161,7 +163,10 @@ class LearnerProcess:
         self._seen = threading.Condition()
         self._history: dict[int, list[RankPhase]] = {}
         address = f"tcp://127.0.0.1:{free_port()}" if self.world_size > 1 else ""
-        self._ranks = [_Rank(r, self.world_size, address) for r in range(self.world_size)]
+        allocator = cfg.orchestrator.cpu_allocator
+        self._ranks = [
+            _Rank(r, self.world_size, address, allocator) for r in range(self.world_size)
+        ]
         self._lock = threading.Lock()
         self._ready = False
         self._closed = False
