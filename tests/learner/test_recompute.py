@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 
+from agentrl import cpu_linear
 from agentrl.learner.recompute import GatedMLP, recompute_mlp
 from agentrl.models import tiny_llama
 from agentrl.run.settings import resolve
@@ -39,6 +40,25 @@ def test_loss_and_gradients_match_the_plain_model(autocast: bool) -> None:
     for name in grads_a:
         torch.testing.assert_close(grads_b[name], grads_a[name], **tol, msg=name)
         assert grads_b[name].dtype == torch.float32
+
+
+@pytest.mark.skipif(not cpu_linear.available(), reason="this torch has no oneDNN linear op")
+def test_routed_projections_are_patched_and_match_the_plain_model() -> None:
+    """model.cpu_linear=onednn swaps the projections' class to CpuLinear before the learner
+    is built: recompute_mlp still applies, its products run through oneDNN, and loss and
+    gradients are the plain model's (another GEMM library: float rounding only)."""
+    plain = tiny_llama(seed=0)
+    patched = copy.deepcopy(plain)
+    assert cpu_linear.route_linears(patched, "onednn") == "onednn"
+    assert recompute_mlp(patched) == len(plain.model.layers)
+    ids = torch.randint(
+        0, plain.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(1)
+    )
+    loss_a, grads_a = _grads(plain, ids, autocast=False)
+    loss_b, grads_b = _grads(patched, ids, autocast=False)
+    assert loss_b == pytest.approx(loss_a, rel=1e-4)
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-3, atol=1e-5, msg=name)
 
 
 def test_only_the_input_is_kept_for_backward() -> None:
