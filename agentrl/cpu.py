@@ -21,19 +21,20 @@ as it is. Threads that allocated before the call keep their own arena, so apply 
 thing (a run does, in its process settings).
 
 ``tcmalloc`` replaces glibc's malloc with gperftools' tcmalloc (Debian's
-``libtcmalloc-minimal4``, which ``make setup`` installs), the allocator PyTorch's and
-vLLM's CPU guides recommend. It keeps freed memory in size classes for the next tensor
-without the page faults glibc's thresholds cost, and without ``reuse``'s growth. A
-library that replaces malloc must be loaded when the process starts (``LD_PRELOAD``), so
-``agentrl train`` restarts itself once with it (``agentrl.cli``) and a run starts its
-learner process with it (:func:`allocator_env`). Measured on ``benchmarks/vs_trl.py``'s
-workload, float32, 2-core EPYC (docs/performance.md, "tcmalloc"): the learner alone, micro-
-batches of 4, 5.2-5.5 -> 4.1 s a step and peak RSS 3,810 -> 3,552 MB; micro-batches of 8,
-4.1 -> 3.45 s and 4,363 -> 3,850 MB. Returning freed memory at once instead (jemalloc with
-no decay, tcmalloc's aggressive decommit) halved the speed. ``auto``, the default, is
-``tcmalloc`` where the library is installed and ``compact`` elsewhere (macOS, musl, a
-machine without it); a process that was started without it (a script calling the library,
-a Ray actor) gets ``compact``.
+``libtcmalloc-minimal4``, which ``make setup`` installs), which PyTorch's CPU tuning guide
+and vLLM's CPU notes recommend preloading. It keeps freed memory in size classes for the
+next tensor without the page faults glibc's thresholds cost, and without ``reuse``'s
+growth. A library that replaces malloc must be loaded when the process starts
+(``LD_PRELOAD``), so ``agentrl train`` restarts itself once with it (``agentrl.cli``) and
+a run starts its learner process with it (:func:`allocator_env`). Measured on
+``benchmarks/vs_trl.py``'s workload, float32, 2-core EPYC (docs/performance.md,
+"tcmalloc"; ``benchmarks/allocators.py``): the learner alone, micro-batches of 4, 5.22 ->
+4.24 s a step and peak RSS 3,803 -> 3,609 MB; micro-batches of 8, 4.40 -> 3.62 s and 4,414
+-> 3,947 MB. Returning freed memory at once instead (jemalloc with no decay, tcmalloc's
+aggressive decommit) halved the speed. ``auto``, the default, is ``tcmalloc`` where the
+library is installed and ``compact`` elsewhere (macOS, musl, a machine without it); a
+process that was started without it (a script calling the library, a Ray actor) gets
+``compact``.
 """
 
 from __future__ import annotations
@@ -215,8 +216,9 @@ def set_allocator(mode: Allocator) -> bool:
     """Apply `mode` to glibc's malloc; returns whether anything was changed.
 
     ``auto`` / ``tcmalloc``: nothing where this process runs on tcmalloc, else ``compact``
-    (the library can only be preloaded at start: :func:`allocator_env`). ``compact``: one arena for every thread, glibc's thresholds as they are. ``reuse``: one
-    arena, and freed memory kept for reuse. ``system`` changes nothing: glibc's defaults,
+    (the library can only be preloaded at start: :func:`allocator_env`). ``compact``: one
+    arena for every thread, glibc's thresholds as they are. ``reuse``: one arena, and freed
+    memory kept for reuse. ``system`` changes nothing: glibc's defaults,
     unless another mode was applied earlier in this process (the setting is process-wide
     and is not undone). Off glibc (macOS, musl) all are no-ops.
     """
