@@ -64,8 +64,9 @@ def test_train_with_view_serves_the_run_live(page: Page, tmp_path: Path) -> None
     cfg = tmp_path / "live.yaml"
     cfg.write_text("{}\n")
     # enough steps that the page (polling each second) sees some before the run, and the
-    # server with it, ends: a tiny step takes well under a second
-    overrides = [*BASE, "orchestrator.max_steps=12", "logging.tensorboard=false"]
+    # server with it, ends: a tiny step takes 50-100 ms (12 steps once ran in 0.85 s, all
+    # between two polls), so 150 steps last several seconds on any CPU kind
+    overrides = [*BASE, "orchestrator.max_steps=150", "logging.tensorboard=false"]
     args = [
         sys.executable,
         "-m",
