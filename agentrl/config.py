@@ -28,6 +28,7 @@ from pydantic.fields import FieldInfo
 
 from agentrl._suggest import suggest
 from agentrl.config_sources import Problem, Sources, report
+from agentrl.cpu import Allocator
 from agentrl.errors import ConfigError
 
 
@@ -494,7 +495,7 @@ class OrchestratorConfig(_Section):
     cpu_threads if set, else every core: it then takes the cores the sampler leaves idle between
     batches (idle OpenMP threads sleep there: OMP_WAIT_POLICY=PASSIVE).
     Example: `4`"""
-    cpu_allocator: Literal["auto", "tcmalloc", "compact", "reuse", "system"] = "auto"
+    cpu_allocator: Allocator = "auto"
     """The C allocator of each process of the run: tcmalloc = gperftools' tcmalloc, preloaded
     (`agentrl train` restarts itself once with it; the learner process starts with it): freed
     memory serves the next tensor without page faults, and less of it stays resident than under

@@ -97,8 +97,10 @@ def tcmalloc_library() -> str | None:
     return found or None
 
 
+@functools.cache
 def tcmalloc_loaded() -> bool:
-    """Whether this process runs on tcmalloc (it was started with it preloaded)."""
+    """Whether this process runs on tcmalloc (it was started with it preloaded: fixed for the
+    process's life, so read once)."""
     try:
         return "libtcmalloc" in Path("/proc/self/maps").read_text()
     except OSError:

@@ -40,7 +40,8 @@ def child(allocator: str, micro_batch: int) -> dict:
     sys.path.insert(0, str(ROOT))
     from agentrl.cpu import set_allocator, tcmalloc_loaded
 
-    set_allocator("compact" if allocator in ("tcmalloc", "jemalloc") else allocator)
+    if allocator in ("compact", "reuse"):  # the preloaded ones replace glibc's malloc
+        set_allocator(allocator)
     import torch
 
     torch.set_num_threads(1)
@@ -125,6 +126,7 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT))
     from agentrl.cpu import tcmalloc_library
+    from benchmarks.vs_trl import machine
 
     allocators = args.allocators or [
         "compact",
@@ -146,20 +148,24 @@ def main() -> None:
                 )
     rows = []
     for mb in args.micro_batches:
-        base = None
+        mine_rows = []
         for allocator in allocators:
             mine = [x for x in runs if x["allocator"] == allocator and x["micro_batch"] == mb]
-            row = {
-                "allocator": allocator,
-                "micro_batch": mb,
-                "s_per_step_median": statistics.median(x["s_per_step"] for x in mine),
-                "s_per_step_rounds": [x["s_per_step"] for x in mine],
-                "peak_rss_mb_max": max(x["peak_rss_mb"] for x in mine),
-            }
-            base = base or row
+            mine_rows.append(
+                {
+                    "allocator": allocator,
+                    "micro_batch": mb,
+                    "s_per_step_median": statistics.median(x["s_per_step"] for x in mine),
+                    "s_per_step_rounds": [x["s_per_step"] for x in mine],
+                    "peak_rss_mb_max": max(x["peak_rss_mb"] for x in mine),
+                }
+            )
+        # the ratios are to glibc's compact (the first row when it was not run)
+        base = next((r for r in mine_rows if r["allocator"] == "compact"), mine_rows[0])
+        for row in mine_rows:
             row["speed_vs_compact"] = base["s_per_step_median"] / row["s_per_step_median"]
             row["peak_vs_compact_mb"] = row["peak_rss_mb_max"] - base["peak_rss_mb_max"]
-            rows.append(row)
+        rows += mine_rows
     print("\n| micro-batch | allocator | s/step (rounds) | vs compact | peak RSS MB | vs compact |")
     print("|---|---|---|---|---|---|")
     for row in rows:
@@ -172,7 +178,7 @@ def main() -> None:
     result = {
         "workload": "SmolLM2-135M float32, 2 x 8 samples, shared 46-token prompt, 64 model "
         "tokens, oneDNN linears, 1 torch thread; steps 3-4 timed",
-        "cpu_count": os.cpu_count(),
+        "machine": machine(),
         "rows": rows,
         "runs": runs,
     }

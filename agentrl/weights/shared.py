@@ -19,7 +19,6 @@ pickler sends over the learner's pipe, so a sampler on a GPU copies device to de
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import mmap
 import os
@@ -70,10 +69,9 @@ def views(buffers: dict[torch.dtype, Tensor], slots: dict[str, Slot]) -> dict[st
     return out
 
 
-# this process's mappings of shared files: start address -> (bytes, the mapping), sorted by
-# start; weak, so a mapping goes with the last tensor over it
+# this process's mappings of shared files (a handful: one per dtype buffer): start address ->
+# (bytes, the mapping); weak, so a mapping goes with the last tensor over it
 _MAPPED: dict[int, tuple[int, weakref.ref[mmap.mmap]]] = {}
-_MAPPED_STARTS: list[int] = []
 _MAPPED_LOCK = threading.Lock()
 
 
@@ -92,7 +90,6 @@ def map_file(path: str, dtype: torch.dtype, numel: int) -> Tensor:
         for start in [a for a, (_, ref) in _MAPPED.items() if ref() is None]:
             del _MAPPED[start]
         _MAPPED[tensor.data_ptr()] = (nbytes, weakref.ref(mapping))
-        _MAPPED_STARTS[:] = sorted(_MAPPED)
     return tensor
 
 
@@ -110,13 +107,12 @@ def drop_pages(tensor: Tensor) -> bool:
     first = tensor.data_ptr()
     last = first + tensor.numel() * tensor.element_size()  # contiguous extent, at most
     with _MAPPED_LOCK:
-        i = bisect.bisect_right(_MAPPED_STARTS, first) - 1
-        if i < 0:
-            return False
-        base = _MAPPED_STARTS[i]
-        nbytes, ref = _MAPPED[base]
+        found = [(b, n, r) for b, (n, r) in _MAPPED.items() if b <= first and last <= b + n]
+    if not found:
+        return False
+    base, nbytes, ref = found[0]
     mapping = ref()
-    if mapping is None or last > base + nbytes:
+    if mapping is None:
         return False
     page = mmap.PAGESIZE
     start = (first - base) // page * page

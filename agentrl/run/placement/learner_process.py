@@ -92,7 +92,7 @@ class LearnerError(AgentRLError):
 class _Rank:
     """One spawned learner process (a rank of the group) and the parent's end of its pipe."""
 
-    def __init__(self, rank: int, world_size: int, address: str, allocator: str = "auto") -> None:
+    def __init__(self, rank: int, world_size: int, address: str, allocator: str) -> None:
         # a fresh interpreter, not multiprocessing's spawn: that re-runs the user's __main__
         # module in the child, which breaks any training script without a __main__ guard
         self.rank = rank
