@@ -193,6 +193,8 @@ class EpisodeRunner:
             seed=seed,
             n=1,
             return_entropy=self.params.return_entropy or want_entropy,
+            # the episode ends after this turn whatever it says: nothing resends it
+            last_turn=len(state.traj.turns) + 1 >= lim.max_turns,
         )
 
     async def advance(

@@ -32,6 +32,9 @@ class SamplingParams:
     seed: int | None = None
     n: int = 1  # samples per prompt (generate_many)
     return_entropy: bool = False
+    # no later request resends this sequence (an episode's last allowed turn): a sampler
+    # with a prefix cache keeps none of its completion's keys/values (the prompt's still)
+    last_turn: bool = False
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

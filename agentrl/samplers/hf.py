@@ -248,7 +248,8 @@ class HFSampler(WeightSwaps, BatchScheduler, Sampler):
         return self._vocab
 
     def stats(self) -> dict[str, float]:
-        """Active rows, waiting requests, decode steps and tokens produced so far."""
+        """Active rows, waiting requests, decode steps and tokens produced so far, and the
+        prefix cache's use."""
         with self._cond:
             return {
                 "active": len(self._active),
@@ -258,6 +259,7 @@ class HFSampler(WeightSwaps, BatchScheduler, Sampler):
                 "version": self._version,
                 "prefill_tokens": self._prefilled,
                 "prefix_reused_tokens": self._prefix.reused_tokens,
+                "prefix_cached_tokens": self._prefix.tokens,  # held now (KV kept for reuse)
                 "reprefill_tokens": self._reprefilled,
                 "reprefills": self._reprefills,
                 "reprefill_s": self._reprefill_s,

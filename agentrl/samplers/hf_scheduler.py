@@ -221,7 +221,7 @@ class BatchScheduler:
             else:
                 r.finish = reason or "abort"
                 done.append(r)
-                if reason is not None and r.kv_version == self._version:
+                if reason is not None and r.kv_version == self._version and not r.params.last_turn:
                     # its next turn resends this sequence; the last token is not cached yet
                     remember.append((r.prompt + r.tokens[:-1], i, self._pads[i]))
         if remember:

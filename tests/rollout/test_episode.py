@@ -101,9 +101,12 @@ async def test_run_episode_limits(sampler, renderer):
     many_tools = ScriptedToolEnv(tool_turns=50)
     task = {"id": "t0", "question": "Compute 1 + 1."}
 
-    t = await run_episode(task, many_tools, sampler, renderer, params, EpisodeLimits(max_turns=3))
+    rec = RecordingSampler(sampler)
+    t = await run_episode(task, many_tools, rec, renderer, params, EpisodeLimits(max_turns=3))
     assert t.status == "truncated" and t.metadata["truncation"] == "max_turns reached"
     assert len(t.turns) == 3
+    # only the third turn is known to be the last: the sampler may drop its keys/values
+    assert [p.last_turn for _, p, _ in rec.calls] == [False, False, True]
 
     wide = ScriptedToolEnv(tool_turns=50, calls_per_turn=3)
     t = await run_episode(task, wide, sampler, renderer, params, EpisodeLimits(max_tool_calls=4))

@@ -104,6 +104,25 @@ async def test_a_next_turn_reuses_its_conversation_and_stays_exact() -> None:
     await sampler.close()
 
 
+async def test_a_last_turn_keeps_only_its_prompt() -> None:
+    """A request no later turn resends (``last_turn``: an episode's last allowed turn)
+    leaves its prompt's blocks in the cache, for its group, but not its completion."""
+    model, tokenizer = load_model("tiny-llama", dtype="float32")
+    sampler = HFSampler(model, tokenizer, default_stop_token_ids=())
+    prompt = _long_prompt(tokenizer, 2)
+    blocks = len(prompt) // BLOCK * BLOCK
+    params = SamplingParams(temperature=1.0, max_new_tokens=2 * BLOCK, seed=0)
+    last = await sampler.generate(prompt, params.with_(last_turn=True))
+    assert len(last.token_ids) == 2 * BLOCK
+    assert sampler.stats()["prefix_cached_tokens"] == blocks
+    # the same request on an earlier turn keeps the whole sequence for the next one
+    again = await sampler.generate(prompt, params)
+    held = (len(prompt) + len(again.token_ids) - 1) // BLOCK * BLOCK
+    assert held > blocks
+    assert sampler.stats()["prefix_cached_tokens"] == blocks + held
+    await sampler.close()
+
+
 async def test_a_group_of_identical_prompts_is_forwarded_once() -> None:
     model, tokenizer = load_model("tiny-llama", dtype="float32")
     sampler = HFSampler(model, tokenizer, default_stop_token_ids=(), max_batch_size=16)
