@@ -115,11 +115,16 @@ class SamplerConfig(_Section):
     (TIS, MIS, IcePop) corrects the gap. Needs `pip install 'agentrl[lowprec]'` for int8/fp8.
     See docs/performance.md."""
     share_learner_weights: bool = True
-    """hf backend, synchronous runs (orchestrator.max_staleness: 0, local backend): the sampler
-    computes on the learner's own weight tensors where their dtype and device match (float32
-    sampler, CPU) instead of keeping a copy: one copy of the weights in memory, nothing copied
-    on a publish (sampling and training take turns, so the weights never change under a
-    rollout). false = the sampler keeps its own copy. Asynchronous runs always copy."""
+    """hf backend, local backend: the sampler computes on the learner's own weight tensors
+    where their dtype and device match (float32 sampler, CPU) instead of keeping a copy: one
+    copy of the weights in memory, nothing copied on a publish. Synchronous runs: sampling and
+    training take turns, so the weights never change under a rollout. Asynchronous runs
+    (sampler.on_update: keep, the hf default): the learner's optimizer steps and the sampler's
+    forward passes take turns on the tensors (a gate; a pass sees one optimizer step's
+    weights), so rows in flight go on with newer weights from the next pass on, their tokens
+    tagged with the last published version; other on_update policies keep a copy. LoRA and
+    sharded (FSDP) learners keep a copy. false = the sampler keeps its own copy.
+    See docs/architecture.md, "Data flow" (Weights)."""
     gpu_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
     """Share of the GPU's memory the sampler may use: hf: checked against its weights at start,
     then enforced as the process's CUDA cap; vllm: its gpu_memory_utilization (vLLM's default,

@@ -18,7 +18,10 @@ its defaults otherwise. Configurations, each a fresh process:
 - ``sync+bf16s`` / ``async+bf16s`` / ``sync+int8s`` / ``async+int8s`` (on request): a
   low-precision sampler (``sampler.weight_precision`` bfloat16 / int8), the learner as in
   the plain rows (float32 masters and compute in the float32 rows): labelled as such;
-  ``async+gc+bf16s`` both.
+  ``async+gc+bf16s`` both;
+- ``async+copyw`` (on request): the sampler keeps its own copy of the weights
+  (``sampler.share_learner_weights: false``), where ``async`` computes on the learner
+  process's shared buffers between its optimizer steps (``agentrl/weights/gate.py``).
 
 Each in ``float32`` and ``bfloat16``: TRL ``bf16=True`` (fp32 weights, bf16 autocast for
 generation and training); agentrl ``model.dtype: bfloat16`` and ``learner.bf16: on`` (fp32
@@ -71,7 +74,10 @@ DATA_SEED = 0
 CONFIGS = [
     "trl", "sync", "async", "sync+gc", "async+gc",
     "sync+bf16s", "async+bf16s", "sync+int8s", "async+int8s", "async+gc+bf16s",
+    "async+copyw",
 ]  # fmt: skip
+# "+copyw": the sampler keeps its own copy of the weights (sampler.share_learner_weights:
+# false), as every asynchronous run did before the weight gate
 # "+bf16s" / "+int8s": the sampler's weights in that precision (sampler.weight_precision),
 # the learner unchanged (float32 in the float32 rows)
 LOWPREC = {"bf16s": "bfloat16", "int8s": "int8"}
@@ -282,6 +288,7 @@ def agentrl_config(
         "logging.progress=false",
         "logging.trace=false",
         *(["model.gradient_checkpointing=true"] if "gc" in savers else []),
+        *(["sampler.share_learner_weights=false"] if "copyw" in savers else []),
         *(f"sampler.weight_precision={LOWPREC[s]}" for s in savers if s in LOWPREC),
         *agentrl_overrides(agentrl_set, mode),
     ]
@@ -587,7 +594,8 @@ def main() -> None:
         default=["trl", "sync", "async"],
         choices=CONFIGS,
         help="sync+gc / async+gc: agentrl with model.gradient_checkpointing (TRL's default); "
-        "+bf16s / +int8s: with a bfloat16 / int8 sampler (sampler.weight_precision)",
+        "+bf16s / +int8s: with a bfloat16 / int8 sampler (sampler.weight_precision); "
+        "+copyw: the sampler keeps its own copy of the weights",
     )
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument(

@@ -19,6 +19,7 @@ sums to the loss of one big batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from collections.abc import Callable, Iterable
@@ -168,6 +169,11 @@ class TrainerCore:
             self.optimizer,
             lr_lambda(settings.schedule, settings.warmup_steps, settings.total_steps),
         )
+        # taken around every write to the weights (an optimizer step, a checkpoint load)
+        # when a sampler computes on them as they train (agentrl.weights.gate)
+        self.write_guard: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            contextlib.nullcontext
+        )
 
     # --- compiled layers -------------------------------------------------------------
 
@@ -248,10 +254,11 @@ class TrainerCore:
         gn = self.strategy.local(torch.nn.utils.clip_grad_norm_(params, clip))
         grad_norm: float | None = None
         if torch.isfinite(gn):  # one synchronisation per optimizer update
-            if scaled:  # skipped by the scaler when a gradient overflowed
-                self.scaler.step(self.optimizer)
-            else:
-                self.optimizer.step()
+            with self.write_guard():  # a sampler computing on these weights waits
+                if scaled:  # skipped by the scaler when a gradient overflowed
+                    self.scaler.step(self.optimizer)
+                else:
+                    self.optimizer.step()
             grad_norm = float(gn)
         overflowed = False
         if scaled:
@@ -345,7 +352,8 @@ class TrainerCore:
         elif sharded:
             sharded_checkpoint.load_whole_into_sharded(self, directory, state["optimizer"])
         else:
-            load_policy(self.model, directory, self.device)
+            with self.write_guard():  # in place: a sampler computing on them waits
+                load_policy(self.model, directory, self.device)
             if self.extra is not None:
                 load_model(self.extra, str(directory / CRITIC_WEIGHTS), device=str(self.device))
             if shards:  # a sharded trainer's checkpoint: the optimizer by parameter name

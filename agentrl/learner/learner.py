@@ -64,6 +64,7 @@ from agentrl.learner.settings import LearnerSettings
 from agentrl.learner.teacher import Teachers
 from agentrl.learner.update import UpdateInputs, update_loop, update_metrics
 from agentrl.types import Batch, TrajectoryGroup
+from agentrl.weights.gate import ThreadGate, WeightGate
 
 # the phases of a step, in order, as :attr:`Learner.on_phase` reports them (forward and
 # backward once per micro-batch; the all-reduces with several ranks)
@@ -188,6 +189,7 @@ class Learner:
             settings, self.lcfg, self.precision, self.model, use_critic=self.use_critic
         )
         self.version = 0
+        self._gate: ThreadGate | None = None  # weight_gate(), made on demand
         self.step_count = 0
         self.last_credit: StepCredit | None = None  # the last step's advantages per sample
         # the pi_old log-probs the loss used in the last step's first epoch (for inspection)
@@ -349,6 +351,16 @@ class Learner:
         """The policy under the samplers' names on this learner's device: views of the live
         weights, or with LoRA each adapted layer merged (:mod:`agentrl.learner.lora`)."""
         return sampler_state(self.model)
+
+    def weight_gate(self) -> WeightGate:
+        """The gate a sampler in this process takes around each forward pass while it computes
+        on :meth:`sampler_weights` during training (an asynchronous run): this learner's
+        optimizer steps and checkpoint loads then wait for the pass under way, and the
+        sampler for them (:mod:`agentrl.weights.gate`)."""
+        if self._gate is None:
+            self._gate = ThreadGate()
+            self.core.write_guard = self._gate.writing
+        return self._gate
 
     def gathered_sampler_weights(self) -> dict[str, Tensor]:
         """:meth:`sampler_weights` whole: under FSDP gathered from the shards once, kept on

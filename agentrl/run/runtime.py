@@ -128,17 +128,28 @@ def assemble(cfg: Config, role: Role, *, split: str | None = None, samples: int 
 def share_learner_weights(
     settings: Settings, sampler: Any, learner: Learner | LearnerProcess
 ) -> None:
-    """A synchronous run's hf sampler computes on the learner's weights (no second copy;
+    """The hf sampler computes on the learner's weights (no second copy;
     ``sampler.share_learner_weights``): its live tensors in this process, or the shared
-    buffers a learner process trains in."""
+    buffers a learner process trains in. In an asynchronous run the two take turns on them
+    through the learner's weight gate (:mod:`agentrl.weights.gate`); without one (LoRA,
+    FSDP, CUDA IPC) the sampler keeps its copy."""
     share = getattr(sampler, "share_weights_from", None)
     if not settings.sampler.share_learner_weights or share is None:
+        return
+    gate = learner.weight_gate() if settings.asynchronous else None
+    if settings.asynchronous and gate is None:
+        log.info("the sampler keeps its own copy of the weights (the learner's are not shared)")
         return
     weights = learner.sampler_weights()
     if weights is None:  # a learner process: its shared buffers
         weights = learner.state_dict_for_sampler()
-    saved = share(weights)
-    log.info("the sampler computes on the learner's weights (%.0f MB not copied)", saved / 2**20)
+    saved = share(weights, gate) if gate is not None else share(weights)
+    if saved:
+        log.info(
+            "the sampler computes on the learner's weights (%.0f MB not copied%s)",
+            saved / 2**20,
+            "; they take turns on them" if gate is not None else "",
+        )
 
 
 async def load_checkpoint_into_sampler(run: Run, checkpoint: str | Path) -> int:

@@ -211,13 +211,23 @@ def sampler_settings(cfg: Config) -> SamplerSettings:
         learner_device=cfg.learner.device,
         max_tokens=cfg.rollout.max_tokens,
         explicit=frozenset(explicit),
-        # only where sampling and training take turns
         share_learner_weights=s.share_learner_weights
         and s.backend == "hf"
-        and not is_asynchronous(cfg)
         and cfg.orchestrator.backend == "local",
     )
-    return dataclasses.replace(settings, on_update=on_update_policy(settings))
+    policy = on_update_policy(settings)
+    share = settings.share_learner_weights
+    if share and is_asynchronous(cfg) and policy != "keep":
+        # weights that train under rows in flight are what on_update: keep means
+        if "sampler.share_learner_weights" in explicit:
+            raise ConfigError(
+                f"sampler.share_learner_weights=true in an asynchronous run has the learner "
+                f"change the weights while rows are in flight, which sampler.on_update="
+                f"{policy} does not allow: set sampler.on_update=keep, or "
+                "sampler.share_learner_weights=false"
+            )
+        share = False
+    return dataclasses.replace(settings, on_update=policy, share_learner_weights=share)
 
 
 def rollout_settings(cfg: Config) -> RolloutSettings:

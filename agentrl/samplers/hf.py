@@ -59,6 +59,7 @@ from agentrl.samplers.options import check_options, resolve_on_update, shared_op
 from agentrl.samplers.precision import QUANTIZED, check_precision, load_dtype_for, quantize
 from agentrl.samplers.prefix_cache import PrefixCache
 from agentrl.samplers.settings import SamplerSettings
+from agentrl.weights.gate import WeightGate
 from agentrl.weights.spec import WeightSpec
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,8 @@ class HFSampler(WeightSwaps, BatchScheduler, Sampler):
         self.weight_precision = weight_precision
         self._quantized = quantize(model, weight_precision)
         self._share = False  # computes on the publisher's tensors (share_weights_from)
+        # taken around each forward pass when those tensors change as it generates
+        self._gate: WeightGate | None = None
 
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -296,17 +299,33 @@ class HFSampler(WeightSwaps, BatchScheduler, Sampler):
                 self._cond.notify_all()
             raise
 
-    def share_weights_from(self, weights: Mapping[str, torch.Tensor]) -> int:
+    def share_weights_from(
+        self, weights: Mapping[str, torch.Tensor], gate: WeightGate | None = None
+    ) -> int:
         """Compute on `weights` (a publish's tensors: the learner's live weights) instead of
         a copy of them, from now on: every later update re-points the parameters at the
-        published tensors rather than copying. Only for a publisher that never changes its
-        tensors while this sampler generates (a synchronous run: sampling and training take
-        turns). Call it before the first request. Tensors in another dtype or on another
-        device are still copied; quantized weights and CUDA-graph replays keep their own
-        copy. Returns the bytes of the sampler's own weights it let go."""
+        published tensors rather than copying. Call it before the first request.
+
+        Without `gate`, only for a publisher that never changes its tensors while this
+        sampler generates (a synchronous run: sampling and training take turns). With it
+        (an asynchronous run), the publisher changes them only inside ``gate.writing()``
+        and every forward pass here runs inside ``gate.reading()``: a pass sees one
+        optimizer step's weights, and rows in flight go on with the newer ones at the next
+        pass (``on_update: keep``; their tokens are tagged with the last published
+        version, which their weights are at least as new as; :mod:`agentrl.weights.gate`).
+
+        Tensors in another dtype or on another device are still copied; quantized weights
+        and CUDA-graph replays keep their own copy. Returns the bytes of the sampler's own
+        weights it let go (0: nothing shared, and `gate` is not kept)."""
         with self._cond:
             if self._thread is not None:
                 raise SamplerError("share_weights_from must come before the first request")
+        if gate is not None and self.on_update != "keep":
+            raise SamplerError(
+                f"on_update={self.on_update} needs the weights to stay put while rows are in "
+                "flight, so this sampler cannot compute on weights that train under it; "
+                "use on_update=keep, or keep a copy (do not call share_weights_from)"
+            )
         if self._quantized or self.cuda_graphs:
             return 0
         state = self._spec.validate(weights, self._version)
@@ -314,7 +333,9 @@ class HFSampler(WeightSwaps, BatchScheduler, Sampler):
         copy_in_place(self._model, state, share=True)
         self._share = True
         release_freed_memory()  # the dropped copy's pages leave the process
-        return before - _own_bytes(self._model, exclude=state.values())
+        saved = before - _own_bytes(self._model, exclude=state.values())
+        self._gate = gate if saved > 0 else None
+        return saved
 
     async def update_weights(self, weights: WeightsLike, version: int) -> None:
         with self._cond:

@@ -10,6 +10,7 @@ remembered by the prefix cache). The KV cache itself is :mod:`agentrl.samplers.b
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from agentrl.samplers.hf_requests import (
 )
 from agentrl.samplers.prefix_cache import PrefixCache
 from agentrl.samplers.sampling import sample_next
+from agentrl.weights.gate import WeightGate
 
 
 class BatchScheduler:
@@ -62,6 +64,7 @@ class BatchScheduler:
     _steps: int
     _tokens_out: int
     _prefilled: int
+    _gate: WeightGate | None
 
     _apply_updates: Callable[[], None]  # hf_swap.WeightSwaps
 
@@ -167,11 +170,21 @@ class BatchScheduler:
         tokens = self._sample(requests, logits)
         self._merge(requests, cache, pads, length, tokens)
 
+    def _reading(self) -> contextlib.AbstractContextManager[Any]:
+        """Around a forward pass: the learner does not change weights this sampler computes
+        on while it runs (share_weights_from with a gate; a no-op otherwise)."""
+        return self._gate.reading() if self._gate is not None else contextlib.nullcontext()
+
     def _forward(self, chunk: list[Plan]) -> tuple[Any, list[int], int, torch.Tensor, int]:
         """(cache, left pads, padded length, last logits, tokens forwarded) of a prefill."""
-        return hf_prefill.forward(
-            self._model, chunk, new_cache=self._new_cache, prefix=self._prefix, device=self._device
-        )
+        with self._reading():
+            return hf_prefill.forward(
+                self._model,
+                chunk,
+                new_cache=self._new_cache,
+                prefix=self._prefix,
+                device=self._device,
+            )
 
     def _merge(
         self, chunk: list[Request], cache: Any, pads: list[int], length: int, tokens: list[int]
@@ -184,7 +197,9 @@ class BatchScheduler:
         self._finish_rows()
 
     def _decode_step(self) -> None:
-        self._decoded(self._kv.decode(self._model, self._pending, self._pads))
+        with self._reading():
+            logits = self._kv.decode(self._model, self._pending, self._pads)
+        self._decoded(logits)
 
     def _decoded(self, logits: torch.Tensor) -> None:
         """Sample the rows' next tokens from a decode step's `logits`."""

@@ -1,8 +1,10 @@
-"""A synchronous run's hf sampler computes on the learner's own tensors
-(sampler.share_learner_weights): one copy of the weights, the same samples as with a copy."""
+"""The hf sampler computes on the learner's own tensors (sampler.share_learner_weights): one
+copy of the weights. Synchronously: the same samples as with a copy. Asynchronously: the
+learner's optimizer steps and the sampler's forward passes take turns (a weight gate)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import anyio
@@ -10,11 +12,14 @@ import pytest
 import torch
 
 from agentrl.config import load_config
+from agentrl.errors import ConfigError, SamplerError
 from agentrl.models import load_model
 from agentrl.run.events import BatchTrained
 from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.settings import sampler_settings
 from agentrl.samplers import SamplingParams
 from agentrl.samplers.hf import HFSampler
+from agentrl.weights.gate import ThreadGate
 from tests.orchestrator.test_train import BASE, _run
 from tests.samplers.test_hf import teacher_forced
 
@@ -57,6 +62,44 @@ async def test_the_sampler_follows_the_learners_tensors_and_never_writes_them():
         await sampler.update_weights(other.state_dict(), version=2)
         assert all(torch.equal(before[k], v) for k, v in learner.state_dict().items())
         assert _ptrs(model) == _ptrs(other)
+    finally:
+        await sampler.close()
+
+
+async def test_with_a_gate_no_forward_pass_runs_while_the_learner_writes():
+    learner, tokenizer = load_model("tiny-llama", dtype="float32")
+    model, _ = load_model("tiny-llama", dtype="float32")
+    sampler = HFSampler(model, tokenizer, default_stop_token_ids=())
+    prompt = list(tokenizer("hello")["input_ids"])
+    gate = ThreadGate()
+    live = {k: v.detach() for k, v in learner.state_dict().items()}
+    try:
+        assert sampler.share_weights_from(live, gate) > 0
+        await sampler.generate(prompt, PARAMS)
+        passes = gate.writes, sampler.stats()["steps"]
+        with gate.writing():  # an optimizer step in progress
+            with torch.no_grad():
+                for p in learner.parameters():
+                    p.add_(torch.randn_like(p) * 0.05)
+            waiting = asyncio.ensure_future(sampler.generate(prompt, PARAMS))
+            await asyncio.sleep(0.3)
+            assert not waiting.done() and sampler.stats()["steps"] == passes[1]
+        gen = await asyncio.wait_for(waiting, 30)
+        assert gate.writes == passes[0] + 1
+        # the pass after the write computed with the new weights, without any publish
+        expected, _ = teacher_forced(learner, prompt, gen.token_ids, PARAMS.temperature)
+        assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4)
+    finally:
+        await sampler.close()
+
+
+async def test_a_gate_needs_on_update_keep():
+    learner, tokenizer = load_model("tiny-llama", dtype="float32")
+    model, _ = load_model("tiny-llama", dtype="float32")
+    sampler = HFSampler(model, tokenizer, on_update="reprefill")
+    try:
+        with pytest.raises(SamplerError, match="on_update=keep"):
+            sampler.share_weights_from(learner.state_dict(), ThreadGate())
     finally:
         await sampler.close()
 
@@ -122,3 +165,63 @@ def test_a_sync_run_with_a_learner_process_samples_from_its_shared_buffers(tmp_p
     orch.events.subscribe(on_event)
     anyio.run(orch.run)
     assert seen == [True]
+
+
+def test_an_async_run_samples_from_the_learners_tensors_between_its_steps(tmp_path: Path):
+    """A learner in this process (learner_worker: thread): the sampler's parameters are the
+    learner's, every optimizer step went through the gate, and it trained."""
+    orch = _run(
+        tmp_path,
+        "orchestrator.max_staleness=1",
+        "orchestrator.learner_worker=thread",
+        "orchestrator.max_steps=3",
+    )
+    learner = orch.learner
+    assert _ptrs(orch.sampler.model) <= _ptrs(learner.model) | _buffers(orch.sampler.model)
+    gate = learner.weight_gate()
+    assert gate.writes == 3 and learner.core.write_guard == gate.writing
+    # and with the key off, a copy as before
+    copied = _run(
+        tmp_path / "copied",
+        "orchestrator.max_staleness=1",
+        "orchestrator.learner_worker=thread",
+        "orchestrator.max_steps=1",
+        "sampler.share_learner_weights=false",
+    )
+    assert not (_ptrs(copied.sampler.model) & _ptrs(copied.learner.model))
+
+
+def test_sharing_in_an_async_run_needs_on_update_keep():
+    base = [*BASE, "orchestrator.max_staleness=1"]
+    assert sampler_settings(load_config(overrides=base)).share_learner_weights
+    reprefill = [*base, "sampler.on_update=reprefill"]
+    assert not sampler_settings(load_config(overrides=reprefill)).share_learner_weights
+    explicit = [*reprefill, "sampler.share_learner_weights=true"]
+    with pytest.raises(ConfigError, match=r"sampler\.on_update=keep"):
+        sampler_settings(load_config(overrides=explicit))
+
+
+@pytest.mark.slow  # a CLI-sized run with a learner process
+def test_an_async_run_with_a_learner_process_samples_from_its_shared_buffers(tmp_path: Path):
+    cfg = load_config(
+        overrides=[
+            *BASE,
+            "orchestrator.max_staleness=1",
+            "orchestrator.learner_worker=process",
+            "orchestrator.max_steps=3",
+        ]
+    )
+    orch = Orchestrator(cfg, tmp_path / "run")
+    orch.build()
+    seen: list[bool] = []
+
+    def on_event(e: object) -> None:
+        if isinstance(e, BatchTrained):
+            views = orch.learner.state_dict_for_sampler().values()
+            shared = {t.untyped_storage().data_ptr() for t in views}
+            on_them = _ptrs(orch.sampler.model) <= shared | _buffers(orch.sampler.model)
+            seen.append(on_them and orch.learner.weight_gate() is not None)
+
+    orch.events.subscribe(on_event)
+    anyio.run(orch.run)
+    assert seen == [True, True, True]

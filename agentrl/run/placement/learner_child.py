@@ -25,6 +25,7 @@ from agentrl.learner.settings import LearnerSettings
 from agentrl.run.components import load_learner
 from agentrl.run.placement.faults import Fault, report_phases
 from agentrl.run.process_settings import apply_process_settings
+from agentrl.weights.gate import FileGate
 from agentrl.weights.shared import CudaSharedWeights, SharedWeights, adopt, share_weights
 
 # how long the child may take to load the model and build the learner
@@ -76,6 +77,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent(lifeline)
     shared: SharedWeights | CudaSharedWeights | _NotShared | None = None
+    gate: FileGate | None = None
     rank = int(os.environ.get(RANK_ENV, "0"))
     try:
         cfg, settings, path, plugins, fault_fields = conn.recv()
@@ -111,14 +113,21 @@ def _serve(conn: Connection, lifeline: int) -> None:
             if kind == "shared_memory" and not sharded and adopt(learner.model, shared):
                 # the parameters live in the shared buffers: one copy of the weights here
                 release_freed_memory()  # the parameters' old storage
+                # a sampler may compute on them as they train: it and the optimizer take
+                # turns (agentrl.weights.gate; uncontended, four flock calls a step)
+                gate = FileGate.create()
+                learner.core.write_guard = gate.writing
         else:
             shared = _NotShared()
         del weights
-        ready = (learner.version, learner.step_count, shared.handle())
+        gate_handle = gate.handle() if gate is not None else None
+        ready = (learner.version, learner.step_count, shared.handle(), gate_handle)
         conn.send(("ready", ready))
     except BaseException as e:
         if shared is not None:
             shared.unlink()
+        if gate is not None:
+            gate.unlink()
         _reply_error(conn, e)
         return
     while True:

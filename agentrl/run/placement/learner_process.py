@@ -74,9 +74,8 @@ from agentrl.run.placement.learner_child import (
     shared_dtype,
 )
 from agentrl.run.settings import resolve
-from agentrl.weights.shared import (
-    attach,
-)
+from agentrl.weights.gate import FileGate
+from agentrl.weights.shared import attach
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +174,7 @@ class LearnerProcess:
         self.step_count = 0
         self.last_credit: StepCredit | None = None  # sent back with each step's reply
         self._weights: dict[str, Tensor] = {}
+        self._gate: FileGate | None = None  # around the child's writes to those weights
         for rank in self._ranks:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 # a child that died at once is reported by wait_ready, with its exit status
@@ -224,10 +224,13 @@ class LearnerProcess:
                     "but not ones registered in a script's __main__; move them into a module, "
                     "or set orchestrator.learner_worker=thread to train in this process"
                 ) from exc
-        self.version, self.step_count, handle = replies[0][1][1]
+        self.version, self.step_count, handle, gate_handle = replies[0][1][1]
         # shared-memory files are unlinked once mapped here (nothing left to clean up);
         # CUDA IPC buffers are the child's device memory, opened by handle
         self._weights = attach(handle)
+        if gate_handle is not None:  # the child's parameters are those buffers
+            self._gate = FileGate.open(gate_handle)
+            self._gate.unlink()  # opened: nothing left to clean up either
         self._ready = True
 
     def _replies(self, doing: str, timeout: float | None = None) -> list[tuple[_Rank, Any]]:
@@ -371,6 +374,15 @@ class LearnerProcess:
         if dtype is None:
             return weights
         return {k: v.to(dtype) for k, v in weights.items()}
+
+    def weight_gate(self) -> FileGate | None:
+        """The gate a sampler computing on :meth:`state_dict_for_sampler` takes around each
+        forward pass while the child trains (an asynchronous run), or None when the child's
+        parameters are not those buffers (LoRA, FSDP, CUDA IPC): they then change only at
+        a step, which a publish's copy never overlaps."""
+        with self._lock:
+            self._wait_ready_locked(START_TIMEOUT_S)
+            return self._gate
 
     def sampler_weights(self) -> None:
         """None: the publish reads :meth:`state_dict_for_sampler` (the views change when the

@@ -1,0 +1,168 @@
+"""A gate between the learner's weight writes and a sampler's forward passes.
+
+An asynchronous run's hf sampler may compute on the learner's own float32 tensors instead
+of a copy of them (``sampler.share_learner_weights``; docs/architecture.md, "Weights"):
+one copy of the weights in memory, nothing copied on a publish. The learner then changes
+the tensors while the sampler generates, so the two take turns on them: the learner's
+optimizer step is a *write* and each forward pass of the sampler (a prefill chunk, a decode
+step) a *read*. A forward pass sees one optimizer step's weights, never a half-updated
+tensor; in-flight rows go on with the new weights at the next pass, as with
+``sampler.on_update: keep``.
+
+A writer that waits goes first: it takes the *turn* lock and then the *data* lock, and a
+reader passes the turn lock before it takes the data lock, so a sampler that decodes step
+after step cannot keep the learner out (nor the learner the sampler: an optimizer step
+takes ~0.1-0.3 s on a CPU).
+
+Two kinds, one interface:
+
+- :class:`ThreadGate`: the learner trains in the sampler's process (``learner_worker:
+  thread``): ``threading`` locks.
+- :class:`FileGate`: the learner trains in its own process and its parameters live in the
+  shared-memory buffers the sampler maps (:func:`~agentrl.weights.shared.adopt`): ``flock``
+  on two files. The kernel drops a dead process's locks, so a learner that crashes inside an
+  optimizer step does not leave the sampler waiting.
+
+    gate = FileGate.create()                    # the learner process
+    core.write_guard = gate.writing             # around optimizer.step()
+    reader = FileGate.open(gate.handle())       # the sampler's process
+    with reader.reading():
+        logits = model(...)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+from agentrl.weights.files import shm_root
+
+
+class _Lock(Protocol):
+    def acquire(self) -> object: ...
+    def release(self) -> None: ...
+
+
+class _FileLock:
+    """An exclusive ``flock`` on a file this process opened itself (threads of one process
+    share it: one thread per side uses it)."""
+
+    def __init__(self, path: str, *, create: bool) -> None:
+        self.path = path
+        self._fd = -1
+        # the other side opens the owner's file, never a new one of the same name
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            self._fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"the learner's weight gate {path} is gone (the learner process exited?)"
+            ) from None
+
+    def acquire(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class WeightGate:
+    """Writes (the learner's optimizer steps) and reads (the sampler's forward passes) of
+    shared weights, one at a time, a waiting writer first. Counts the time each side waited
+    (``write_wait_s``, ``read_wait_s``) and the writes (``writes``)."""
+
+    def __init__(self, turn: _Lock, data: _Lock) -> None:
+        self._turn, self._data = turn, data
+        self.writes = 0
+        self.write_wait_s = 0.0
+        self.read_wait_s = 0.0
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        self._turn.acquire()  # readers arriving from now on wait behind this write
+        try:
+            self._data.acquire()  # the forward pass under way ends first
+            self.write_wait_s += time.perf_counter() - t0
+            try:
+                yield
+            finally:
+                self.writes += 1
+                self._data.release()
+        finally:
+            self._turn.release()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        self._turn.acquire()  # behind a writer that is waiting or writing
+        self._turn.release()
+        self._data.acquire()
+        self.read_wait_s += time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            self._data.release()
+
+    def close(self) -> None:
+        """Let go of what this side opened (nothing for threads)."""
+
+
+class ThreadGate(WeightGate):
+    """A gate between two threads of one process."""
+
+    def __init__(self) -> None:
+        super().__init__(threading.Lock(), threading.Lock())
+
+
+class FileGate(WeightGate):
+    """A gate between two processes: ``flock`` on two files in the shared-memory folder.
+    The owner creates them (:meth:`create`); the other process opens them by
+    :meth:`handle` (:meth:`open`) and then removes them (:meth:`unlink`)."""
+
+    def __init__(self, turn_path: str, data_path: str, *, owner: bool) -> None:
+        self._turn_file = _FileLock(turn_path, create=owner)
+        self._data_file = _FileLock(data_path, create=owner)
+        super().__init__(self._turn_file, self._data_file)
+
+    @classmethod
+    def create(cls, root: str | os.PathLike[str] | None = None) -> FileGate:
+        folder = str(root if root is not None else shm_root())
+        fd, turn = tempfile.mkstemp(prefix="agentrl-gate-", suffix=".turn", dir=folder)
+        os.close(fd)
+        data = turn[: -len(".turn")] + ".data"
+        return cls(turn, data, owner=True)
+
+    @classmethod
+    def open(cls, handle: tuple[str, str]) -> FileGate:
+        turn, data = handle
+        return cls(turn, data, owner=False)
+
+    def handle(self) -> tuple[str, str]:
+        return (self._turn_file.path, self._data_file.path)
+
+    def unlink(self) -> None:
+        """Remove the files; both sides' open descriptors keep working (the other process
+        unlinks them once it has opened them, as with the weights' own files)."""
+        for path in self.handle():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def close(self) -> None:
+        self._turn_file.close()
+        self._data_file.close()
