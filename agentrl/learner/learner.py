@@ -189,7 +189,8 @@ class Learner:
             settings, self.lcfg, self.precision, self.model, use_critic=self.use_critic
         )
         self.version = 0
-        self._gate: ThreadGate | None = None  # weight_gate(), made on demand
+        self._gate: WeightGate | None = None  # weight_gate() / use_weight_gate()
+        self._gate_waited = 0.0  # its write_wait_s at the last step's end
         self.step_count = 0
         self.last_credit: StepCredit | None = None  # the last step's advantages per sample
         # the pi_old log-probs the loss used in the last step's first epoch (for inspection)
@@ -342,6 +343,10 @@ class Learner:
         if "entropy" in metrics:
             metrics["monitor/entropy"] = metrics["entropy"]
         metrics["time/step_s"] = time.perf_counter() - t0
+        if self._gate is not None:  # a sampler computing on these weights as they train
+            waited = self._gate.write_wait_s
+            metrics["time/weight_gate_wait_s"] = waited - self._gate_waited
+            self._gate_waited = waited
         metrics["tokens_per_s"] = metrics["tokens/total"] / max(metrics["time/step_s"], 1e-9)
         return as_floats(metrics)  # the step's device-side metrics read in one transfer
 
@@ -358,9 +363,17 @@ class Learner:
         optimizer steps and checkpoint loads then wait for the pass under way, and the
         sampler for them (:mod:`agentrl.weights.gate`)."""
         if self._gate is None:
-            self._gate = ThreadGate()
-            self.core.write_guard = self._gate.writing
+            self.use_weight_gate(ThreadGate())
+        assert self._gate is not None
         return self._gate
+
+    def use_weight_gate(self, gate: WeightGate) -> None:
+        """Take `gate` around every write to the weights from now on (a learner process's
+        :class:`~agentrl.weights.gate.FileGate`); each step reports the time it waited
+        (``time/weight_gate_wait_s``)."""
+        self._gate = gate
+        self._gate_waited = gate.write_wait_s
+        self.core.write_guard = gate.writing
 
     def gathered_sampler_weights(self) -> dict[str, Tensor]:
         """:meth:`sampler_weights` whole: under FSDP gathered from the shards once, kept on

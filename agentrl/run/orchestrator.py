@@ -77,6 +77,7 @@ class Orchestrator:
         self._rollout_t0 = time.time()
         self._saved_step = 0
         self._prefill_seen = (0, 0)  # sampler's (forwarded, reused) prompt tokens so far
+        self._gate_waited = 0.0  # the sampler's wait for the learner's weight writes so far
 
     # --- construction ------------------------------------------------------------
 
@@ -358,6 +359,10 @@ class Orchestrator:
             reused = stats["prefix_reused_tokens"] - self._prefill_seen[1]
             out["sampler/prefix_reuse_frac"] = reused / max(fed + reused, 1)
             self._prefill_seen = (stats["prefill_tokens"], stats["prefix_reused_tokens"])
+        if stats.get("weight_gate_wait_s"):  # computing on the learner's weights as they train
+            waited = stats["weight_gate_wait_s"]
+            out["sampler/weight_gate_wait_s"] = waited - self._gate_waited
+            self._gate_waited = waited
         # a placement's own counters (ray: requests lost with a replica, weights missed)
         out.update({k: v for k, v in stats.items() if k.startswith("placement/")})
         out.update(self.buffer.metrics())

@@ -263,6 +263,8 @@ class HFSampler(WeightSwaps, BatchScheduler, Sampler):
                 "prefill_tokens": self._prefilled,
                 "prefix_reused_tokens": self._prefix.reused_tokens,
                 "prefix_cached_tokens": self._prefix.tokens,  # held now (KV kept for reuse)
+                # forward passes' wait for the learner's writes (share_weights_from, a gate)
+                "weight_gate_wait_s": self._gate.read_wait_s if self._gate is not None else 0.0,
                 "reprefill_tokens": self._reprefilled,
                 "reprefills": self._reprefills,
                 "reprefill_s": self._reprefill_s,

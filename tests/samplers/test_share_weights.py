@@ -16,6 +16,7 @@ from agentrl.errors import ConfigError, SamplerError
 from agentrl.models import load_model
 from agentrl.run.events import BatchTrained
 from agentrl.run.orchestrator import Orchestrator
+from agentrl.run.plotting import read_steps
 from agentrl.run.settings import sampler_settings
 from agentrl.samplers import SamplingParams
 from agentrl.samplers.hf import HFSampler
@@ -180,6 +181,8 @@ def test_an_async_run_samples_from_the_learners_tensors_between_its_steps(tmp_pa
     assert _ptrs(orch.sampler.model) <= _ptrs(learner.model) | _buffers(orch.sampler.model)
     gate = learner.weight_gate()
     assert gate.writes == 3 and learner.core.write_guard == gate.writing
+    steps = read_steps(orch.run_dir)
+    assert len(steps) == 3 and all("time/weight_gate_wait_s" in s for s in steps)
     # and with the key off, a copy as before
     copied = _run(
         tmp_path / "copied",

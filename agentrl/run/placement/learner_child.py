@@ -116,7 +116,7 @@ def _serve(conn: Connection, lifeline: int) -> None:
                 # a sampler may compute on them as they train: it and the optimizer take
                 # turns (agentrl.weights.gate; uncontended, four flock calls a step)
                 gate = FileGate.create()
-                learner.core.write_guard = gate.writing
+                learner.use_weight_gate(gate)
         else:
             shared = _NotShared()
         del weights
