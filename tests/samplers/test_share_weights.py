@@ -5,6 +5,9 @@ learner's optimizer steps and the sampler's forward passes take turns (a weight 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -67,26 +70,42 @@ async def test_the_sampler_follows_the_learners_tensors_and_never_writes_them():
         await sampler.close()
 
 
+class _ReadsSeen(ThreadGate):
+    """The gate, telling when a forward pass has come to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = threading.Event()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        self.arrived.set()
+        with super().reading():
+            yield
+
+
 async def test_with_a_gate_no_forward_pass_runs_while_the_learner_writes():
     learner, tokenizer = load_model("tiny-llama", dtype="float32")
     model, _ = load_model("tiny-llama", dtype="float32")
     sampler = HFSampler(model, tokenizer, default_stop_token_ids=())
     prompt = list(tokenizer("hello")["input_ids"])
-    gate = ThreadGate()
+    gate = _ReadsSeen()
     live = {k: v.detach() for k, v in learner.state_dict().items()}
     try:
         assert sampler.share_weights_from(live, gate) > 0
         await sampler.generate(prompt, PARAMS)
-        passes = gate.writes, sampler.stats()["steps"]
+        steps = sampler.stats()["steps"]
         with gate.writing():  # an optimizer step in progress
             with torch.no_grad():
                 for p in learner.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
+            gate.arrived.clear()
             waiting = asyncio.ensure_future(sampler.generate(prompt, PARAMS))
-            await asyncio.sleep(0.3)
-            assert not waiting.done() and sampler.stats()["steps"] == passes[1]
+            assert await anyio.to_thread.run_sync(gate.arrived.wait, 30)
+            # its pass is at the gate, which this write holds: no step has run
+            assert not waiting.done() and sampler.stats()["steps"] == steps
         gen = await asyncio.wait_for(waiting, 30)
-        assert gate.writes == passes[0] + 1
+        assert gate.writes == 1 and sampler.stats()["weight_gate_wait_s"] > 0
         # the pass after the write computed with the new weights, without any publish
         expected, _ = teacher_forced(learner, prompt, gen.token_ids, PARAMS.temperature)
         assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4)

@@ -8,15 +8,15 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 
-from agentrl.weights.gate import FileGate, ThreadGate, WeightGate
+from agentrl.weights.gate import FileGate, ThreadGate
+from tests.waiting import wait_until
 
 CHILD = textwrap.dedent(
     """
-    import sys, time
+    import sys
     from agentrl.weights.gate import FileGate
     gate = FileGate.open((sys.argv[1], sys.argv[2]))
     with gate.writing():
@@ -27,17 +27,17 @@ CHILD = textwrap.dedent(
 )
 
 
-def _events(gate: WeightGate) -> list[str]:
+def test_threads_take_turns_and_a_waiting_writer_goes_first() -> None:
     """A reader inside a pass; a writer that arrives, then a second reader: the writer goes
     before the second reader, and neither before the first pass ends."""
+    gate = ThreadGate()
     order: list[str] = []
-    inside = threading.Event()
-    release = threading.Event()
+    inside, release, second_came = threading.Event(), threading.Event(), threading.Event()
 
     def first() -> None:
         with gate.reading():
             inside.set()
-            release.wait(5)
+            release.wait(30)
             order.append("pass 1 ends")
 
     def writer() -> None:
@@ -45,29 +45,25 @@ def _events(gate: WeightGate) -> list[str]:
             order.append("write")
 
     def second() -> None:
+        second_came.set()
         with gate.reading():
             order.append("pass 2")
 
     threads = [threading.Thread(target=first)]
     threads[0].start()
-    assert inside.wait(5)
+    assert inside.wait(30)
     threads.append(threading.Thread(target=writer))
     threads[1].start()
-    time.sleep(0.2)  # the writer now waits for pass 1, holding the turn
+    wait_until(gate._turn.locked, "the writer holding the turn")  # type: ignore[attr-defined]
     threads.append(threading.Thread(target=second))
     threads[2].start()
-    time.sleep(0.2)
-    assert order == []  # nobody got past the pass under way
+    assert second_came.wait(30)
+    assert order == []  # pass 1 holds the data lock: nobody is past it
     release.set()
     for t in threads:
-        t.join(5)
-    return order
-
-
-def test_threads_take_turns_and_a_waiting_writer_goes_first() -> None:
-    gate = ThreadGate()
-    assert _events(gate) == ["pass 1 ends", "write", "pass 2"]
-    assert gate.writes == 1 and gate.write_wait_s >= 0.15 and gate.read_wait_s >= 0.15
+        t.join(30)
+    assert order == ["pass 1 ends", "write", "pass 2"]
+    assert gate.writes == 1 and gate.write_wait_s > 0 and gate.read_wait_s > 0
 
 
 def test_processes_take_turns_through_the_files(tmp_path) -> None:
@@ -90,7 +86,7 @@ def test_processes_take_turns_through_the_files(tmp_path) -> None:
 
         reader = threading.Thread(target=read)
         reader.start()
-        assert not got_in.wait(0.5)  # the other process is writing
+        assert not got_in.is_set()  # the other process holds the gate
         child.stdin.write("\n")
         child.stdin.flush()
         assert got_in.wait(5)
