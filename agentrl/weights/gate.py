@@ -1,7 +1,7 @@
 """A gate between the learner's weight writes and a sampler's forward passes.
 
 An asynchronous run's hf sampler may compute on the learner's own float32 tensors instead
-of a copy of them (``sampler.share_learner_weights``; docs/architecture.md, "Weights"):
+of a copy of them (``sampler.share_learner_weights``; docs/architecture.md, "Data flow", Weights):
 one copy of the weights in memory, nothing copied on a publish. The learner then changes
 the tensors while the sampler generates, so the two take turns on them: the learner's
 optimizer step is a *write* and each forward pass of the sampler (a prefill chunk, a decode
@@ -11,8 +11,8 @@ tensor; in-flight rows go on with the new weights at the next pass, as with
 
 A writer that waits goes first: it takes the *turn* lock and then the *data* lock, and a
 reader passes the turn lock before it takes the data lock, so a sampler that decodes step
-after step cannot keep the learner out (nor the learner the sampler: an optimizer step
-takes ~0.1-0.3 s on a CPU).
+after step cannot keep the learner out (nor the learner the sampler, which waits for one
+optimizer step at a time).
 
 Two kinds, one interface:
 
@@ -24,7 +24,7 @@ Two kinds, one interface:
   optimizer step does not leave the sampler waiting.
 
     gate = FileGate.create()                    # the learner process
-    core.write_guard = gate.writing             # around optimizer.step()
+    learner.use_weight_gate(gate)               # around optimizer.step()
     reader = FileGate.open(gate.handle())       # the sampler's process
     with reader.reading():
         logits = model(...)
@@ -50,12 +50,14 @@ class _Lock(Protocol):
 
 
 class _FileLock:
-    """An exclusive ``flock`` on a file this process opened itself (threads of one process
-    share it: one thread per side uses it)."""
+    """An exclusive ``flock`` on a file this process opened itself. ``flock`` excludes open
+    files, not threads (two threads of a process share this one), so a thread lock is taken
+    first."""
 
     def __init__(self, path: str, *, create: bool) -> None:
         self.path = path
         self._fd = -1
+        self._threads = threading.Lock()
         # the other side opens the owner's file, never a new one of the same name
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
         try:
@@ -66,10 +68,18 @@ class _FileLock:
             ) from None
 
     def acquire(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._threads.acquire()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._threads.release()
+            raise
 
     def release(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._threads.release()
 
     def close(self) -> None:
         fd, self._fd = self._fd, -1

@@ -131,3 +131,32 @@ def test_opening_a_gate_whose_files_are_gone_names_them(tmp_path) -> None:
     owner.unlink()
     with pytest.raises(FileNotFoundError, match=r"weight gate .* is gone"):
         FileGate.open(handle)
+
+
+def test_threads_of_one_process_take_turns_on_a_file_gate(tmp_path) -> None:
+    """flock excludes open files, not threads: two threads sharing the process's files
+    still take turns."""
+    gate = FileGate.create(tmp_path)
+    inside, release, wrote = threading.Event(), threading.Event(), threading.Event()
+
+    def read() -> None:
+        with gate.reading():
+            inside.set()
+            release.wait(30)
+
+    def write() -> None:
+        with gate.writing():
+            wrote.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert inside.wait(30)
+    writer = threading.Thread(target=write)
+    writer.start()
+    wait_until(gate._turn_file._threads.locked, "the writer holding the turn")
+    assert not wrote.is_set()  # the read holds the data lock
+    release.set()
+    assert wrote.wait(30)
+    reader.join(30)
+    writer.join(30)
+    gate.unlink()
