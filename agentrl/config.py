@@ -121,8 +121,10 @@ class SamplerConfig(_Section):
     training take turns, so the weights never change under a rollout. Asynchronous runs
     (sampler.on_update: keep, the hf default): the learner's optimizer steps and the sampler's
     forward passes take turns on the tensors (a gate; a pass sees one optimizer step's
-    weights), so rows in flight go on with newer weights from the next pass on, their tokens
-    tagged with the last published version; other on_update policies keep a copy. LoRA and
+    weights), so rows in flight go on with newer weights from the next pass on, each token
+    tagged with the version of the weights that produced it (weights between two versions,
+    with ppo_epochs or minibatches > 1, keep the older); other on_update policies keep a
+    copy. LoRA and
     sharded (FSDP) learners keep a copy. false = the sampler keeps its own copy.
     See docs/architecture.md, "Data flow" (Weights)."""
     gpu_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)

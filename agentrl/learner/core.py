@@ -171,7 +171,8 @@ class TrainerCore:
         )
         # taken around every write to the weights (an optimizer step, a checkpoint load)
         # when a sampler computes on them as they train (agentrl.weights.gate)
-        self.write_guard: Callable[[], contextlib.AbstractContextManager[Any]] = (
+        # (with the version the weights are once it is done, or None: agentrl.weights.gate)
+        self.write_guard: Callable[[int | None], contextlib.AbstractContextManager[Any]] = (
             contextlib.nullcontext
         )
 
@@ -221,11 +222,13 @@ class TrainerCore:
         micro_batches: Iterable[tuple[MB, bool]],
         loss_of: Callable[[MB, bool], Tensor],
         on_phase: Callable[[str], None] | None = None,
+        version_after: int | None = None,
     ) -> Update:
         """One optimizer update over this rank's `micro_batches` (``(mb, counts)``;
         ``counts`` False: a padding micro-batch lockstep ranks run, its loss times 0):
         gradients accumulated, summed over the ranks, clipped, one AdamW step (skipped when
-        the norm is not finite or fp16 overflowed)."""
+        the norm is not finite or fp16 overflowed). `version_after`: the version the weights
+        are after this update (the step's last one), for a sampler computing on them."""
         phase = on_phase or (lambda _: None)
         self.optimizer.zero_grad(set_to_none=True)
         total: Tensor | float = 0.0
@@ -254,7 +257,7 @@ class TrainerCore:
         gn = self.strategy.local(torch.nn.utils.clip_grad_norm_(params, clip))
         grad_norm: float | None = None
         if torch.isfinite(gn):  # one synchronisation per optimizer update
-            with self.write_guard():  # a sampler computing on these weights waits
+            with self.write_guard(version_after):  # a sampler computing on them waits
                 if scaled:  # skipped by the scaler when a gradient overflowed
                     self.scaler.step(self.optimizer)
                 else:
@@ -352,7 +355,7 @@ class TrainerCore:
         elif sharded:
             sharded_checkpoint.load_whole_into_sharded(self, directory, state["optimizer"])
         else:
-            with self.write_guard():  # in place: a sampler computing on them waits
+            with self.write_guard(None):  # in place: a sampler computing on them waits
                 load_policy(self.model, directory, self.device)
             if self.extra is not None:
                 load_model(self.extra, str(directory / CRITIC_WEIGHTS), device=str(self.device))

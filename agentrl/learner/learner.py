@@ -363,7 +363,7 @@ class Learner:
         optimizer steps and checkpoint loads then wait for the pass under way, and the
         sampler for them (:mod:`agentrl.weights.gate`)."""
         if self._gate is None:
-            self.use_weight_gate(ThreadGate())
+            self.use_weight_gate(ThreadGate(self.version))
         assert self._gate is not None
         return self._gate
 
@@ -374,6 +374,8 @@ class Learner:
         self._gate = gate
         self._gate_waited = gate.write_wait_s
         self.core.write_guard = gate.writing
+        with gate.writing(self.version):  # the weights as they are now
+            pass
 
     def gathered_sampler_weights(self) -> dict[str, Tensor]:
         """:meth:`sampler_weights` whole: under FSDP gathered from the shards once, kept on
@@ -416,6 +418,9 @@ class Learner:
         self.generator.set_state(state["generator"])
         self.objective.load_state_dict(state.get("objective") or {})
         self.version = int(meta["version"])
+        if self._gate is not None:  # a sampler computing on these weights tags them so
+            with self._gate.writing(self.version):
+                pass
         self.step_count = int(meta["step"])
         if self._refreshed():  # the reference of the last refresh, not the initial policy
             load_reference_state(

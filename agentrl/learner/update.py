@@ -97,17 +97,23 @@ def update_loop(learner: UpdateHost, inputs: UpdateInputs, measure_entropy: bool
         # entropy through the graph only when it is in the loss or not yet measured
         inputs.with_entropy = bool(objective.entropy_coef) or (measure_entropy and epoch == 0)
         inputs.epoch = epoch
-        for mb_rows in minibatch_rows(
-            perm, batch.group_index, lcfg.minibatches, objective.couples_group
-        ):
-            if len(mb_rows) == 0:
-                continue
+        minibatches = [
+            rows
+            for rows in minibatch_rows(
+                perm, batch.group_index, lcfg.minibatches, objective.couples_group
+            )
+            if len(rows)
+        ]
+        for i, mb_rows in enumerate(minibatches):
             inputs.denominator = objective.denominator(loss_mask[mb_rows])
             inputs.updates = loop.updates
+            last = epoch == lcfg.ppo_epochs - 1 and i == len(minibatches) - 1
             done = learner.core.update(
                 rank_micro_batches(inputs.layout, mb_rows, learner.ranks),
                 lambda mb, counts: micro_batch_loss(learner, inputs, mb, counts),
                 learner.phase,
+                # the weights are the step's new version once its last update is done
+                version_after=learner.version + 1 if last else None,
             )
             loop.updates += 1
             if done.grad_norm is not None:

@@ -210,6 +210,7 @@ class HFSampler(WeightSwaps, BatchScheduler, Sampler):
         self._share = False  # computes on the publisher's tensors (share_weights_from)
         # taken around each forward pass when those tensors change as it generates
         self._gate: WeightGate | None = None
+        self._pass_version = version
 
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -313,8 +314,8 @@ class HFSampler(WeightSwaps, BatchScheduler, Sampler):
         (an asynchronous run), the publisher changes them only inside ``gate.writing()``
         and every forward pass here runs inside ``gate.reading()``: a pass sees one
         optimizer step's weights, and rows in flight go on with the newer ones at the next
-        pass (``on_update: keep``; their tokens are tagged with the last published
-        version, which their weights are at least as new as; :mod:`agentrl.weights.gate`).
+        pass (``on_update: keep``), each token tagged with the version the gate gives
+        the pass that produced it (:mod:`agentrl.weights.gate`).
 
         Tensors in another dtype or on another device are still copied; quantized weights
         and CUDA-graph replays keep their own copy. Returns the bytes of the sampler's own

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -65,6 +65,7 @@ class BatchScheduler:
     _tokens_out: int
     _prefilled: int
     _gate: WeightGate | None
+    _pass_version: int  # the version of the weights the last forward pass saw (a gate)
 
     _apply_updates: Callable[[], None]  # hf_swap.WeightSwaps
 
@@ -170,10 +171,18 @@ class BatchScheduler:
         tokens = self._sample(requests, logits)
         self._merge(requests, cache, pads, length, tokens)
 
-    def _reading(self) -> contextlib.AbstractContextManager[Any]:
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
         """Around a forward pass: the learner does not change weights this sampler computes
-        on while it runs (share_weights_from with a gate; a no-op otherwise)."""
-        return self._gate.reading() if self._gate is not None else contextlib.nullcontext()
+        on while it runs, and the tokens sampled from it are tagged with those weights'
+        version (share_weights_from with a gate; a no-op otherwise)."""
+        if self._gate is None:
+            yield
+            return
+        with self._gate.reading() as version:
+            # a publish may lag the weights (tagged by it) or run ahead of a skipped step
+            self._pass_version = max(version, self._version)
+            yield
 
     def _forward(self, chunk: list[Plan]) -> tuple[Any, list[int], int, torch.Tensor, int]:
         """(cache, left pads, padded length, last logits, tokens forwarded) of a prefill."""
@@ -216,7 +225,7 @@ class BatchScheduler:
             [r.generator for r in rows],
             self._rng,
         )
-        version = self._version
+        version = self._version if self._gate is None else self._pass_version
         for i, r in enumerate(rows):
             r.tokens.append(tokens[i])
             r.logprobs.append(logprobs[i])

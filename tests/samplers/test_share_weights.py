@@ -78,10 +78,10 @@ class _ReadsSeen(ThreadGate):
         self.arrived = threading.Event()
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[None]:
+    def reading(self) -> Iterator[int]:
         self.arrived.set()
-        with super().reading():
-            yield
+        with super().reading() as version:
+            yield version
 
 
 async def test_with_a_gate_no_forward_pass_runs_while_the_learner_writes():
@@ -95,7 +95,7 @@ async def test_with_a_gate_no_forward_pass_runs_while_the_learner_writes():
         assert sampler.share_weights_from(live, gate) > 0
         await sampler.generate(prompt, PARAMS)
         steps = sampler.stats()["steps"]
-        with gate.writing():  # an optimizer step in progress
+        with gate.writing(version=1):  # the step's optimizer update, in progress
             with torch.no_grad():
                 for p in learner.parameters():
                     p.add_(torch.randn_like(p) * 0.05)
@@ -106,6 +106,8 @@ async def test_with_a_gate_no_forward_pass_runs_while_the_learner_writes():
             assert not waiting.done() and sampler.stats()["steps"] == steps
         gen = await asyncio.wait_for(waiting, 30)
         assert gate.writes == 1 and sampler.stats()["weight_gate_wait_s"] > 0
+        # tagged with the weights that produced it, before any publish says so
+        assert set(gen.versions) == {1} and sampler.version == 0
         # the pass after the write computed with the new weights, without any publish
         expected, _ = teacher_forced(learner, prompt, gen.token_ids, PARAMS.temperature)
         assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4)
@@ -199,9 +201,21 @@ def test_an_async_run_samples_from_the_learners_tensors_between_its_steps(tmp_pa
     learner = orch.learner
     assert _ptrs(orch.sampler.model) <= _ptrs(learner.model) | _buffers(orch.sampler.model)
     gate = learner.weight_gate()
-    assert gate.writes == 3 and learner.core.write_guard == gate.writing
+    # the version at the start, then one optimizer step a step, each saying its version
+    assert gate.writes == 4 and learner.core.write_guard == gate.writing
+    assert gate.version == learner.version == 3
     steps = read_steps(orch.run_dir)
     assert len(steps) == 3 and all("time/weight_gate_wait_s" in s for s in steps)
+    # several optimizer updates a step: only the last says the step's version
+    epochs = _run(
+        tmp_path / "epochs",
+        "orchestrator.max_staleness=1",
+        "orchestrator.learner_worker=thread",
+        "orchestrator.max_steps=2",
+        "learner.ppo_epochs=2",
+    )
+    gate = epochs.learner.weight_gate()
+    assert gate.writes == 1 + 2 * 2 and gate.version == epochs.learner.version == 2
     # and with the key off, a copy as before
     copied = _run(
         tmp_path / "copied",

@@ -19,7 +19,7 @@ CHILD = textwrap.dedent(
     import sys
     from agentrl.weights.gate import FileGate
     gate = FileGate.open((sys.argv[1], sys.argv[2]))
-    with gate.writing():
+    with gate.writing(version=5):
         print("writing", flush=True)
         sys.stdin.readline()  # hold the gate until told (or killed)
     print("done", flush=True)
@@ -92,6 +92,8 @@ def test_processes_take_turns_through_the_files(tmp_path) -> None:
         assert got_in.wait(5)
         reader.join(5)
         assert child.stdout.readline().strip() == "done"
+        with owner.reading() as version:  # what the other process wrote with its weights
+            assert version == 5
         # the same files seen from here as a second process: this side's turns work too
         owner.unlink()
         with owner.writing():
@@ -160,3 +162,20 @@ def test_threads_of_one_process_take_turns_on_a_file_gate(tmp_path) -> None:
     reader.join(30)
     writer.join(30)
     gate.unlink()
+
+
+def test_a_write_says_the_version_unless_it_failed() -> None:
+    gate = ThreadGate(version=3)
+    with gate.reading() as version:
+        assert version == 3
+    with gate.writing():  # an optimizer step before the step's last: no new version
+        pass
+    assert gate.version == 3
+    with pytest.raises(RuntimeError), gate.writing(4):
+        raise RuntimeError("the optimizer step failed")
+    assert gate.version == 3
+    with gate.writing(4):
+        pass
+    with gate.reading() as version:
+        assert version == 4
+    assert gate.writes == 3
