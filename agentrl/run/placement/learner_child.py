@@ -135,9 +135,13 @@ def _serve(conn: Connection, lifeline: int) -> None:
             op, arg = conn.recv()
         except (EOFError, OSError):  # the parent is gone
             shared.unlink()
+            if gate is not None:  # (the parent removes them once opened; it may not have)
+                gate.unlink()
             return
         if op == "close":
             shared.unlink()
+            if gate is not None:
+                gate.unlink()
             conn.send(("ok", None))
             conn.close()
             # nothing is left to flush (checkpoints are written and closed by now); a normal
