@@ -23,7 +23,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from agentrl.models import cache_kwargs, returned_cache
-from agentrl.samplers.kv_cache import KV_CACHES
+from agentrl.samplers.kv_cache import KV_CACHES, release_buffers
 from agentrl.samplers.static_cache import SlotCache
 
 KV_CACHE_MODES = (*KV_CACHES, "static")  # the hf sampler's ``kv_cache`` option
@@ -86,6 +86,7 @@ class EagerBatch:
             old.values = torch.cat(
                 [left_pad(old.values, grow_old), left_pad(layer.values, grow_new)], 0
             )
+            release_buffers(old)  # its former storage goes now, not at its next append
         self.length = max(self.length, length)
         return grow_old, grow_new
 
@@ -93,6 +94,7 @@ class EagerBatch:
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, index)[..., trim:, :]
             layer.values = layer.values.index_select(0, index)[..., trim:, :]
+            release_buffers(layer)
         self.length -= trim
 
     def decode(self, model: Any, pending: list[int], pads: list[int]) -> torch.Tensor:

@@ -81,6 +81,15 @@ class GrowingLayer(DynamicLayer):
         self.values = self._vbuf[:, :, :length]
 
 
+def release_buffers(layer: Any) -> None:
+    """Let go of a :class:`GrowingLayer`'s buffer once its keys/values were replaced by new
+    tensors (the batch's rows merged or dropped): the next append copies them into a fresh
+    one anyway, and holding the old one until then kept two copies of the cache at once.
+    Other layers have no buffer of their own."""
+    if isinstance(layer, GrowingLayer):
+        layer._kbuf = layer._vbuf = None
+
+
 class GrowingCache(Cache):
     """A cache of :class:`GrowingLayer` s, created as the model first writes each layer."""
 

@@ -71,6 +71,41 @@ def test_keys_replaced_from_outside_are_copied_into_a_fresh_buffer() -> None:
     assert keys.data_ptr() == layer._kbuf.data_ptr()
 
 
+def _storage_bytes(cache) -> int:
+    """Bytes of the distinct storages a cache's layers hold (views and buffers)."""
+    seen: dict[int, int] = {}
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values, layer._kbuf, layer._vbuf):
+            if t is not None:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def test_a_batch_holds_one_copy_of_its_rows_after_rows_merge_or_finish() -> None:
+    """Merging a prefill's rows in, or dropping finished ones, replaces each layer's keys:
+    the former buffer goes with them (it used to stay until the next append, two copies of
+    the cache at once), and the next append still sees every row's keys."""
+    from agentrl.samplers.batch_kv import EagerBatch
+
+    batch = EagerBatch(torch.device("cpu"))
+    first, second = GrowingCache(), GrowingCache()
+    k = torch.randn(3, 2, 6, 4)
+    for layer_index in range(2):
+        first.update(k, -k, layer_index)
+        second.update(k[:1, :, :4], -k[:1, :, :4], layer_index)
+    batch.merge(first, 6)
+    batch.merge(second, 4)  # 4 rows, the new one left-padded by 2
+    rows = 4 * 2 * 6 * 4 * 4  # rows x heads x positions x head_dim x float32
+    assert _storage_bytes(batch.cache) == 2 * 2 * rows  # keys and values of 2 layers
+    batch.keep(torch.tensor([0, 3]), 0)
+    assert _storage_bytes(batch.cache) == 2 * 2 * rows // 2
+    new = torch.randn(2, 2, 1, 4)
+    keys, _ = batch.cache.layers[0].update(new, -new)
+    torch.testing.assert_close(keys[0, :, :6], k[0])
+    torch.testing.assert_close(keys[1, :, 2:6], k[0, :, :4])
+    torch.testing.assert_close(keys[:, :, 6:], new)
+
+
 def test_an_unknown_kv_cache_option_names_the_choices() -> None:
     model, tok = load_model("tiny-llama", dtype="float32", seed=0)
     with pytest.raises(ValueError, match="kv_cache must be one of growing, dynamic, static"):
