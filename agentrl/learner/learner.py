@@ -322,6 +322,11 @@ class Learner:
         # 5. publish: a new version, the step's metrics (summed over the ranks first)
         self.version += 1
         self.step_count += 1
+        if self._gate is not None and self._gate.version != self.version:
+            # no update said it (nothing trained, or a non-finite step skipped): the weights
+            # a sampler computes on are this version all the same
+            with self._gate.writing(self.version):
+                pass
         self.last_old_logprobs = inputs.used_old_lp
         if self.ref_model is not None and due(self.alg.ref_refresh_every, self.step_count):
             refresh_reference(self.ref_model, self.model)  # algorithm.ref_refresh_every
