@@ -143,7 +143,7 @@ def share_learner_weights(
     weights = learner.sampler_weights()
     if weights is None:  # a learner process: its shared buffers
         weights = learner.state_dict_for_sampler()
-    saved = share(weights, gate) if gate is not None else share(weights)
+    saved = share(weights, gate)
     if saved:
         log.info(
             "the sampler computes on the learner's weights (%.0f MB not copied%s)",
